@@ -1,0 +1,50 @@
+# Two entry points, both from a fresh clone with nothing installed by hand:
+#   make run   - create the environment if missing and start the appliance
+#                on its embedded default (state in ./var)
+#   make test  - create the environment (PyPI and npm peers) and run ruff,
+#                mypy and the whole pytest suite
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+NODE_DIR := tests/interop/node
+PYTEST_ARGS ?=
+
+.PHONY: run test lint typecheck pytest env node-deps bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+
+# Re-install when the project's dependencies change.
+$(VENV)/.stamp-install: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e '.[test]'
+	touch $@
+
+env: $(VENV)/.stamp-install
+
+$(NODE_DIR)/node_modules/.stamp: $(NODE_DIR)/package.json $(NODE_DIR)/package-lock.json
+	cd $(NODE_DIR) && npm ci --no-audit --no-fund --loglevel=error
+	touch $@
+
+node-deps: $(NODE_DIR)/node_modules/.stamp
+
+run: env
+	$(BIN)/appliance serve
+
+lint: env
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: env
+	$(BIN)/mypy
+
+pytest: env node-deps
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+test: lint typecheck pytest
+
+bench: env
+	$(BIN)/python bench/forward_bench.py
+
+clean:
+	rm -rf $(VENV) var .mypy_cache .ruff_cache .pytest_cache

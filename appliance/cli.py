@@ -1,0 +1,86 @@
+"""The ``appliance`` command: one CLI for the service and its administration.
+
+Subcommands so far: ``serve`` and ``config check``. Exit codes: 0 success,
+1 a failure the message explains (bad config, port in use, ...), 2 usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+import trio
+
+from appliance import __version__
+from appliance.config import Config, ConfigError, default_config, load_config
+from appliance.lake.errors import LakeError
+from appliance.logs import configure, get_logger
+
+__all__ = ["main"]
+
+log = get_logger("cli")
+
+#: Environment variable naming the config file when --config is not given.
+CONFIG_ENV = "APPLIANCE_CONFIG"
+
+
+def _config(path: str | None) -> Config:
+    chosen = path or os.environ.get(CONFIG_ENV)
+    return load_config(Path(chosen)) if chosen else default_config()
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from appliance.service import serve  # trio and deltalake load only when serving
+
+    config = _config(args.config)
+    configure(config.log.level, config.log.format)
+    try:
+        trio.run(serve, config)
+    except OSError as exc:
+        log.error("service.failed", reason=str(exc))
+        return 1
+    except LakeError as exc:
+        log.error("service.failed", reason=str(exc))
+        return 1
+    return 0
+
+
+def _config_check(args: argparse.Namespace) -> int:
+    config = load_config(Path(args.file))
+    names = ", ".join(f"{listener.name} ({listener.bind})" for listener in config.listeners)
+    print(f"{args.file}: ok; listeners: {names}; table: {config.table_uri}")
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="appliance", description="Secure log-ingest appliance into Delta Lake."
+    )
+    parser.add_argument("--version", action="version", version=f"appliance {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    serve = commands.add_parser("serve", help="run the service (embedded default without a file)")
+    serve.add_argument("--config", metavar="FILE", help=f"TOML config (default: ${CONFIG_ENV})")
+    serve.set_defaults(func=_serve)
+
+    config = commands.add_parser("config", help="configuration tools")
+    config_commands = config.add_subparsers(dest="config_command", required=True)
+    check = config_commands.add_parser("check", help="validate a config file")
+    check.add_argument("file", metavar="FILE")
+    check.set_defaults(func=_config_check)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the CLI; returns the exit code."""
+    args = _parser().parse_args(argv)
+    try:
+        result: int = args.func(args)
+    except ConfigError as exc:
+        print(f"appliance: config error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    return result

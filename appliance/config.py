@@ -1,0 +1,328 @@
+"""The appliance's configuration: one TOML file, every key optional (DESIGN §6).
+
+With no file, :func:`default_config` is the embedded default: state in
+``./var``, a generated CA and server certificate, one forward TLS listener on
+127.0.0.1:24224 and the ``events`` table at ``<state>/lake/events``. Every
+key, its unit and its default is documented in ``docs/configuration.md``.
+
+Errors name the key and, when it can be found, the line of the file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final, Literal
+
+from appliance.lake import writer as lake_writer
+from appliance.protocols import forward as forward_codec
+
+__all__ = [
+    "Config",
+    "ConfigError",
+    "ForwardListenerConfig",
+    "LakeConfig",
+    "LogConfig",
+    "TlsConfig",
+    "default_config",
+    "load_config",
+]
+
+DEFAULT_STATE_DIR: Final = Path("var")
+DEFAULT_FORWARD_BIND: Final = "127.0.0.1:24224"
+#: Seconds a client has to finish the TLS handshake.
+DEFAULT_TLS_HANDSHAKE_TIMEOUT_SECONDS: Final = 10.0
+#: Seconds a connection may stay silent before it is closed.
+DEFAULT_IDLE_TIMEOUT_SECONDS: Final = 300.0
+#: Open connections per listener; further ones are accepted and closed at once.
+DEFAULT_MAX_CONNECTIONS: Final = 1024
+#: Requests of one connection that may wait for their commit before it stops reading.
+DEFAULT_MAX_PENDING_ACKS: Final = 32
+#: Bytes asked of the socket per read.
+DEFAULT_READ_SIZE_BYTES: Final = 256 * 1024
+#: Seconds a shutdown waits for in-flight batches to commit and be acked.
+DEFAULT_SHUTDOWN_TIMEOUT_SECONDS: Final = 30.0
+
+
+class ConfigError(Exception):
+    """The configuration is invalid; ``str()`` names the key and line."""
+
+
+@dataclass(frozen=True, slots=True)
+class LogConfig:
+    """``[log]``: level and line format of the structured log on stderr."""
+
+    level: Literal["debug", "info", "warning", "error"] = "info"
+    format: Literal["logfmt", "json"] = "logfmt"
+
+
+@dataclass(frozen=True, slots=True)
+class TlsConfig:
+    """``[tls]``: the server certificate. Empty means the generated one."""
+
+    cert_file: Path | None = None
+    key_file: Path | None = None
+    #: Extra DNS names or IP addresses for the generated server certificate.
+    server_names: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class LakeConfig:
+    """``[lake]``: where the ``events`` table lives and how commits are grouped."""
+
+    #: Table location: a directory, or an object-store URI. Default <state>/lake/events.
+    path: str | None = None
+    storage_options: dict[str, str] = field(default_factory=dict)
+    commit_max_rows: int = lake_writer.DEFAULT_COMMIT_MAX_ROWS
+    commit_max_bytes: int = lake_writer.DEFAULT_COMMIT_MAX_BYTES
+    commit_max_delay_seconds: float = lake_writer.DEFAULT_COMMIT_MAX_DELAY_SECONDS
+    queue_blocks: int = lake_writer.DEFAULT_QUEUE_BLOCKS
+    retry_initial_seconds: float = lake_writer.DEFAULT_RETRY_INITIAL_SECONDS
+    retry_max_seconds: float = lake_writer.DEFAULT_RETRY_MAX_SECONDS
+    dedupe_window_seconds: float = lake_writer.DEFAULT_DEDUPE_WINDOW_SECONDS
+    dedupe_max_keys: int = lake_writer.DEFAULT_DEDUPE_MAX_KEYS
+
+    def writer_settings(self) -> lake_writer.WriterSettings:
+        """The writer's settings taken from this section."""
+        names = {f.name for f in dataclasses.fields(lake_writer.WriterSettings)}
+        return lake_writer.WriterSettings(**{n: getattr(self, n) for n in names})
+
+
+@dataclass(frozen=True, slots=True)
+class ForwardListenerConfig:
+    """A ``[[listeners]]`` entry with ``protocol = "forward"``."""
+
+    protocol: Literal["forward"] = "forward"
+    name: str = "forward"
+    #: host:port to listen on (TCP, and UDP for heartbeats).
+    bind: str = DEFAULT_FORWARD_BIND
+    #: TLS is on unless a listener says otherwise (DESIGN §5).
+    tls: bool = True
+    #: Answer UDP heartbeats on the same port (spec "Heartbeat Message").
+    udp_heartbeat: bool = True
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
+    tls_handshake_timeout_seconds: float = DEFAULT_TLS_HANDSHAKE_TIMEOUT_SECONDS
+    idle_timeout_seconds: float = DEFAULT_IDLE_TIMEOUT_SECONDS
+    max_pending_acks: int = DEFAULT_MAX_PENDING_ACKS
+    read_size_bytes: int = DEFAULT_READ_SIZE_BYTES
+    max_request_bytes: int = forward_codec.DEFAULT_MAX_REQUEST_BYTES
+    max_decompressed_bytes: int = forward_codec.DEFAULT_MAX_DECOMPRESSED_BYTES
+    max_events_per_request: int = forward_codec.DEFAULT_MAX_EVENTS_PER_REQUEST
+
+    @property
+    def host(self) -> str:
+        """The host part of ``bind`` (brackets of an IPv6 literal removed)."""
+        return self.bind.rsplit(":", 1)[0].strip("[]")
+
+    @property
+    def port(self) -> int:
+        """The port part of ``bind``."""
+        return int(self.bind.rsplit(":", 1)[1])
+
+    def limits(self) -> forward_codec.ForwardLimits:
+        """The codec limits of this listener."""
+        return forward_codec.ForwardLimits(
+            max_request_bytes=self.max_request_bytes,
+            max_decompressed_bytes=self.max_decompressed_bytes,
+            max_events_per_request=self.max_events_per_request,
+        )
+
+
+ListenerConfig = ForwardListenerConfig
+_LISTENER_TYPES: Final[dict[str, type[Any]]] = {"forward": ForwardListenerConfig}
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    """The whole configuration."""
+
+    state_dir: Path = DEFAULT_STATE_DIR
+    #: Stable id of this appliance node (Delta app transaction id). Default:
+    #: generated once and kept in <state>/node-id.
+    node_id: str | None = None
+    shutdown_timeout_seconds: float = DEFAULT_SHUTDOWN_TIMEOUT_SECONDS
+    log: LogConfig = field(default_factory=LogConfig)
+    tls: TlsConfig = field(default_factory=TlsConfig)
+    lake: LakeConfig = field(default_factory=LakeConfig)
+    listeners: list[ListenerConfig] = field(default_factory=lambda: [ForwardListenerConfig()])
+
+    @property
+    def table_uri(self) -> str:
+        """Where the ``events`` table lives."""
+        return self.lake.path or str(self.state_dir / "lake" / "events")
+
+    @property
+    def pki_dir(self) -> Path:
+        """Where the generated CA and server certificate live."""
+        return self.state_dir / "pki"
+
+
+def default_config() -> Config:
+    """The embedded default: what ``appliance serve`` runs with no file."""
+    return Config()
+
+
+# -- loading -------------------------------------------------------------------
+
+
+def _line_of(text: str, path: tuple[str | int, ...]) -> int | None:
+    """The line that sets ``path`` (section names, array index, key), if found."""
+    *sections, key = path
+    header = ".".join(str(s) for s in sections if isinstance(s, str))
+    index = next((s for s in sections if isinstance(s, int)), 0)
+    seen = -1
+    current = ""
+    for number, raw in enumerate(text.splitlines(), start=1):
+        line = raw.strip()
+        if line.startswith("["):
+            name = line.strip("[] ")
+            current = name
+            if line.startswith("[[") and name == header:
+                seen += 1
+            continue
+        if current != header or (line.startswith("#")):
+            continue
+        if sections and isinstance(sections[-1], int) and seen != index:
+            continue
+        if isinstance(key, str) and line.split("=", 1)[0].strip().strip('"') == key:
+            return number
+    if sections:
+        return _line_of_header(text, header)
+    return None
+
+
+def _line_of_header(text: str, header: str) -> int | None:
+    for number, raw in enumerate(text.splitlines(), start=1):
+        if raw.strip().strip("[] ") == header and raw.strip().startswith("["):
+            return number
+    return None
+
+
+class _Builder:
+    def __init__(self, text: str, source: str) -> None:
+        self.text = text
+        self.source = source
+
+    def error(self, path: tuple[str | int, ...], message: str) -> ConfigError:
+        dotted = ".".join(f"[{p}]" if isinstance(p, int) else p for p in path).replace(".[", "[")
+        line = _line_of(self.text, path) if path else None
+        where = f"{self.source}:{line}" if line else self.source
+        return ConfigError(f"{where}: {dotted}: {message}")
+
+    def build(self, cls: type[Any], data: Any, path: tuple[str | int, ...]) -> Any:
+        if not isinstance(data, dict):
+            raise self.error(path, "must be a table")
+        hints = typing.get_type_hints(cls)
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        for key in data:
+            if key not in fields:
+                known = ", ".join(sorted(fields))
+                raise self.error((*path, key), f"unknown key (known keys: {known})")
+        values = {key: self.value(hints[key], value, (*path, key)) for key, value in data.items()}
+        try:
+            return cls(**values)
+        except ValueError as exc:
+            raise self.error(path, str(exc)) from None
+
+    def value(self, hint: Any, value: Any, path: tuple[str | int, ...]) -> Any:
+        origin = typing.get_origin(hint)
+        args = typing.get_args(hint)
+        if origin in (types.UnionType, typing.Union):
+            non_none = [a for a in args if a is not type(None)]
+            return self.value(non_none[0], value, path)
+        if origin is Literal:
+            if value not in args:
+                choices = ", ".join(repr(a) for a in args)
+                raise self.error(path, f"must be one of {choices}, not {value!r}")
+            return value
+        if origin is list:
+            if not isinstance(value, list):
+                raise self.error(path, "must be an array")
+            if hint == list[ListenerConfig]:
+                return [self.listener(item, (*path, i)) for i, item in enumerate(value)]
+            return [self.value(args[0], item, (*path, i)) for i, item in enumerate(value)]
+        if origin is dict:
+            if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
+                raise self.error(path, "must be a table of strings")
+            return dict(value)
+        if dataclasses.is_dataclass(hint):
+            return self.build(hint, value, path)  # type: ignore[arg-type]
+        return self.scalar(hint, value, path)
+
+    def scalar(self, hint: Any, value: Any, path: tuple[str | int, ...]) -> Any:
+        if hint is bool:
+            if not isinstance(value, bool):
+                raise self.error(path, "must be true or false")
+            return value
+        if hint is int or hint is float:
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise self.error(path, "must be a number")
+            if hint is int and not isinstance(value, int):
+                raise self.error(path, "must be a whole number")
+            if value <= 0:
+                raise self.error(path, "must be greater than 0")
+            return hint(value)
+        if hint is str:
+            if not isinstance(value, str):
+                raise self.error(path, "must be a string")
+            if path[-1] == "bind":
+                self.check_bind(value, path)
+            return value
+        if hint is Path:
+            if not isinstance(value, str) or not value:
+                raise self.error(path, "must be a path")
+            return Path(value)
+        raise self.error(path, f"unsupported setting type {hint}")
+
+    def check_bind(self, value: str, path: tuple[str | int, ...]) -> None:
+        host, sep, port = value.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise self.error(path, f"must be host:port, not {value!r}")
+
+    def listener(self, item: Any, path: tuple[str | int, ...]) -> ListenerConfig:
+        if not isinstance(item, dict):
+            raise self.error(path, "must be a table")
+        protocol = item.get("protocol", "forward")
+        cls = _LISTENER_TYPES.get(protocol)
+        if cls is None:
+            known = ", ".join(sorted(_LISTENER_TYPES))
+            raise self.error((*path, "protocol"), f"unknown protocol {protocol!r} (known: {known})")
+        built: ListenerConfig = self.build(cls, item, path)
+        return built
+
+
+def parse_config(text: str, source: str = "<config>") -> Config:
+    """Parse and validate configuration text.
+
+    Raises:
+        ConfigError: with the file, line and key of the first problem.
+    """
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{source}: invalid TOML: {exc}") from None
+    builder = _Builder(text, source)
+    config: Config = builder.build(Config, data, ())
+    names = [listener.name for listener in config.listeners]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise ConfigError(f"{source}: listeners: duplicate name(s): {', '.join(duplicates)}")
+    binds = [(listener.host, listener.port) for listener in config.listeners]
+    if len(set(binds)) != len(binds):
+        raise ConfigError(f"{source}: listeners: two listeners bind the same address")
+    return config
+
+
+def load_config(path: Path) -> Config:
+    """Read and validate the TOML file at ``path``."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not UTF-8 text") from None
+    return parse_config(text, str(path))

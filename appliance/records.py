@@ -1,0 +1,97 @@
+"""Turns a decoded event record (a msgpack or JSON map) into the JSON text of ``record``.
+
+Records are arbitrary maps, so the conversion follows one documented
+convention (docs/records.md, DESIGN §3):
+
+* ``str`` values stay text. A msgpack ``str`` that is not valid UTF-8 is
+  treated as binary.
+* binary values become text when they are valid UTF-8, otherwise
+  ``{"$binary": "<base64>"}``;
+* map keys that are not text become their JSON text (``1`` -> ``"1"``);
+  binary keys that are not UTF-8 are rendered with backslash escapes;
+* NaN and infinities become ``null`` (JSON has no such numbers);
+* an EventTime inside a record becomes its epoch nanoseconds as an integer;
+* any other msgpack extension becomes ``{"$ext": type, "$binary": "<base64>"}``.
+
+The fast path is one :func:`json.dumps`; only records that need one of the
+conversions take the slow walk.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+from typing import Any, Final
+
+import msgpack
+
+__all__ = ["record_json"]
+
+_dumps: Final = json.JSONEncoder(
+    ensure_ascii=False, separators=(",", ":"), allow_nan=False, default=None
+).encode
+
+
+def _is_text(value: str) -> bool:
+    """False when a str carries lone surrogates (bytes that were not UTF-8)."""
+    if value.isascii():
+        return True
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _bytes_value(data: bytes) -> Any:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return {"$binary": base64.b64encode(data).decode("ascii")}
+
+
+def _key(key: Any) -> str:
+    if type(key) is str:
+        return (
+            key
+            if _is_text(key)
+            else key.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+        )
+    if isinstance(key, bytes):
+        return key.decode("utf-8", "backslashreplace")
+    return _dumps(_plain(key))
+
+
+def _plain(value: Any) -> Any:
+    """A JSON-ready copy of ``value`` under the module's convention."""
+    if type(value) is str:
+        return value if _is_text(value) else _bytes_value(value.encode("utf-8", "surrogateescape"))
+    if isinstance(value, dict):
+        return {_key(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    if isinstance(value, bytes | bytearray | memoryview):
+        return _bytes_value(bytes(value))
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, msgpack.ExtType):
+        return {"$ext": value.code, "$binary": base64.b64encode(value.data).decode("ascii")}
+    to_ns = getattr(value, "to_ns", None)
+    if to_ns is not None:
+        return to_ns()  # EventTime
+    if value is None or isinstance(value, bool | int):
+        return value
+    return str(value)
+
+
+def record_json(record: dict[Any, Any]) -> str:
+    """The record as compact JSON text, valid UTF-8, under the module's convention."""
+    try:
+        text = _dumps(record)
+    except (TypeError, ValueError):
+        # bytes, ExtType, EventTime, NaN or a non-str key that json refuses.
+        return _dumps(_plain(record))
+    if _is_text(text):
+        return text
+    return _dumps(_plain(record))

@@ -1,0 +1,160 @@
+"""TCP listeners with TLS: one task per connection, a handshake deadline, a connection cap.
+
+Modelled on trio's ``serve_listeners``: the accept loop backs off only on
+resource exhaustion, and each connection runs in the nursery as its own task
+that does its own TLS handshake (so a slow handshake never blocks accept),
+under ``tls_handshake_timeout_seconds``. A connection over
+``max_connections`` is accepted and closed at once, with a log line, rather
+than left hanging in the kernel's backlog.
+
+Resource handling: every accepted stream is closed in ``finally``
+(forcefully: a peer that does not read cannot stall the close).
+
+Error handling: TLS failures and peers that vanish are logged per connection;
+they never reach the listener or the other connections.
+"""
+
+from __future__ import annotations
+
+import errno
+import ssl
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Final
+
+import trio
+
+from appliance.logs import get_logger
+
+__all__ = ["ConnectionInfo", "Handler", "TcpService"]
+
+log = get_logger("listener")
+
+#: accept() errors that mean "out of resources": wait and try again.
+_RESOURCE_ERRNOS: Final = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS})
+#: Seconds to wait after such an error (trio's serve_listeners uses the same).
+ACCEPT_BACKOFF_SECONDS: Final = 0.1
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionInfo:
+    """Who is on the other end of a connection."""
+
+    listener: str
+    peer: str
+    tls: bool
+    #: The authenticated principal, or "anonymous" when nothing authenticated the peer.
+    source: str = "anonymous"
+
+
+Handler = Callable[[trio.abc.Stream, ConnectionInfo], Awaitable[None]]
+
+
+def _peer_name(sock: trio.SocketStream) -> str:
+    try:
+        address = sock.socket.getpeername()
+    except OSError:
+        return "unknown"
+    if isinstance(address, tuple):
+        host, port = address[0], address[1]
+        return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    return str(address)
+
+
+class TcpService:
+    """Accepts on some listeners and runs ``handler`` for each connection.
+
+    Args:
+        name: the listener's name, for logs.
+        handler: runs one connection; it owns the stream until it returns.
+        ssl_context: TLS server context, or None for plaintext (explicit only).
+        tls_handshake_timeout: seconds a client has to complete TLS.
+        max_connections: open connections allowed at once.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        handler: Handler,
+        *,
+        ssl_context: ssl.SSLContext | None,
+        tls_handshake_timeout: float,
+        max_connections: int,
+    ) -> None:
+        self.name = name
+        self._handler = handler
+        self._ssl_context = ssl_context
+        self._handshake_timeout = tls_handshake_timeout
+        self._max_connections = max_connections
+        self.active = 0
+        self.refused = 0
+
+    async def serve(
+        self, listeners: list[trio.SocketListener], connection_nursery: trio.Nursery
+    ) -> None:
+        """Accept on every listener until cancelled; connections run in ``connection_nursery``.
+
+        Cancelling this call stops accepting; open connections keep running
+        in their own nursery, so a shutdown can still drain them.
+        """
+        try:
+            async with trio.open_nursery() as nursery:
+                for listener in listeners:
+                    nursery.start_soon(self._accept_loop, listener, connection_nursery)
+        finally:
+            with trio.CancelScope(shield=True):
+                for listener in listeners:
+                    await listener.aclose()
+
+    async def _accept_loop(self, listener: trio.SocketListener, nursery: trio.Nursery) -> None:
+        while True:
+            try:
+                stream = await listener.accept()
+            except OSError as exc:
+                if exc.errno not in _RESOURCE_ERRNOS:
+                    raise
+                log.error("accept.backoff", listener=self.name, reason=exc.strerror)
+                await trio.sleep(ACCEPT_BACKOFF_SECONDS)
+                continue
+            if self.active >= self._max_connections:
+                self.refused += 1
+                log.warning(
+                    "connection.refused",
+                    listener=self.name,
+                    peer=_peer_name(stream),
+                    reason=f"max_connections={self._max_connections} reached",
+                )
+                await trio.aclose_forcefully(stream)
+                continue
+            self.active += 1
+            nursery.start_soon(self._run_connection, stream)
+
+    async def _run_connection(self, sock: trio.SocketStream) -> None:
+        peer = _peer_name(sock)
+        stream: trio.abc.Stream = sock
+        try:
+            if self._ssl_context is not None:
+                tls = trio.SSLStream(sock, self._ssl_context, server_side=True)
+                stream = tls
+                with trio.move_on_after(self._handshake_timeout) as scope:
+                    try:
+                        await tls.do_handshake()
+                    except trio.BrokenResourceError as exc:
+                        reason = str(exc.__cause__ or exc) or "peer closed during handshake"
+                        log.warning(
+                            "tls.handshake_failed", listener=self.name, peer=peer, reason=reason
+                        )
+                        return
+                if scope.cancelled_caught:
+                    log.warning(
+                        "tls.handshake_failed",
+                        listener=self.name,
+                        peer=peer,
+                        reason=f"no handshake within {self._handshake_timeout}s",
+                    )
+                    return
+            info = ConnectionInfo(self.name, peer, self._ssl_context is not None)
+            await self._handler(stream, info)
+        finally:
+            self.active -= 1
+            await trio.aclose_forcefully(stream)

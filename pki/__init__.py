@@ -1,0 +1,1 @@
+"""The appliance's own PKI: its CA, server certificates and TLS contexts."""
