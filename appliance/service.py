@@ -104,7 +104,7 @@ async def serve(
     await writer.open()
     lifecycle = Lifecycle()
     running = Running(ca_file=ca_file, writer=writer)
-    stop_event = stop or trio.Event()
+    stop_event = stop if stop is not None else trio.Event()
     shutdown = trio.CancelScope()
     with shutdown:
         async with trio.open_nursery() as writer_nursery:

@@ -276,6 +276,7 @@ class ForwardServerConnection:
         self._unpacker = _new_unpacker(self.limits.max_request_bytes)
         self._fed = 0
         self._json = _JsonFramer(self.limits.max_request_bytes)
+        self._pending_error: RemoteProtocolError | None = None
 
     @property
     def state(self) -> ForwardState:
@@ -295,11 +296,18 @@ class ForwardServerConnection:
     def receive_data(self, data: bytes | bytearray) -> list[ForwardEvent]:
         """Take bytes read from the peer; return the events they complete.
 
+        When ``data`` holds complete requests followed by a violation, the
+        requests are returned (they may still be committed and acked) and the
+        connection is ``CLOSED``: the next call raises the pending error.
+
         Raises:
             RemoteProtocolError: the peer broke the protocol or a limit; the
                 connection is now ``CLOSED`` and must be closed.
             LocalProtocolError: called after the connection closed.
         """
+        if self._pending_error is not None:
+            error, self._pending_error = self._pending_error, None
+            raise error
         if self._state is ForwardState.CLOSED:
             raise LocalProtocolError("receive_data on a closed forward connection")
         if not data:
@@ -309,14 +317,21 @@ class ForwardServerConnection:
                 self._move(ForwardState.TRANSPORT_JSON)
             else:
                 self._move(ForwardState.TRANSPORT_MSGPACK)
-        if self._state is ForwardState.TRANSPORT_JSON:
-            return self._receive_json(data)
-        return self._receive_msgpack(data)
+        events: list[ForwardEvent] = []
+        try:
+            if self._state is ForwardState.TRANSPORT_JSON:
+                self._receive_json(data, events)
+            else:
+                self._receive_msgpack(data, events)
+        except RemoteProtocolError as error:
+            if not events:
+                raise
+            self._pending_error = error
+        return events
 
     # -- msgpack -----------------------------------------------------------
 
-    def _receive_msgpack(self, data: bytes | bytearray) -> list[ForwardEvent]:
-        events: list[ForwardEvent] = []
+    def _receive_msgpack(self, data: bytes | bytearray, events: list[ForwardEvent]) -> None:
         view = memoryview(data)
         limit = self.limits.max_request_bytes
         while view:
@@ -335,12 +350,10 @@ class ForwardServerConnection:
                 # msgpack's FormatError/StackError/ExtraData are ValueErrors;
                 # an unhashable map key is a TypeError.
                 raise self._fail(f"request is not valid msgpack: {exc}") from None
-        return events
 
     # -- JSON ----------------------------------------------------------------
 
-    def _receive_json(self, data: bytes | bytearray) -> list[ForwardEvent]:
-        events: list[ForwardEvent] = []
+    def _receive_json(self, data: bytes | bytearray, events: list[ForwardEvent]) -> None:
         try:
             values = self._json.feed(data)
         except ValueError as exc:
@@ -351,7 +364,6 @@ class ForwardServerConnection:
             except ValueError as exc:
                 raise self._fail(f"request is not valid JSON: {exc}") from None
             events.append(self._request(obj, json_form=True))
-        return events
 
     # -- requests ------------------------------------------------------------
 

@@ -27,7 +27,12 @@ from appliance.lake.rows import RowBlock
 from appliance.lake.writer import CommitTicket, LakeWriter
 from appliance.logs import get_logger
 from appliance.protocols.errors import RemoteProtocolError
-from appliance.protocols.forward import EventsReceived, ForwardServerConnection, Heartbeat
+from appliance.protocols.forward import (
+    EventsReceived,
+    ForwardServerConnection,
+    ForwardState,
+    Heartbeat,
+)
 from appliance.records import record_json
 from appliance.server.lifecycle import Lifecycle
 from appliance.server.listener import ConnectionInfo
@@ -94,14 +99,17 @@ class ForwardHandler:
         stats: dict[str, int],
     ) -> str:
         idle = self._settings.idle_timeout_seconds
-        with self._lifecycle.reading() as reading:
+        with self._lifecycle.reading():
             while True:
-                with trio.move_on_after(idle) as idle_scope:
+                data: bytes | bytearray | None = None
+                with self._lifecycle.receiving() as receiving, trio.move_on_after(idle) as waiting:
                     try:
                         data = await stream.receive_some(self._settings.read_size_bytes)
                     except trio.BrokenResourceError as exc:
                         return f"broken: {exc.__cause__ or exc}"
-                if idle_scope.cancelled_caught:
+                if receiving.cancelled_caught:
+                    return "shutdown"
+                if waiting.cancelled_caught:
                     log.info("connection.idle", peer=info.peer, idle_seconds=idle)
                     return f"idle for {idle}s"
                 if not data:
@@ -109,19 +117,19 @@ class ForwardHandler:
                 received_at_ns = time.time_ns()
                 try:
                     events = codec.receive_data(data)
+                    for event in events:
+                        if isinstance(event, Heartbeat):
+                            continue
+                        await self._submit(event, codec, acks, info, stats, received_at_ns)
+                    if codec.state is ForwardState.CLOSED:
+                        codec.receive_data(b"")  # raises the error that closed it
                 except RemoteProtocolError as exc:
                     log.warning(
                         "protocol.error", listener=info.listener, peer=info.peer, reason=exc.reason
                     )
                     return f"protocol error: {exc.reason}"
-                for event in events:
-                    if isinstance(event, Heartbeat):
-                        continue
-                    try:
-                        await self._submit(event, codec, acks, info, stats, received_at_ns)
-                    except trio.ClosedResourceError:
-                        return "shutdown"  # the writer takes no more batches
-        return "shutdown" if reading.cancelled_caught else "closed"
+                except trio.ClosedResourceError:
+                    return "shutdown"  # the writer takes no more batches
 
     async def _submit(
         self,

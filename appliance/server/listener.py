@@ -7,8 +7,9 @@ under ``tls_handshake_timeout_seconds``. A connection over
 ``max_connections`` is accepted and closed at once, with a log line, rather
 than left hanging in the kernel's backlog.
 
-Resource handling: every accepted stream is closed in ``finally``
-(forcefully: a peer that does not read cannot stall the close).
+Resource handling: every accepted stream is closed in ``finally``: politely
+(TLS close_notify) within ``CLOSE_TIMEOUT_SECONDS``, then forcefully, so a
+peer that does not read cannot stall the close.
 
 Error handling: TLS failures and peers that vanish are logged per connection;
 they never reach the listener or the other connections.
@@ -34,6 +35,8 @@ log = get_logger("listener")
 _RESOURCE_ERRNOS: Final = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS})
 #: Seconds to wait after such an error (trio's serve_listeners uses the same).
 ACCEPT_BACKOFF_SECONDS: Final = 0.1
+#: Seconds a polite close (TLS close_notify) may take before the socket is dropped.
+CLOSE_TIMEOUT_SECONDS: Final = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +51,16 @@ class ConnectionInfo:
 
 
 Handler = Callable[[trio.abc.Stream, ConnectionInfo], Awaitable[None]]
+
+
+async def _close(stream: trio.abc.Stream) -> None:
+    with trio.CancelScope(shield=True), trio.move_on_after(CLOSE_TIMEOUT_SECONDS) as scope:
+        try:
+            await stream.aclose()
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            scope.cancel()
+    if scope.cancelled_caught:
+        await trio.aclose_forcefully(stream)
 
 
 def _peer_name(sock: trio.SocketStream) -> str:
@@ -157,4 +170,4 @@ class TcpService:
             await self._handler(stream, info)
         finally:
             self.active -= 1
-            await trio.aclose_forcefully(stream)
+            await _close(stream)

@@ -1,0 +1,108 @@
+"""Runs the real ``appliance serve`` command as a subprocess for interop tests."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from deltalake import DeltaTable
+
+#: Seconds the service has to come up (first start generates a CA and the table).
+STARTUP_TIMEOUT_SECONDS = 60
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class ApplianceProcess:
+    """A running ``appliance serve`` and where to find its parts."""
+
+    process: subprocess.Popen[str]
+    state_dir: Path
+    ports: dict[str, int]
+    log_path: Path
+
+    @property
+    def ca_file(self) -> Path:
+        return self.state_dir / "pki" / "ca.pem"
+
+    @property
+    def table_uri(self) -> str:
+        return str(self.state_dir / "lake" / "events")
+
+    def rows(self) -> list[dict[str, object]]:
+        return DeltaTable(self.table_uri).to_pyarrow_table().to_pylist()
+
+    def log(self) -> str:
+        return self.log_path.read_text()
+
+    def stop(self) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        return self.process.returncode
+
+
+def _wait_ready(app: ApplianceProcess) -> None:
+    deadline = time.monotonic() + STARTUP_TIMEOUT_SECONDS
+    while time.monotonic() < deadline:
+        if app.process.poll() is not None:
+            raise RuntimeError(f"appliance exited with {app.process.returncode}:\n{app.log()}")
+        if "event=service.ready" in app.log():
+            return
+        time.sleep(0.1)
+    app.stop()
+    raise RuntimeError(f"appliance not ready within {STARTUP_TIMEOUT_SECONDS}s:\n{app.log()}")
+
+
+@pytest.fixture
+def appliance(tmp_path: Path) -> Iterator[callable]:
+    """A factory: ``appliance(listeners_toml)`` starts the service with those listeners."""
+    started: list[ApplianceProcess] = []
+
+    def start(listeners: dict[str, str], extra: str = "") -> ApplianceProcess:
+        state = tmp_path / f"state{len(started)}"
+        ports = {name: free_port() for name in listeners}
+        parts = [f'state_dir = "{state}"', extra, "[lake]", "commit_max_delay_seconds = 0.1"]
+        for name, body in listeners.items():
+            parts += [
+                "[[listeners]]",
+                f'name = "{name}"',
+                f'bind = "127.0.0.1:{ports[name]}"',
+                body,
+            ]
+        config = tmp_path / f"appliance{len(started)}.toml"
+        config.write_text("\n".join(parts) + "\n")
+        log_path = tmp_path / f"appliance{len(started)}.log"
+        log_file = log_path.open("w")
+        process = subprocess.Popen(
+            [sys.executable, "-m", "appliance", "serve", "--config", str(config)],
+            stdout=subprocess.DEVNULL,
+            stderr=log_file,
+            text=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        app = ApplianceProcess(process, state, ports, log_path)
+        started.append(app)
+        _wait_ready(app)
+        return app
+
+    yield start
+    for app in started:
+        app.stop()
