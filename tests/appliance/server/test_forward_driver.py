@@ -116,7 +116,7 @@ async def test_request_without_chunk_is_committed_but_not_acked(
 @pytest.mark.trio
 async def test_idle_connection_is_closed(autojump_clock: trio.testing.MockClock) -> None:
     writer = StandInWriter()
-    client, server = trio.testing.memory_stream_pair()
+    _client, server = trio.testing.memory_stream_pair()
     handler = handler_for(writer, idle_timeout_seconds=30)
     start = trio.current_time()
     await handler(server, INFO)
