@@ -1,0 +1,114 @@
+"""Configuration parsing, validation and the ``appliance config check`` command."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from appliance.config import ConfigError, default_config, parse_config
+
+
+def test_embedded_default_is_one_tls_forward_listener_on_loopback() -> None:
+    config = default_config()
+    (listener,) = config.listeners
+    assert (listener.protocol, listener.host, listener.port, listener.tls) == (
+        "forward",
+        "127.0.0.1",
+        24224,
+        True,
+    )
+    assert config.table_uri == str(Path("var") / "lake" / "events")
+
+
+def test_every_key_is_optional() -> None:
+    assert parse_config("") == default_config()
+
+
+def test_full_file_round_trips_values() -> None:
+    config = parse_config(
+        """
+state_dir = "/srv/appliance"
+node_id = "node-a"
+[log]
+level = "debug"
+format = "json"
+[lake]
+path = "s3://bucket/events"
+storage_options = { AWS_REGION = "eu-west-1" }
+commit_max_rows = 5000
+commit_max_delay_seconds = 0.5
+[[listeners]]
+name = "tls"
+bind = "0.0.0.0:24224"
+max_request_bytes = 1048576
+[[listeners]]
+name = "plain"
+bind = "127.0.0.1:24225"
+tls = false
+"""
+    )
+    assert config.node_id == "node-a"
+    assert config.log.format == "json"
+    assert config.table_uri == "s3://bucket/events"
+    assert config.lake.storage_options == {"AWS_REGION": "eu-west-1"}
+    assert config.lake.writer_settings().commit_max_rows == 5000
+    assert [(lc.name, lc.tls) for lc in config.listeners] == [("tls", True), ("plain", False)]
+    assert config.listeners[0].limits().max_request_bytes == 1048576
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("state_dir = \n", "invalid TOML"),
+        ("bogus = 1\n", "x.toml:1: bogus: unknown key"),
+        (
+            "\n[lake]\ncommit_max_rows = -1\n",
+            "x.toml:3: lake.commit_max_rows: must be greater than 0",
+        ),
+        (
+            "[lake]\n\ncommit_max_rows = 1.5\n",
+            "x.toml:3: lake.commit_max_rows: must be a whole number",
+        ),
+        ('[log]\nlevel = "loud"\n', "x.toml:2: log.level: must be one of"),
+        (
+            '[[listeners]]\nname = "a"\n[[listeners]]\nname = "b"\ntls = "yes"\n',
+            "x.toml:5: listeners[1].tls: must be true or false",
+        ),
+        ('[[listeners]]\nbind = "nowhere"\n', "x.toml:2: listeners[0].bind: must be host:port"),
+        ('[[listeners]]\nprotocol = "smtp"\n', "listeners[0].protocol: unknown protocol 'smtp'"),
+        (
+            '[[listeners]]\nbind = "127.0.0.1:1"\n[[listeners]]\nbind = "127.0.0.1:1"\nname=\'x\'\n',
+            "two listeners bind the same address",
+        ),
+    ],
+)
+def test_errors_name_the_line_and_key(text: str, message: str) -> None:
+    with pytest.raises(ConfigError) as excinfo:
+        parse_config(text, "x.toml")
+    assert message in str(excinfo.value)
+
+
+def test_config_check_command_reports_the_line(tmp_path: Path) -> None:
+    good = tmp_path / "good.toml"
+    good.write_text('[[listeners]]\nbind = "127.0.0.1:24224"\n')
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[lake]\ncommit_max_delay_seconds = "soon"\n')
+    run = [sys.executable, "-m", "appliance", "config", "check"]
+    ok = subprocess.run([*run, str(good)], capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stderr
+    assert "ok" in ok.stdout
+    failed = subprocess.run([*run, str(bad)], capture_output=True, text=True)
+    assert failed.returncode == 1
+    assert f"{bad}:2: lake.commit_max_delay_seconds: must be a number" in failed.stderr
+
+
+def test_version_command() -> None:
+    from appliance import __version__
+
+    result = subprocess.run(
+        [sys.executable, "-m", "appliance", "--version"], capture_output=True, text=True
+    )
+    assert result.stdout.strip() == f"appliance {__version__}"
