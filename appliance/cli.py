@@ -1,7 +1,9 @@
 """The ``appliance`` command: one CLI for the service and its administration.
 
-Subcommands so far: ``serve`` and ``config check``. Exit codes: 0 success,
-1 a failure the message explains (bad config, port in use, ...), 2 usage.
+Subcommands: ``serve``, ``config check``, ``cert ...``. Exit codes: 0
+success, 1 a failure the message explains (bad config, port in use, ...),
+2 usage. Every administrative command takes ``--config`` (or
+``$APPLIANCE_CONFIG``) to find the state directory.
 """
 
 from __future__ import annotations
@@ -14,9 +16,11 @@ from pathlib import Path
 import trio
 
 from appliance import __version__
+from appliance.commands import cert
 from appliance.config import Config, ConfigError, default_config, load_config
 from appliance.lake.errors import LakeError
 from appliance.logs import configure, get_logger
+from pki.errors import PkiError
 
 __all__ = ["main"]
 
@@ -61,8 +65,12 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"appliance {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    serve = commands.add_parser("serve", help="run the service (embedded default without a file)")
-    serve.add_argument("--config", metavar="FILE", help=f"TOML config (default: ${CONFIG_ENV})")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--config", metavar="FILE", help=f"TOML config (default: ${CONFIG_ENV})")
+
+    serve = commands.add_parser(
+        "serve", help="run the service (embedded default without a file)", parents=[common]
+    )
     serve.set_defaults(func=_serve)
 
     config = commands.add_parser("config", help="configuration tools")
@@ -70,6 +78,8 @@ def _parser() -> argparse.ArgumentParser:
     check = config_commands.add_parser("check", help="validate a config file")
     check.add_argument("file", metavar="FILE")
     check.set_defaults(func=_config_check)
+
+    cert.add_parser(commands, common)
     return parser
 
 
@@ -77,9 +87,18 @@ def main(argv: list[str] | None = None) -> int:
     """Run the CLI; returns the exit code."""
     args = _parser().parse_args(argv)
     try:
-        result: int = args.func(args)
+        if args.command == "serve" or args.command == "config":
+            result: int = args.func(args)
+        else:
+            result = args.func(args, _config(args.config))
     except ConfigError as exc:
         print(f"appliance: config error: {exc}", file=sys.stderr)
+        return 1
+    except PkiError as exc:
+        print(f"appliance: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:
+        print(f"appliance: {exc.filename or ''}: {exc.strerror}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130

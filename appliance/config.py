@@ -68,6 +68,11 @@ class TlsConfig:
     key_file: Path | None = None
     #: Extra DNS names or IP addresses for the generated server certificate.
     server_names: list[str] = field(default_factory=list)
+    #: CA that signs client certificates. Default: the appliance's own CA.
+    client_ca_file: Path | None = None
+    #: CRL checked at every client handshake. Default: the appliance's own CRL
+    #: (with the appliance's CA); none with an operator's client CA unless given.
+    crl_file: Path | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +107,8 @@ class ForwardListenerConfig:
     bind: str = DEFAULT_FORWARD_BIND
     #: TLS is on unless a listener says otherwise (DESIGN §5).
     tls: bool = True
+    #: Client certificates: "off", "optional" or "required" (mutual TLS).
+    client_auth: Literal["off", "optional", "required"] = "off"
     #: Answer UDP heartbeats on the same port (spec "Heartbeat Message").
     udp_heartbeat: bool = True
     max_connections: int = DEFAULT_MAX_CONNECTIONS
@@ -311,6 +318,12 @@ def parse_config(text: str, source: str = "<config>") -> Config:
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
         raise ConfigError(f"{source}: listeners: duplicate name(s): {', '.join(duplicates)}")
+    for index, listener in enumerate(config.listeners):
+        if listener.client_auth != "off" and not listener.tls:
+            raise builder.error(
+                ("listeners", index, "client_auth"),
+                "needs tls = true (client certificates are TLS)",
+            )
     binds = [(listener.host, listener.port) for listener in config.listeners]
     if len(set(binds)) != len(binds):
         raise ConfigError(f"{source}: listeners: two listeners bind the same address")

@@ -8,6 +8,9 @@ Shutdown (SIGTERM or SIGINT, or ``stop`` set by a caller), all under
 3. close the writer's input: it commits what is queued, in groups as usual;
 4. each connection sends the acks of its committed requests, then closes.
 
+SIGHUP (or ``appliance cert reload``) reloads the server certificate and the
+CRL without dropping open connections.
+
 Past the deadline whatever is left is abandoned unacknowledged; clients
 resend it and the resend is deduplicated.
 """
@@ -18,8 +21,10 @@ import os
 import signal
 import ssl
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Final
 
 import trio
 
@@ -31,12 +36,14 @@ from appliance.server.forward_driver import ForwardHandler
 from appliance.server.heartbeat import serve_udp_heartbeat
 from appliance.server.lifecycle import Lifecycle
 from appliance.server.listener import TcpService
-from pki.authority import PkiPaths, ensure_ca_and_server
-from pki.tls import server_context
+from appliance.server.tls import TlsManager
 
 __all__ = ["Running", "node_id", "prepare_state", "serve"]
 
 log = get_logger("service")
+
+#: Seconds between checks of the CRL's validity and of certificate expiry.
+TLS_REFRESH_INTERVAL_SECONDS: Final = 3600.0
 
 
 @dataclass(slots=True)
@@ -47,6 +54,7 @@ class Running:
     ca_file: Path | None = None
     writer: LakeWriter | None = None
     services: dict[str, TcpService] = field(default_factory=dict)
+    tls_manager: TlsManager | None = None
 
 
 def prepare_state(config: Config) -> None:
@@ -68,23 +76,30 @@ def node_id(config: Config) -> str:
         return value
 
 
-def _tls_context(config: Config) -> tuple[ssl.SSLContext | None, Path | None]:
-    if not any(listener.tls for listener in config.listeners):
-        return None, None
-    if config.tls.cert_file and config.tls.key_file:
-        return server_context(config.tls.cert_file, config.tls.key_file), None
-    paths = PkiPaths(config.pki_dir)
-    if ensure_ca_and_server(paths, config.tls.server_names):
-        log.info("pki.created", ca=str(paths.ca_cert.resolve()))
-    return server_context(paths.server_cert, paths.server_key), paths.ca_cert.resolve()
+def pid_file(config: Config) -> Path:
+    """Where the running service writes its process id (``appliance cert reload`` reads it)."""
+    return config.state_dir / "appliance.pid"
 
 
-async def _wait_for_signal(stop: trio.Event) -> None:
-    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+async def _handle_signals(stop: trio.Event, reload: Callable[[str], object]) -> None:
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
         async for signum in signals:
+            if signum == signal.SIGHUP:
+                reload("SIGHUP")
+                continue
             log.info("service.stopping", signal=signal.Signals(signum).name)
             stop.set()
             return
+
+
+async def _refresh_tls(tls: TlsManager, running: Running) -> None:
+    """Re-sign the CRL before it runs out, and repeat expiry warnings, every hour."""
+    while True:
+        await trio.sleep(TLS_REFRESH_INTERVAL_SECONDS)
+        if tls.ca.exists and tls.ca.crl_needs_refresh():
+            tls.reload(running.services, "crl-refresh")
+        else:
+            tls.warn_expiring()
 
 
 async def serve(
@@ -95,7 +110,8 @@ async def serve(
 ) -> None:
     """Run the appliance until ``stop`` is set, or SIGTERM/SIGINT when ``stop`` is None."""
     prepare_state(config)
-    context, ca_file = _tls_context(config)
+    tls = TlsManager(config)
+    ca_file = tls.prepare()
     writer = LakeWriter(
         EventsTable(config.table_uri, config.lake.storage_options or None),
         node_id(config),
@@ -103,7 +119,7 @@ async def serve(
     )
     await writer.open()
     lifecycle = Lifecycle()
-    running = Running(ca_file=ca_file, writer=writer)
+    running = Running(ca_file=ca_file, writer=writer, tls_manager=tls)
     stop_event = stop if stop is not None else trio.Event()
     shutdown = trio.CancelScope()
     with shutdown:
@@ -116,7 +132,7 @@ async def serve(
                         await acceptors.start(
                             _start_listener,
                             listener,
-                            context,
+                            tls.context_for(listener),
                             writer,
                             lifecycle,
                             connections,
@@ -124,7 +140,14 @@ async def serve(
                             accepting,
                         )
                     if stop is None:
-                        acceptors.start_soon(_wait_for_signal, stop_event)
+                        acceptors.start_soon(
+                            _handle_signals,
+                            stop_event,
+                            lambda why: tls.reload(running.services, why),
+                        )
+                    if ca_file is not None:
+                        acceptors.start_soon(_refresh_tls, tls, running)
+                    pid_file(config).write_text(f"{os.getpid()}\n", encoding="ascii")
                     log.info(
                         "service.ready",
                         listeners=",".join(f"{n}:{p}" for n, p in running.ports.items()),
@@ -141,6 +164,7 @@ async def serve(
                 lifecycle.stop_reading()
                 await lifecycle.wait_no_readers()
                 await writer.close_input()
+    pid_file(config).unlink(missing_ok=True)
     if shutdown.cancelled_caught:
         log.error("service.stopped", reason="shutdown timeout: in-flight batches left unacked")
     else:

@@ -26,8 +26,9 @@ from typing import Final
 import trio
 
 from appliance.logs import get_logger
+from pki.tls import peer_subject
 
-__all__ = ["ConnectionInfo", "Handler", "TcpService"]
+__all__ = ["ANONYMOUS", "ConnectionInfo", "Handler", "TcpService"]
 
 log = get_logger("listener")
 
@@ -35,6 +36,8 @@ log = get_logger("listener")
 _RESOURCE_ERRNOS: Final = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS})
 #: Seconds to wait after such an error (trio's serve_listeners uses the same).
 ACCEPT_BACKOFF_SECONDS: Final = 0.1
+#: The ``source`` of a peer that nothing authenticated.
+ANONYMOUS: Final = "anonymous"
 #: Seconds a polite close (TLS close_notify) may take before the socket is dropped.
 CLOSE_TIMEOUT_SECONDS: Final = 1.0
 
@@ -47,7 +50,7 @@ class ConnectionInfo:
     peer: str
     tls: bool
     #: The authenticated principal, or "anonymous" when nothing authenticated the peer.
-    source: str = "anonymous"
+    source: str = "anonymous"  # ANONYMOUS
 
 
 Handler = Callable[[trio.abc.Stream, ConnectionInfo], Awaitable[None]]
@@ -96,7 +99,8 @@ class TcpService:
     ) -> None:
         self.name = name
         self._handler = handler
-        self._ssl_context = ssl_context
+        #: Replaced on reload; new connections take the current one.
+        self.ssl_context = ssl_context
         self._handshake_timeout = tls_handshake_timeout
         self._max_connections = max_connections
         self.active = 0
@@ -145,9 +149,11 @@ class TcpService:
     async def _run_connection(self, sock: trio.SocketStream) -> None:
         peer = _peer_name(sock)
         stream: trio.abc.Stream = sock
+        source = ANONYMOUS
+        context = self.ssl_context
         try:
-            if self._ssl_context is not None:
-                tls = trio.SSLStream(sock, self._ssl_context, server_side=True)
+            if context is not None:
+                tls = trio.SSLStream(sock, context, server_side=True)
                 stream = tls
                 with trio.move_on_after(self._handshake_timeout) as scope:
                     try:
@@ -166,7 +172,9 @@ class TcpService:
                         reason=f"no handshake within {self._handshake_timeout}s",
                     )
                     return
-            info = ConnectionInfo(self.name, peer, self._ssl_context is not None)
+                # The certificate was verified in the handshake (CRL included).
+                source = peer_subject(tls.getpeercert(binary_form=True)) or source
+            info = ConnectionInfo(self.name, peer, context is not None, source)
             await self._handler(stream, info)
         finally:
             self.active -= 1

@@ -1,0 +1,125 @@
+"""``appliance cert ...`` run as the real command against a state directory."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives.serialization import pkcs12
+
+from pki.authority import CertificateAuthority, PkiPaths
+
+
+@pytest.fixture
+def cli(tmp_path: Path):
+    config = tmp_path / "appliance.toml"
+    config.write_text(f'state_dir = "{tmp_path / "state"}"\n')
+
+    def run(
+        *args: str, stdin: str | None = None, ok: bool = True
+    ) -> subprocess.CompletedProcess[str]:
+        result = subprocess.run(
+            [sys.executable, "-m", "appliance", "cert", *args, "--config", str(config)],
+            capture_output=True,
+            text=True,
+            input=stdin,
+        )
+        if ok:
+            assert result.returncode == 0, result.stderr
+        return result
+
+    return run
+
+
+def test_init_issue_list_revoke_crl(cli, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    print(cli("init").stdout)
+    pki = tmp_path / "state" / "pki"
+    assert (pki / "ca.key").stat().st_mode & 0o777 == 0o600
+    assert (pki / "server.key").stat().st_mode & 0o777 == 0o600
+
+    issued = cli("issue-client", "web-01", "--org", "Acme", "--out", str(out), "--p12",
+                 "--passphrase-stdin", stdin="correct horse\n")  # fmt: skip
+    assert "issued client certificate" in issued.stdout
+    for name, mode in [("web-01.key", 0o600), ("web-01.pem", 0o600), ("web-01.p12", 0o600)]:
+        assert (out / name).stat().st_mode & 0o777 == mode
+    key, cert, extra = pkcs12.load_key_and_certificates(
+        (out / "web-01.p12").read_bytes(), b"correct horse"
+    )
+    assert key is not None
+    assert cert is not None
+    assert cert.subject.rfc4514_string() == "O=Acme,CN=web-01"
+    assert len(extra) == 1  # the CA
+    bundle = (out / "web-01.pem").read_text()
+    assert bundle.index("PRIVATE KEY") < bundle.index("CERTIFICATE")
+    assert "correct horse" not in issued.stdout + issued.stderr
+
+    listed = json.loads(cli("list", "--json").stdout)
+    assert {e["subject"]: e["status"] for e in listed}["O=Acme,CN=web-01"] == "valid"
+    table = cli("list").stdout
+    assert "O=Acme,CN=web-01" in table
+    assert "serial" in table.splitlines()[0]
+
+    revoked = cli("revoke", "web-01", "--reason", "keyCompromise")
+    assert "revoked" in revoked.stdout
+    assert "not running" in revoked.stdout
+    shown = json.loads(cli("show", "web-01", "--json").stdout)
+    assert shown["status"] == "revoked"
+    assert shown["reason"] == "keyCompromise"
+    crl = x509.load_pem_x509_crl((pki / "crl.pem").read_bytes())
+    assert crl.get_revoked_certificate_by_serial_number(cert.serial_number) is not None
+    assert crl.is_signature_valid(
+        x509.load_pem_x509_certificate((pki / "ca.pem").read_bytes()).public_key()  # type: ignore[arg-type]
+    )
+    again = cli("revoke", "web-01", ok=False)
+    assert again.returncode == 1
+    assert "already revoked" in again.stderr
+
+
+def test_short_passphrase_is_refused_and_nothing_is_written(cli, tmp_path: Path) -> None:
+    cli("init")
+    out = tmp_path / "out"
+    result = cli("issue-client", "x", "--out", str(out), "--p12", "--passphrase-stdin",
+                 stdin="short\n", ok=False)  # fmt: skip
+    assert result.returncode == 1
+    assert "at least 8" in result.stderr
+    assert not out.exists()
+
+
+def test_issue_server_and_rotate(cli, tmp_path: Path) -> None:
+    cli("init", "--server-name", "ingest.example.net")
+    paths = PkiPaths(tmp_path / "state" / "pki")
+    first = x509.load_pem_x509_certificate(paths.server_cert.read_bytes())
+    names = first.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert "ingest.example.net" in names.get_values_for_type(x509.DNSName)
+    cli("rotate-server")
+    second = x509.load_pem_x509_certificate(paths.server_cert.read_bytes())
+    assert second.serial_number != first.serial_number
+    cli("issue-server", "node-2.example.net", "10.0.0.2", "--out", str(tmp_path / "n2"))
+    cert = x509.load_pem_x509_certificate((tmp_path / "n2" / "node-2.example.net.crt").read_bytes())
+    san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert [str(ip) for ip in san.get_values_for_type(x509.IPAddress)] == ["10.0.0.2"]
+
+
+def test_import_own_ca_refuses_mismatched_key(cli, tmp_path: Path) -> None:
+    mine = CertificateAuthority(PkiPaths(tmp_path / "mine"))
+    mine.create("Operator CA", key_type="rsa")
+    other = CertificateAuthority(PkiPaths(tmp_path / "other"))
+    other.create("Other")
+    bad = cli("import", "--ca-cert", str(mine.paths.ca_cert), "--ca-key", str(other.paths.ca_key),
+              ok=False)  # fmt: skip
+    assert bad.returncode == 1
+    assert "does not belong" in bad.stderr
+    cli("import", "--ca-cert", str(mine.paths.ca_cert), "--ca-key", str(mine.paths.ca_key))
+    imported = x509.load_pem_x509_certificate((tmp_path / "state" / "pki" / "ca.pem").read_bytes())
+    assert imported.subject.rfc4514_string() == "CN=Operator CA"
+
+
+def test_commands_without_a_ca_say_what_to_run(cli) -> None:
+    result = cli("list", ok=False)
+    assert result.returncode == 1
+    assert "appliance cert init" in result.stderr
