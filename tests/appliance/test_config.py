@@ -80,7 +80,12 @@ tls = false
         ('[[listeners]]\nbind = "nowhere"\n', "x.toml:2: listeners[0].bind: must be host:port"),
         ('[[listeners]]\nprotocol = "smtp"\n', "listeners[0].protocol: unknown protocol 'smtp'"),
         (
-            '[[listeners]]\nbind = "127.0.0.1:1"\n[[listeners]]\nbind = "127.0.0.1:1"\nname=\'x\'\n',
+            '[[listeners]]\ntls = false\nclient_auth = "required"\n',
+            "x.toml:3: listeners[0].client_auth: needs tls = true",
+        ),
+        (
+            '[[listeners]]\nbind = "127.0.0.1:1"\n'
+            '[[listeners]]\nbind = "127.0.0.1:1"\nname="x"\n',
             "two listeners bind the same address",
         ),
     ],
