@@ -84,8 +84,7 @@ tls = false
             "x.toml:3: listeners[0].client_auth: needs tls = true",
         ),
         (
-            '[[listeners]]\nbind = "127.0.0.1:1"\n'
-            '[[listeners]]\nbind = "127.0.0.1:1"\nname="x"\n',
+            '[[listeners]]\nbind = "127.0.0.1:1"\n[[listeners]]\nbind = "127.0.0.1:1"\nname="x"\n',
             "two listeners bind the same address",
         ),
     ],

@@ -123,3 +123,59 @@ def test_commands_without_a_ca_say_what_to_run(cli) -> None:
     result = cli("list", ok=False)
     assert result.returncode == 1
     assert "appliance cert init" in result.stderr
+
+
+def test_revoke_and_rotate_reach_the_running_service_by_sighup(appliance, tmp_path: Path) -> None:
+    import socket
+    import ssl
+
+    import msgpack
+
+    app = appliance({"mtls": 'client_auth = "required"'})
+    config = tmp_path / "appliance0.toml"
+    run = [sys.executable, "-m", "appliance", "cert"]
+
+    def cert(*args: str) -> str:
+        result = subprocess.run([*run, *args, "--config", str(config)], capture_output=True,
+                                text=True)  # fmt: skip
+        assert result.returncode == 0, result.stderr
+        return result.stdout
+
+    cert("issue-client", "agent-7", "--out", str(tmp_path / "agent"))
+
+    def exchange(chunk: str) -> tuple[object | None, int]:
+        context = ssl.create_default_context(cafile=str(app.ca_file))
+        context.load_cert_chain(
+            tmp_path / "agent" / "agent-7.crt", tmp_path / "agent" / "agent-7.key"
+        )
+        raw = socket.create_connection(("127.0.0.1", app.ports["mtls"]), timeout=10)
+        with context.wrap_socket(raw, server_hostname="localhost") as tls:
+            serial = x509.load_der_x509_certificate(tls.getpeercert(binary_form=True)).serial_number
+            try:
+                tls.sendall(msgpack.packb(["t", msgpack.packb([1, {"a": 1}]), {"chunk": chunk}]))
+                data = tls.recv(1024)
+            except (ssl.SSLError, OSError):
+                return None, serial
+            return (msgpack.unpackb(data) if data else None), serial
+
+    def reloads() -> int:
+        return app.log().count("event=tls.reloaded trigger=SIGHUP")
+
+    def wait_for_reload(count: int) -> None:
+        import time
+
+        deadline = time.monotonic() + 30
+        while reloads() < count and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert reloads() == count
+
+    ack, first_serial = exchange("before")
+    assert ack == {"ack": "before"}
+    assert "pid" in cert("rotate-server")  # "the running service (pid N) reloads ..."
+    wait_for_reload(1)
+    ack, second_serial = exchange("after-rotate")
+    assert ack == {"ack": "after-rotate"}
+    assert second_serial != first_serial
+    cert("revoke", "agent-7")
+    wait_for_reload(2)
+    assert exchange("after-revoke")[0] is None

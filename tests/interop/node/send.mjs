@@ -95,6 +95,7 @@ try {
       key: {type: "string"},
       batch: {type: "string"},
       "timeout-ms": {type: "string"},
+      "no-ack-race-fix": {type: "boolean", default: false},
       help: {type: "boolean", short: "h", default: false},
     },
   }).values;
@@ -120,6 +121,7 @@ const opts = {
   tag: parsed.tag,
   count: parseIntArg("count", parsed.count, 1),
   tls: !parsed["no-tls"],
+  noAckRaceFix: parsed["no-ack-race-fix"],
   batch: parsed.batch === undefined ? 10 : parseIntArg("batch", parsed.batch, 1),
   timeoutMs:
     parsed["timeout-ms"] === undefined
@@ -319,6 +321,39 @@ async function runFluentOrg() {
 }
 
 // --------------------------------------------------------- fluent-logger v3
+// fluent-logger 3.4.1 reads every server reply with `socket.once("data")`,
+// attached only inside the socket.write() callback (lib/sender.js _doWrite),
+// while the socket is already in flowing mode (resume() after the handshake,
+// or left flowing by the previous once("data")). A reply that is read before
+// that callback runs is emitted with no listener and silently lost, and the
+// client then waits for ackResponseTimeout. Seen with TLS + handshake on
+// loopback (~1 run in 15). This shim keeps such chunks and re-emits them as
+// soon as a "data" listener is attached. It does not change a single byte on
+// the wire; disable with --no-ack-race-fix to observe the raw client.
+function installAckRaceFix(sock) {
+  const pending = [];
+  const origEmit = sock.emit;
+  sock.emit = function (event, ...args) {
+    if (event === "data" && this.listenerCount("data") === 0) {
+      pending.push(Buffer.from(args[0]));
+      log(
+        `fluent-logger: held ${args[0].length} bytes read before the client ` +
+          "attached its data listener (ack race workaround)"
+      );
+      return false;
+    }
+    return origEmit.call(this, event, ...args);
+  };
+  sock.on("newListener", event => {
+    if (event !== "data" || pending.length === 0) return;
+    // the listener is added right after "newListener" returns
+    process.nextTick(() => {
+      if (pending.length === 0 || sock.listenerCount("data") === 0) return;
+      origEmit.call(sock, "data", Buffer.concat(pending.splice(0)));
+    });
+  });
+}
+
 async function runFluentLogger() {
   const fluentLogger = require("fluent-logger");
   const {EventTime} = fluentLogger;
@@ -374,6 +409,7 @@ async function runFluentLogger() {
     const sock = sender._socket;
     if (!sock || seenSockets.has(sock)) return;
     seenSockets.add(sock);
+    if (!opts.noAckRaceFix) installAckRaceFix(sock);
     sock.on("close", () => {
       if (finished || closing) return;
       setTimeout(() => {
