@@ -11,7 +11,11 @@ convention (docs/records.md, DESIGN §3):
   binary keys that are not UTF-8 are rendered with backslash escapes;
 * NaN and infinities become ``null`` (JSON has no such numbers);
 * an EventTime inside a record becomes its epoch nanoseconds as an integer;
-* any other msgpack extension becomes ``{"$ext": type, "$binary": "<base64>"}``.
+* any other msgpack extension becomes ``{"$ext": type, "$binary": "<base64>"}``;
+* on the slow walk, a map or array nested more than ``MAX_DEPTH`` levels
+  deep becomes ``{"$truncated": "nesting"}``. Records nested deeper than the
+  encoder's recursion allows always take the slow walk, so they cannot exhaust
+  the interpreter's stack; only a broken or hostile client sends them.
 
 The fast path is one :func:`json.dumps`; only records that need one of the
 conversions take the slow walk.
@@ -26,7 +30,11 @@ from typing import Any, Final
 
 import msgpack
 
-__all__ = ["record_json"]
+__all__ = ["MAX_DEPTH", "record_json"]
+
+#: Nesting kept in the JSON text; deeper maps and arrays are replaced by a marker.
+MAX_DEPTH: Final = 100
+_TRUNCATED: Final = {"$truncated": "nesting"}
 
 _dumps: Final = json.JSONEncoder(
     ensure_ascii=False, separators=(",", ":"), allow_nan=False, default=None
@@ -44,6 +52,19 @@ def _is_text(value: str) -> bool:
     return True
 
 
+def _raw(value: str) -> bytes:
+    """The bytes behind a str that is not valid UTF-8.
+
+    A msgpack str that was not UTF-8 carries surrogateescape code points; a
+    lone surrogate from anywhere else (a JSON ``"\\ud800"`` escape) has no
+    original bytes and is kept as its surrogatepass encoding.
+    """
+    try:
+        return value.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        return value.encode("utf-8", "surrogatepass")
+
+
 def _bytes_value(data: bytes) -> Any:
     try:
         return data.decode("utf-8")
@@ -53,30 +74,29 @@ def _bytes_value(data: bytes) -> Any:
 
 def _key(key: Any) -> str:
     if type(key) is str:
-        return (
-            key
-            if _is_text(key)
-            else key.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
-        )
+        return key if _is_text(key) else _raw(key).decode("utf-8", "backslashreplace")
     if isinstance(key, bytes):
         return key.decode("utf-8", "backslashreplace")
     return _dumps(_plain(key))
 
 
-def _plain(value: Any) -> Any:
+def _plain(value: Any, depth: int = 0) -> Any:
     """A JSON-ready copy of ``value`` under the module's convention."""
     if type(value) is str:
-        return value if _is_text(value) else _bytes_value(value.encode("utf-8", "surrogateescape"))
+        return value if _is_text(value) else _bytes_value(_raw(value))
+    # ExtType is a namedtuple: it must be matched before tuples.
+    if isinstance(value, msgpack.ExtType):
+        return {"$ext": value.code, "$binary": base64.b64encode(value.data).decode("ascii")}
+    if isinstance(value, dict | list | tuple) and depth >= MAX_DEPTH:
+        return _TRUNCATED
     if isinstance(value, dict):
-        return {_key(k): _plain(v) for k, v in value.items()}
+        return {_key(k): _plain(v, depth + 1) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [_plain(v) for v in value]
+        return [_plain(v, depth + 1) for v in value]
     if isinstance(value, bytes | bytearray | memoryview):
         return _bytes_value(bytes(value))
     if isinstance(value, float):
         return value if math.isfinite(value) else None
-    if isinstance(value, msgpack.ExtType):
-        return {"$ext": value.code, "$binary": base64.b64encode(value.data).decode("ascii")}
     to_ns = getattr(value, "to_ns", None)
     if to_ns is not None:
         return to_ns()  # EventTime
@@ -89,8 +109,9 @@ def record_json(record: dict[Any, Any]) -> str:
     """The record as compact JSON text, valid UTF-8, under the module's convention."""
     try:
         text = _dumps(record)
-    except (TypeError, ValueError):
-        # bytes, ExtType, EventTime, NaN or a non-str key that json refuses.
+    except (TypeError, ValueError, RecursionError):
+        # bytes, ExtType, EventTime, NaN or a non-str key that json refuses,
+        # or nesting deeper than the encoder's recursion allows.
         return _dumps(_plain(record))
     if _is_text(text):
         return text

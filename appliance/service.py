@@ -32,7 +32,7 @@ from appliance.config import Config, ForwardListenerConfig
 from appliance.lake.table import EventsTable
 from appliance.lake.writer import LakeWriter
 from appliance.logs import get_logger
-from appliance.server.forward_driver import ForwardHandler
+from appliance.server.forward_driver import forward_driver
 from appliance.server.heartbeat import serve_udp_heartbeat
 from appliance.server.lifecycle import Lifecycle
 from appliance.server.listener import TcpService
@@ -182,7 +182,7 @@ async def _start_listener(
     *,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    handler = ForwardHandler(listener, writer, lifecycle)
+    handler = forward_driver(listener, writer, lifecycle)
     service = TcpService(
         listener.name,
         handler,

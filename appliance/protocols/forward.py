@@ -275,6 +275,9 @@ class ForwardServerConnection:
         self._state = ForwardState.IDLE
         self._unpacker = _new_unpacker(self.limits.max_request_bytes)
         self._fed = 0
+        #: Stream offset where the request being received began. The unpacker's
+        #: own tell() is no measure: it advances inside a partial request.
+        self._request_start = 0
         self._json = _JsonFramer(self.limits.max_request_bytes)
         self._pending_error: RemoteProtocolError | None = None
 
@@ -337,7 +340,7 @@ class ForwardServerConnection:
         while view:
             # Feed no more than fits: the unpacker's buffer then holds at most
             # one partial request, and a full buffer means an oversized request.
-            room = limit - (self._fed - self._unpacker.tell())
+            room = limit - (self._fed - self._request_start)
             if room <= 0:
                 raise self._fail(f"request exceeds max_request_bytes={limit}")
             piece, view = view[:room], view[room:]
@@ -345,6 +348,7 @@ class ForwardServerConnection:
             self._fed += len(piece)
             try:
                 for obj in self._unpacker:
+                    self._request_start = self._unpacker.tell()
                     events.append(self._request(obj, json_form=False))
             except (ValueError, TypeError) as exc:
                 # msgpack's FormatError/StackError/ExtraData are ValueErrors;
@@ -361,7 +365,8 @@ class ForwardServerConnection:
         for raw in values:
             try:
                 obj = json.loads(raw)
-            except ValueError as exc:
+            except (ValueError, RecursionError) as exc:
+                # RecursionError: arrays nested deeper than the interpreter allows.
                 raise self._fail(f"request is not valid JSON: {exc}") from None
             events.append(self._request(obj, json_form=True))
 
@@ -581,6 +586,8 @@ class _JsonFramer:
                 if self._depth < 0:
                     raise ValueError("JSON request has an unbalanced bracket")
                 if self._depth == 0:
+                    if i + 1 - start > self._limit:
+                        raise ValueError(f"request exceeds max_request_bytes={self._limit}")
                     values.append(bytes(buf[start : i + 1]))
                     start = i + 1
             elif self._depth == 0:

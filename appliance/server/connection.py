@@ -1,0 +1,274 @@
+"""The trio driver every stream protocol shares: reads, deadlines, ordered answers.
+
+A protocol plugs in a :class:`Session`, which turns bytes into
+:class:`Submit` (rows to commit, then an ack) and :class:`Reply` (bytes to
+send at once) actions; the session holds the sans-IO codec, this module holds
+the socket and the clock, and no parsing. Two tasks per connection:
+
+* the reader reads under the idle deadline, hands the bytes to the session,
+  submits each block to the writer and queues the answers on a bounded
+  per-connection queue. A full writer queue or a full answer queue stops the
+  reader: TCP backpressure.
+* the answerer is the only task that writes to the stream. It sends answers
+  in order; an ack waits for its block's commit, and while it waits it sends
+  the session's keepalive every ``keepalive_seconds`` (Lumberjack, Courier).
+
+A protocol error stops the reader and is logged with its reason; the error's
+``reply`` is sent after the answers already queued, then the connection
+closes. Every send has a deadline, so a peer that never reads cannot pin a
+task.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Final, Protocol
+
+import trio
+
+from appliance.lake.rows import RowBlock
+from appliance.lake.writer import CommitTicket, LakeWriter
+from appliance.logs import StructLogger
+from appliance.protocols.errors import RemoteProtocolError
+from appliance.server.lifecycle import Lifecycle
+from appliance.server.listener import ConnectionInfo
+
+__all__ = [
+    "SEND_TIMEOUT_SECONDS",
+    "Action",
+    "DriverSettings",
+    "Reply",
+    "Session",
+    "StreamDriver",
+    "Submit",
+]
+
+#: Seconds one send to the peer may take before the connection is dropped.
+SEND_TIMEOUT_SECONDS: Final = 60.0
+
+Bytes = bytes | Callable[[], bytes]
+
+
+@dataclass(frozen=True, slots=True)
+class Submit:
+    """Rows to commit, and the answer to send once they are committed.
+
+    ``ack`` (and ``keepalive``) may be callables: they are called when the
+    bytes are sent, so a codec can answer with its state at that moment
+    (Lumberjack's last acknowledged sequence).
+    """
+
+    block: RowBlock
+    ack: Bytes | None = None
+    #: Names the batch in logs (chunk id, nonce, sequence).
+    label: str | None = None
+    #: Sent every ``keepalive_seconds`` while the commit is awaited.
+    keepalive: Bytes | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """Bytes to send now, in order with the acks queued before them."""
+
+    data: bytes
+
+
+Action = Submit | Reply
+
+
+class Session(Protocol):
+    """One connection's protocol state, around a sans-IO codec."""
+
+    def receive(self, data: bytes | bytearray, received_at_ns: int) -> list[Action]:
+        """The actions the bytes complete.
+
+        Raises:
+            RemoteProtocolError: the peer broke the protocol and nothing valid
+                came before the violation in ``data``. When something did, the
+                actions are returned and :meth:`pending_error` has the error.
+        """
+        ...
+
+    def pending_error(self) -> RemoteProtocolError | None:
+        """The violation that ended the last ``data``, after valid actions."""
+        ...
+
+    def greeting(self) -> bytes | None:
+        """Bytes to send as soon as the connection is up (e.g. a HELO)."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class DriverSettings:
+    """Deadlines and bounds of one listener's connections."""
+
+    idle_timeout_seconds: float
+    max_pending_acks: int
+    read_size_bytes: int
+    keepalive_seconds: float = 5.0
+    send_timeout_seconds: float = SEND_TIMEOUT_SECONDS
+
+
+@dataclass(slots=True)
+class _Stats:
+    batches: int = 0
+    events: int = 0
+    extra: dict[str, int] = field(default_factory=dict)
+
+
+_Queued = tuple[CommitTicket | None, Bytes | None, Bytes | None, str | None]
+
+
+class _PeerGone(Exception):
+    """The peer stopped taking bytes; the connection ends."""
+
+
+def _materialize(value: Bytes) -> bytes:
+    return value() if callable(value) else value
+
+
+class StreamDriver:
+    """Runs the connections of one listener (a listener ``Handler``)."""
+
+    def __init__(
+        self,
+        session_factory: Callable[[ConnectionInfo], Session],
+        settings: DriverSettings,
+        writer: LakeWriter,
+        lifecycle: Lifecycle,
+        log: StructLogger,
+    ) -> None:
+        self._new_session = session_factory
+        self._settings = settings
+        self._writer = writer
+        self._lifecycle = lifecycle
+        self._log = log
+
+    async def __call__(self, stream: trio.abc.Stream, info: ConnectionInfo) -> None:
+        session = self._new_session(info)
+        send, receive = trio.open_memory_channel[_Queued](self._settings.max_pending_acks)
+        self._log.info(
+            "connection.open", listener=info.listener, peer=info.peer, tls=info.tls,
+            source=info.source,
+        )  # fmt: skip
+        stats = _Stats()
+        reason = "closed"
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._answerer, stream, receive, info, nursery.cancel_scope)
+            async with send:
+                greeting = session.greeting()
+                if greeting is not None:
+                    await send.send((None, greeting, None, "greeting"))
+                reason = await self._reader(stream, session, send, info, stats)
+        self._log.info(
+            "connection.closed", listener=info.listener, peer=info.peer, reason=reason,
+            batches=stats.batches, events=stats.events,
+        )  # fmt: skip
+
+    async def _reader(
+        self,
+        stream: trio.abc.Stream,
+        session: Session,
+        answers: trio.MemorySendChannel[_Queued],
+        info: ConnectionInfo,
+        stats: _Stats,
+    ) -> str:
+        idle = self._settings.idle_timeout_seconds
+        with self._lifecycle.reading():
+            while True:
+                data: bytes | bytearray | None = None
+                with self._lifecycle.receiving() as receiving, trio.move_on_after(idle) as waiting:
+                    try:
+                        data = await stream.receive_some(self._settings.read_size_bytes)
+                    except trio.BrokenResourceError as exc:
+                        return f"broken: {exc.__cause__ or exc}"
+                if receiving.cancelled_caught:
+                    return "shutdown"
+                if waiting.cancelled_caught:
+                    self._log.info("connection.idle", peer=info.peer, idle_seconds=idle)
+                    return f"idle for {idle}s"
+                if not data:
+                    return "peer closed"
+                try:
+                    await self._handle(session, data, answers, stats)
+                except RemoteProtocolError as exc:
+                    self._log.warning(
+                        "protocol.error", listener=info.listener, peer=info.peer,
+                        reason=exc.reason,
+                    )  # fmt: skip
+                    if exc.reply:
+                        await answers.send((None, exc.reply, None, "error reply"))
+                    return f"protocol error: {exc.reason}"
+                except trio.ClosedResourceError:
+                    return "shutdown"  # the writer takes no more batches
+                except trio.BrokenResourceError:
+                    return "answers could not be sent"
+
+    async def _handle(
+        self,
+        session: Session,
+        data: bytes | bytearray,
+        answers: trio.MemorySendChannel[_Queued],
+        stats: _Stats,
+    ) -> None:
+        actions = session.receive(data, time.time_ns())
+        for action in actions:
+            if isinstance(action, Reply):
+                await answers.send((None, action.data, None, "reply"))
+                continue
+            stats.batches += 1
+            stats.events += action.block.rows
+            ticket = await self._writer.submit(action.block)
+            await answers.send((ticket, action.ack, action.keepalive, action.label))
+        error = session.pending_error()
+        if error is not None:
+            raise error
+
+    async def _send(self, stream: trio.abc.Stream, data: bytes, info: ConnectionInfo) -> None:
+        with trio.move_on_after(self._settings.send_timeout_seconds) as scope:
+            try:
+                await stream.send_all(data)
+            except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                self._log.info("send.failed", peer=info.peer, reason=str(exc) or "closed")
+                raise _PeerGone from exc
+        if scope.cancelled_caught:
+            self._log.warning("send.failed", peer=info.peer, reason="peer does not read")
+            raise _PeerGone
+
+    async def _answerer(
+        self,
+        stream: trio.abc.Stream,
+        answers: trio.MemoryReceiveChannel[_Queued],
+        info: ConnectionInfo,
+        connection: trio.CancelScope,
+    ) -> None:
+        pending: str | None = None
+        async with answers:
+            try:
+                async for ticket, answer, keepalive, label in answers:
+                    pending = label
+                    if ticket is not None:
+                        await self._await_commit(stream, ticket, keepalive, info)
+                    if answer is not None:
+                        await self._send(stream, _materialize(answer), info)
+            except _PeerGone:
+                self._log.info("connection.unanswered", peer=info.peer, pending=pending)
+                connection.cancel()
+
+    async def _await_commit(
+        self,
+        stream: trio.abc.Stream,
+        ticket: CommitTicket,
+        keepalive: Bytes | None,
+        info: ConnectionInfo,
+    ) -> None:
+        if keepalive is None:
+            await ticket.wait()
+            return
+        while True:
+            with trio.move_on_after(self._settings.keepalive_seconds):
+                await ticket.wait()
+                return
+            await self._send(stream, _materialize(keepalive), info)
