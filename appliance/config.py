@@ -97,28 +97,23 @@ class LakeConfig:
         return lake_writer.WriterSettings(**{n: getattr(self, n) for n in names})
 
 
-@dataclass(frozen=True, slots=True)
-class ForwardListenerConfig:
-    """A ``[[listeners]]`` entry with ``protocol = "forward"``."""
+@dataclass(frozen=True)
+class ListenerConfig:
+    """What every ``[[listeners]]`` entry has; each protocol adds its own keys."""
 
-    protocol: Literal["forward"] = "forward"
-    name: str = "forward"
-    #: host:port to listen on (TCP, and UDP for heartbeats).
-    bind: str = DEFAULT_FORWARD_BIND
+    protocol: str = ""
+    name: str = ""
+    #: host:port to listen on.
+    bind: str = ""
     #: TLS is on unless a listener says otherwise (DESIGN §5).
     tls: bool = True
     #: Client certificates: "off", "optional" or "required" (mutual TLS).
     client_auth: Literal["off", "optional", "required"] = "off"
-    #: Answer UDP heartbeats on the same port (spec "Heartbeat Message").
-    udp_heartbeat: bool = True
     max_connections: int = DEFAULT_MAX_CONNECTIONS
     tls_handshake_timeout_seconds: float = DEFAULT_TLS_HANDSHAKE_TIMEOUT_SECONDS
     idle_timeout_seconds: float = DEFAULT_IDLE_TIMEOUT_SECONDS
     max_pending_acks: int = DEFAULT_MAX_PENDING_ACKS
     read_size_bytes: int = DEFAULT_READ_SIZE_BYTES
-    max_request_bytes: int = forward_codec.DEFAULT_MAX_REQUEST_BYTES
-    max_decompressed_bytes: int = forward_codec.DEFAULT_MAX_DECOMPRESSED_BYTES
-    max_events_per_request: int = forward_codec.DEFAULT_MAX_EVENTS_PER_REQUEST
 
     @property
     def host(self) -> str:
@@ -130,6 +125,20 @@ class ForwardListenerConfig:
         """The port part of ``bind``."""
         return int(self.bind.rsplit(":", 1)[1])
 
+
+@dataclass(frozen=True)
+class ForwardListenerConfig(ListenerConfig):
+    """A ``[[listeners]]`` entry with ``protocol = "forward"``."""
+
+    protocol: Literal["forward"] = "forward"
+    name: str = "forward"
+    bind: str = DEFAULT_FORWARD_BIND
+    #: Answer UDP heartbeats on the same port (spec "Heartbeat Message").
+    udp_heartbeat: bool = True
+    max_request_bytes: int = forward_codec.DEFAULT_MAX_REQUEST_BYTES
+    max_decompressed_bytes: int = forward_codec.DEFAULT_MAX_DECOMPRESSED_BYTES
+    max_events_per_request: int = forward_codec.DEFAULT_MAX_EVENTS_PER_REQUEST
+
     def limits(self) -> forward_codec.ForwardLimits:
         """The codec limits of this listener."""
         return forward_codec.ForwardLimits(
@@ -139,7 +148,6 @@ class ForwardListenerConfig:
         )
 
 
-ListenerConfig = ForwardListenerConfig
 _LISTENER_TYPES: Final[dict[str, type[Any]]] = {"forward": ForwardListenerConfig}
 
 

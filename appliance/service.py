@@ -28,14 +28,14 @@ from typing import Final
 
 import trio
 
-from appliance.config import Config, ForwardListenerConfig
+from appliance.config import Config, ForwardListenerConfig, ListenerConfig
 from appliance.lake.table import EventsTable
 from appliance.lake.writer import LakeWriter
 from appliance.logs import get_logger
-from appliance.server.forward_driver import forward_driver
 from appliance.server.heartbeat import serve_udp_heartbeat
 from appliance.server.lifecycle import Lifecycle
 from appliance.server.listener import TcpService
+from appliance.server.registry import handler_for
 from appliance.server.tls import TlsManager
 
 __all__ = ["Running", "node_id", "prepare_state", "serve"]
@@ -172,7 +172,7 @@ async def serve(
 
 
 async def _start_listener(
-    listener: ForwardListenerConfig,
+    listener: ListenerConfig,
     context: ssl.SSLContext | None,
     writer: LakeWriter,
     lifecycle: Lifecycle,
@@ -182,7 +182,7 @@ async def _start_listener(
     *,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    handler = forward_driver(listener, writer, lifecycle)
+    handler = handler_for(listener, writer, lifecycle)
     service = TcpService(
         listener.name,
         handler,
@@ -198,7 +198,7 @@ async def _start_listener(
         log.warning("listener.plaintext", listener=listener.name, bind=listener.bind)
     with accepting:
         async with trio.open_nursery() as nursery:
-            if listener.udp_heartbeat:
+            if isinstance(listener, ForwardListenerConfig) and listener.udp_heartbeat:
                 await nursery.start(serve_udp_heartbeat, listener.host, port)
             nursery.start_soon(service.serve, sockets, connections)
             task_status.started()

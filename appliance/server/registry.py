@@ -1,0 +1,26 @@
+"""Which connection handler serves which listener protocol."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Final
+
+from appliance.config import ForwardListenerConfig, ListenerConfig
+from appliance.lake.writer import LakeWriter
+from appliance.server.forward_driver import forward_driver
+from appliance.server.lifecycle import Lifecycle
+from appliance.server.listener import Handler
+
+__all__ = ["handler_for"]
+
+_Factory = Callable[[Any, LakeWriter, Lifecycle], Handler]
+
+#: Listener config class -> the factory of its connection handler.
+_HANDLERS: Final[dict[type[ListenerConfig], _Factory]] = {
+    ForwardListenerConfig: forward_driver,
+}
+
+
+def handler_for(listener: ListenerConfig, writer: LakeWriter, lifecycle: Lifecycle) -> Handler:
+    """The connection handler for ``listener``'s protocol."""
+    return _HANDLERS[type(listener)](listener, writer, lifecycle)
