@@ -24,7 +24,10 @@ from appliance.protocols import forward as forward_codec
 __all__ = [
     "Config",
     "ConfigError",
+    "CourierListenerConfig",
     "ForwardListenerConfig",
+    "ListenerConfig",
+    "LumberjackListenerConfig",
     "LakeConfig",
     "LogConfig",
     "TlsConfig",
@@ -148,7 +151,59 @@ class ForwardListenerConfig(ListenerConfig):
         )
 
 
-_LISTENER_TYPES: Final[dict[str, type[Any]]] = {"forward": ForwardListenerConfig}
+#: Log Courier's own examples listen on 12345; operators' configs carry it.
+DEFAULT_COURIER_BIND: Final = "127.0.0.1:12345"
+#: The Beats/Logstash default port.
+DEFAULT_LUMBERJACK_BIND: Final = "127.0.0.1:5044"
+#: Seconds between keepalive acks while a batch waits for its commit.
+DEFAULT_KEEPALIVE_SECONDS: Final = 5.0
+
+
+@dataclass(frozen=True)
+class CourierListenerConfig(ListenerConfig):
+    """A ``[[listeners]]`` entry with ``protocol = "courier"`` (Log Courier)."""
+
+    protocol: Literal["courier"] = "courier"
+    name: str = "courier"
+    bind: str = DEFAULT_COURIER_BIND
+    #: Largest JDAT/EVNT message (compressed), in bytes.
+    max_payload_bytes: int = 10 * 1024 * 1024
+    #: Largest decompressed payload, in bytes.
+    max_decompressed_bytes: int = 64 * 1024 * 1024
+    #: Largest single event inside a payload, in bytes.
+    max_event_bytes: int = 1024 * 1024
+    #: Seconds between partial ACKNs while a payload waits for its commit (spec: at most 5).
+    keepalive_seconds: float = DEFAULT_KEEPALIVE_SECONDS
+    #: Tag of the events (Log Courier has no tag; a "type" field overrides it when set).
+    tag: str = "courier"
+
+
+@dataclass(frozen=True)
+class LumberjackListenerConfig(ListenerConfig):
+    """A ``[[listeners]]`` entry with ``protocol = "lumberjack"`` (Beats, v1 and v2)."""
+
+    protocol: Literal["lumberjack"] = "lumberjack"
+    name: str = "lumberjack"
+    bind: str = DEFAULT_LUMBERJACK_BIND
+    #: Largest window a client may announce, in events.
+    max_window_size: int = 100_000
+    #: Largest frame, in bytes (a C frame's compressed payload counts).
+    max_frame_bytes: int = 64 * 1024 * 1024
+    #: Largest decompressed C frame, in bytes.
+    max_decompressed_bytes: int = 256 * 1024 * 1024
+    #: Seconds between keepalive acks while a window waits for its commit.
+    keepalive_seconds: float = DEFAULT_KEEPALIVE_SECONDS
+    #: Record fields whose value becomes the tag, first present wins (dotted paths).
+    tag_fields: list[str] = field(default_factory=lambda: ["@metadata.beat", "type"])
+    #: Tag when no tag field is present.
+    tag: str = "lumberjack"
+
+
+_LISTENER_TYPES: Final[dict[str, type[Any]]] = {
+    "forward": ForwardListenerConfig,
+    "courier": CourierListenerConfig,
+    "lumberjack": LumberjackListenerConfig,
+}
 
 
 @dataclass(frozen=True, slots=True)
