@@ -5,11 +5,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Final
 
-from appliance.config import ForwardListenerConfig, ListenerConfig
+from appliance.config import ForwardListenerConfig, ListenerConfig, LumberjackListenerConfig
 from appliance.lake.writer import LakeWriter
 from appliance.server.forward_driver import forward_driver
 from appliance.server.lifecycle import Lifecycle
 from appliance.server.listener import Handler
+from appliance.server.lumberjack_driver import lumberjack_driver
 
 __all__ = ["handler_for"]
 
@@ -18,6 +19,7 @@ _Factory = Callable[[Any, LakeWriter, Lifecycle], Handler]
 #: Listener config class -> the factory of its connection handler.
 _HANDLERS: Final[dict[type[ListenerConfig], _Factory]] = {
     ForwardListenerConfig: forward_driver,
+    LumberjackListenerConfig: lumberjack_driver,
 }
 
 
