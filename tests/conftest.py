@@ -8,7 +8,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -71,26 +71,24 @@ def _wait_ready(app: ApplianceProcess) -> None:
     raise RuntimeError(f"appliance not ready within {STARTUP_TIMEOUT_SECONDS}s:\n{app.log()}")
 
 
-@pytest.fixture
-def appliance(tmp_path: Path) -> Iterator[callable]:
-    """A factory: ``appliance(listeners_toml)`` starts the service with those listeners."""
-    started: list[ApplianceProcess] = []
+def start_appliance(
+    directory: Path, listeners: dict[str, str], extra: str = "", index: int = 0
+) -> ApplianceProcess:
+    """Start ``appliance serve`` with ``listeners`` (name -> TOML body) under ``directory``.
 
-    def start(listeners: dict[str, str], extra: str = "") -> ApplianceProcess:
-        state = tmp_path / f"state{len(started)}"
-        ports = {name: free_port() for name in listeners}
-        parts = [f'state_dir = "{state}"', extra, "[lake]", "commit_max_delay_seconds = 0.1"]
-        for name, body in listeners.items():
-            parts += [
-                "[[listeners]]",
-                f'name = "{name}"',
-                f'bind = "127.0.0.1:{ports[name]}"',
-                body,
-            ]
-        config = tmp_path / f"appliance{len(started)}.toml"
-        config.write_text("\n".join(parts) + "\n")
-        log_path = tmp_path / f"appliance{len(started)}.log"
-        log_file = log_path.open("w")
+    The config is ``directory/appliance{index}.toml``; every listener gets a free
+    loopback port.
+    """
+    state = directory / f"state{index}"
+    ports = {name: free_port() for name in listeners}
+    parts = [f'state_dir = "{state}"', extra, "[lake]", "commit_max_delay_seconds = 0.1"]
+    for name, body in listeners.items():
+        bind = f'bind = "127.0.0.1:{ports[name]}"'
+        parts += ["[[listeners]]", f'name = "{name}"', bind, body]
+    config = directory / f"appliance{index}.toml"
+    config.write_text("\n".join(parts) + "\n")
+    log_path = directory / f"appliance{index}.log"
+    with log_path.open("w") as log_file:
         process = subprocess.Popen(
             [sys.executable, "-m", "appliance", "serve", "--config", str(config)],
             stdout=subprocess.DEVNULL,
@@ -98,9 +96,19 @@ def appliance(tmp_path: Path) -> Iterator[callable]:
             text=True,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
-        app = ApplianceProcess(process, state, ports, log_path)
+    app = ApplianceProcess(process, state, ports, log_path)
+    _wait_ready(app)
+    return app
+
+
+@pytest.fixture
+def appliance(tmp_path: Path) -> Iterator[Callable[..., ApplianceProcess]]:
+    """A factory: ``appliance({name: toml_body})`` starts the service with those listeners."""
+    started: list[ApplianceProcess] = []
+
+    def start(listeners: dict[str, str], extra: str = "") -> ApplianceProcess:
+        app = start_appliance(tmp_path, listeners, extra, index=len(started))
         started.append(app)
-        _wait_ready(app)
         return app
 
     yield start

@@ -1,0 +1,82 @@
+"""npm ``@fluent-org/logger`` and ``fluent-logger`` over TLS with ack required, every mode.
+
+The sender script (tests/interop/node/send.mjs) exits 0 only when every
+event was acknowledged, and prints what it sent; the test then reads the Delta
+table and checks every event arrived exactly once, with its tag, its time to
+the nanosecond (both clients send EventTime) and its record.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.interop
+
+NODE_DIR = Path(__file__).parent / "node"
+CASES = [
+    ("fluent-org", "message"),
+    ("fluent-org", "forward"),
+    ("fluent-org", "packed"),
+    ("fluent-org", "compressed"),
+    ("fluent-logger", "message"),
+    ("fluent-logger", "packed"),
+    ("fluent-logger", "compressed"),
+]
+
+
+def node_send(
+    app, client: str, mode: str, *extra: str, count: int = 25
+) -> subprocess.CompletedProcess[str]:
+    if shutil.which("node") is None:
+        pytest.skip("node is not installed: the npm interop clients cannot run")
+    if not (NODE_DIR / "node_modules").is_dir():
+        pytest.skip(
+            "tests/interop/node/node_modules missing: run 'make node-deps' (make test does)"
+        )
+    return subprocess.run(
+        ["node", str(NODE_DIR / "send.mjs"), "--client", client, "--mode", mode,
+         "--host", "127.0.0.1", "--port", str(app.ports["forward"]), "--ca", str(app.ca_file),
+         "--tag", f"node.{client}.{mode}", "--count", str(count), "--batch", "10",
+         "--timeout-ms", "30000", *extra],
+        capture_output=True, text=True, timeout=90,
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def shared_app(tmp_path_factory):
+    """One TLS appliance for all the cases; each case uses its own tag."""
+    from tests.conftest import start_appliance
+
+    app = start_appliance(tmp_path_factory.mktemp("node"), {"forward": ""})
+    yield app
+    app.stop()
+
+
+@pytest.mark.parametrize(("client", "mode"), CASES)
+def test_node_client_over_tls_with_ack(shared_app, client: str, mode: str) -> None:
+    result = node_send(shared_app, client, mode)
+    assert result.returncode == 0, result.stderr
+    sent = [json.loads(line) for line in result.stdout.splitlines()]
+    assert len(sent) == 25
+    rows = [r for r in shared_app.rows() if r["tag"] == f"node.{client}.{mode}"]
+    by_seq: dict[int, list[dict[str, object]]] = {}
+    for row in rows:
+        by_seq.setdefault(json.loads(row["record"])["seq"], []).append(row)
+    for event in sent:
+        matches = by_seq.get(event["record"]["seq"], [])
+        assert len(matches) == 1, f"seq {event['record']['seq']} arrived {len(matches)} times"
+        (row,) = matches
+        assert row["tag"] == event["tag"]
+        assert json.loads(row["record"]) == event["record"]
+        assert row["event_time_ns"] == int(event["time_ns"])
+    assert len(rows) == len(sent)
+
+
+def test_fluent_logger_has_no_forward_mode(shared_app) -> None:
+    result = node_send(shared_app, "fluent-logger", "forward", count=1)
+    assert result.returncode == 3, "the client gained Forward mode: add it to CASES"
