@@ -27,16 +27,17 @@ import msgpack
 __all__ = [
     "AUTH_SALT_BYTES",
     "NONCE_BYTES",
-    "REASON_ANONYMOUS_DENIED",
     "REASON_INVALID_PING",
     "REASON_SHARED_KEY",
     "REASON_USER",
     "Helo",
     "Ping",
     "Verdict",
+    "anonymous_denied_reason",
     "password_digest",
     "ping_digest",
     "pong_bytes",
+    "refusal_bytes",
     "verify_ping",
 ]
 
@@ -49,8 +50,8 @@ REASON_SHARED_KEY: Final = "shared_key mismatch"
 REASON_USER: Final = "username/password mismatch"
 
 
-def REASON_ANONYMOUS_DENIED(address: str) -> str:  # noqa: N802 -- reads like the other reasons
-    """The PONG reason for a source outside every client network."""
+def anonymous_denied_reason(address: str) -> str:
+    """The PONG reason for a source outside every client network (in_forward's words)."""
     return f"anonymous source host '{address}' denied"
 
 

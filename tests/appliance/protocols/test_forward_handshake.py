@@ -1,0 +1,141 @@
+"""The forward handshake's digests, PING parsing and verdicts (DESIGN §4 vectors)."""
+
+from __future__ import annotations
+
+import msgpack
+import pytest
+
+from appliance.protocols.forward_handshake import (
+    REASON_SHARED_KEY,
+    REASON_USER,
+    Helo,
+    Ping,
+    password_digest,
+    ping_digest,
+    pong_bytes,
+    verify_ping,
+)
+
+NONCE = bytes(range(16))
+AUTH = bytes(range(16, 32))
+SALT = b"salt"
+KEY = b"foobar1"
+PING_VECTOR = (
+    "4266e1f766905ee143b163e117a2bd38e71edc715a2703f3c3d04d9ed3a291b1"
+    "5a80f2e9ecc93359fdb770b61d03b09efa563841cae76e41366086690aef871c"
+)
+PONG_VECTOR = (
+    "24199a36c4223f164cd40c4595c8c9415401620f55c3f7af8b83c5e81cf834d7"
+    "eced52d3591755701f50c2b4e90f6a38533629c81692819a390956d285d1d3c8"
+)
+PASSWORD_VECTOR = (
+    "3a382e8eb712856d06d44371c527d2552c4cd35901c0580bc07d8b07e547e7d9"
+    "c422ffd8c8fe0a18d06804e73e1807da86c417446962e7b17b4a15cc086df34f"
+)
+
+
+def test_ping_digest_vector() -> None:
+    assert ping_digest(SALT, "client.example", NONCE, KEY) == PING_VECTOR
+
+
+def test_pong_digest_vector() -> None:
+    assert ping_digest(SALT, "server.example", NONCE, KEY) == PONG_VECTOR
+
+
+def test_password_digest_vector() -> None:
+    assert password_digest(AUTH, "tagomoris", b"fluentd") == PASSWORD_VECTOR
+
+
+def ping(digest: str | bytes = PING_VECTOR, user: str = "", password: str = "") -> Ping:
+    parsed = Ping.parse(["PING", "client.example", "salt", digest, user, password])
+    assert parsed is not None
+    return parsed
+
+
+def verify(p: Ping, **kwargs: object):
+    settings = {
+        "nonce": NONCE, "auth_salt": AUTH, "shared_keys": [KEY], "users_required": False,
+        "password": None,
+    }  # fmt: skip
+    settings.update(kwargs)
+    return verify_ping(p, **settings)  # type: ignore[arg-type]
+
+
+def test_helo_packs_nonce_and_auth_as_bin() -> None:
+    message = msgpack.unpackb(Helo(NONCE, AUTH).to_bytes(), raw=True)
+    assert message == [b"HELO", {b"nonce": NONCE, b"auth": AUTH, b"keepalive": True}]
+    # bin, not str: npm fluent-logger only sends a password when auth is bin.
+    assert b"\xc4\x10" + NONCE in Helo(NONCE, AUTH).to_bytes()
+
+
+def test_good_shared_key_is_accepted_and_pong_signed_with_server_name() -> None:
+    verdict = verify(ping())
+    assert verdict.ok
+    pong = msgpack.unpackb(
+        pong_bytes(verdict, ping(), server_hostname="server.example", nonce=NONCE)
+    )
+    assert pong == ["PONG", True, "", "server.example", PONG_VECTOR]
+
+
+@pytest.mark.parametrize("digest", ["", PING_VECTOR[:64], PING_VECTOR.upper(), "x" * 128])
+def test_empty_short_or_wrong_digest_fails(digest: str) -> None:
+    verdict = verify(ping(digest))
+    assert not verdict.ok
+    assert verdict.reason == REASON_SHARED_KEY
+    pong = msgpack.unpackb(pong_bytes(verdict, ping(digest), server_hostname="s", nonce=NONCE))
+    assert pong == ["PONG", False, "shared_key mismatch", "", ""]
+
+
+def test_any_key_of_a_rotation_is_accepted_and_signs_the_pong() -> None:
+    verdict = verify(ping(), shared_keys=[b"new-key", KEY])
+    assert verdict.ok
+    assert verdict.shared_key == KEY
+
+
+def test_user_with_right_password() -> None:
+    verdict = verify(ping(user="tagomoris", password=PASSWORD_VECTOR), users_required=True,
+                     password=b"fluentd")  # fmt: skip
+    assert verdict.ok
+    assert verdict.username == "tagomoris"
+
+
+@pytest.mark.parametrize(
+    ("user", "digest", "password", "allowed"),
+    [
+        ("tagomoris", PASSWORD_VECTOR, b"wrong", None),  # wrong password
+        ("tagomoris", PASSWORD_VECTOR, None, None),  # unknown or disabled user
+        ("tagomoris", "", b"fluentd", None),  # empty digest
+        ("tagomoris", PASSWORD_VECTOR[:10], b"fluentd", None),  # truncated digest
+        ("tagomoris", PASSWORD_VECTOR, b"fluentd", frozenset({"someone-else"})),  # not allowed
+        ("", "", None, None),  # no user where users are required
+    ],
+)
+def test_user_refusals(user: str, digest: str, password: bytes | None, allowed) -> None:
+    verdict = verify(ping(user=user, password=digest), users_required=True, password=password,
+                     allowed_users=allowed)  # fmt: skip
+    assert not verdict.ok
+    assert verdict.reason == REASON_USER
+
+
+def test_network_allowing_anonymous_skips_users() -> None:
+    assert verify(ping(), users_required=True, allow_anonymous=True).ok
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        ["PING", "h", "s", "d", "u"],  # five elements
+        ["PONG", "h", "s", "d", "u", "p"],
+        ["PING", 1, "s", "d", "u", "p"],
+        {"PING": 1},
+        None,
+    ],
+)
+def test_malformed_ping_is_not_a_ping(message: object) -> None:
+    assert Ping.parse(message) is None
+
+
+def test_ping_fields_may_be_bin() -> None:
+    parsed = Ping.parse(["PING", b"client.example", b"salt", PING_VECTOR.encode(), b"", b""])
+    assert parsed is not None
+    assert verify(parsed).ok
