@@ -11,7 +11,8 @@ convention (docs/records.md, DESIGN §3):
   binary keys that are not UTF-8 are rendered with backslash escapes;
 * NaN and infinities become ``null`` (JSON has no such numbers);
 * an EventTime inside a record becomes its epoch nanoseconds as an integer;
-* any other msgpack extension becomes ``{"$ext": type, "$binary": "<base64>"}``;
+* any other msgpack extension becomes ``{"$ext": type, "$binary": "<base64>"}``
+  (a msgpack timestamp, ext -1, included: ``$binary`` holds its ext payload);
 * on the slow walk, a map or array nested more than ``MAX_DEPTH`` levels
   deep becomes ``{"$truncated": "nesting"}``. Records nested deeper than the
   encoder's recursion allows always take the slow walk, so they cannot exhaust
@@ -87,6 +88,8 @@ def _plain(value: Any, depth: int = 0) -> Any:
     # ExtType is a namedtuple: it must be matched before tuples.
     if isinstance(value, msgpack.ExtType):
         return {"$ext": value.code, "$binary": base64.b64encode(value.data).decode("ascii")}
+    if isinstance(value, msgpack.Timestamp):  # the unpacker decodes ext -1 itself
+        return {"$ext": -1, "$binary": base64.b64encode(value.to_bytes()).decode("ascii")}
     if isinstance(value, dict | list | tuple) and depth >= MAX_DEPTH:
         return _TRUNCATED
     if isinstance(value, dict):

@@ -358,10 +358,13 @@ class ForwardServerConnection:
     # -- JSON ----------------------------------------------------------------
 
     def _receive_json(self, data: bytes | bytearray, events: list[ForwardEvent]) -> None:
+        values: list[bytes] = []
+        error: str | None = None
         try:
-            values = self._json.feed(data)
+            self._json.feed(data, values)
         except ValueError as exc:
-            raise self._fail(str(exc)) from None
+            # The values framed before the violation are still requests.
+            error = str(exc)
         for raw in values:
             try:
                 obj = json.loads(raw)
@@ -369,6 +372,8 @@ class ForwardServerConnection:
                 # RecursionError: arrays nested deeper than the interpreter allows.
                 raise self._fail(f"request is not valid JSON: {exc}") from None
             events.append(self._request(obj, json_form=True))
+        if error is not None:
+            raise self._fail(error)
 
     # -- requests ------------------------------------------------------------
 
@@ -450,7 +455,10 @@ class ForwardServerConnection:
         # itself sends for uncompressed chunks) means plain msgpack.
         if compressed == "gzip":
             mode = "compressed"
-            stream = gunzip_members(stream, self.limits.max_decompressed_bytes)
+            try:
+                stream = gunzip_members(stream, self.limits.max_decompressed_bytes)
+            except RemoteProtocolError as exc:
+                raise self._fail(exc.reason) from None
         elif compressed not in (None, "text"):
             raise self._fail(f"unsupported compression {compressed!r}")
         dropped: dict[str, int] = {}
@@ -467,12 +475,15 @@ class ForwardServerConnection:
         """The entries of a MessagePackEventStream; a corrupt tail is counted, not fatal."""
         unpacker = _new_unpacker(len(stream))
         unpacker.feed(stream)
+        end = 0  # where the last complete entry ends (tell() also counts a partial one)
         try:
-            yield from unpacker
+            for entry in unpacker:
+                end = unpacker.tell()
+                yield entry
         except (ValueError, TypeError):
             _count(dropped, "entries stream is not valid msgpack")
             return
-        if unpacker.tell() != len(stream):
+        if end != len(stream):
             _count(dropped, "entries stream ends inside an entry")
 
     @staticmethod
@@ -557,9 +568,14 @@ class _JsonFramer:
         self._in_string = False
         self._escaped = False
 
-    def feed(self, data: bytes | bytearray) -> list[bytes]:
+    def feed(self, data: bytes | bytearray, values: list[bytes]) -> None:
+        """Append the values that ``data`` completes to ``values``.
+
+        Raises:
+            ValueError: the stream is not a sequence of arrays, or a value is
+                over the limit; ``values`` then holds those framed before.
+        """
         self._buf += data
-        values: list[bytes] = []
         buf = self._buf
         start = 0
         i = self._scan
@@ -599,4 +615,3 @@ class _JsonFramer:
         self._scan = i - start
         if len(buf) > self._limit:
             raise ValueError(f"request exceeds max_request_bytes={self._limit}")
-        return values
