@@ -22,14 +22,15 @@ from appliance.lake import writer as lake_writer
 from appliance.protocols import forward as forward_codec
 
 __all__ = [
+    "AuthConfig",
     "Config",
     "ConfigError",
     "CourierListenerConfig",
     "ForwardListenerConfig",
-    "ListenerConfig",
-    "LumberjackListenerConfig",
     "LakeConfig",
+    "ListenerConfig",
     "LogConfig",
+    "LumberjackListenerConfig",
     "TlsConfig",
     "default_config",
     "load_config",
@@ -100,6 +101,21 @@ class LakeConfig:
         return lake_writer.WriterSettings(**{n: getattr(self, n) for n in names})
 
 
+#: URL schemes ``[auth] database_url`` accepts (SQLAlchemy dialect+driver).
+AUTH_DATABASE_SCHEMES: Final = ("sqlite", "postgresql")
+
+
+@dataclass(frozen=True, slots=True)
+class AuthConfig:
+    """``[auth]``: the credential database and the key that encrypts its secrets."""
+
+    #: SQLAlchemy URL: ``sqlite:///PATH`` or ``postgresql+psycopg://USER:PASS@HOST/DB``.
+    #: Default: SQLite at <state>/auth/auth.db (see :attr:`Config.auth_database_url`).
+    database_url: str | None = None
+    #: Key file (0600) that encrypts passwords and shared keys. Default <state>/auth/secret.key.
+    secret_key_file: Path | None = None
+
+
 @dataclass(frozen=True)
 class ListenerConfig:
     """What every ``[[listeners]]`` entry has; each protocol adds its own keys."""
@@ -138,6 +154,15 @@ class ForwardListenerConfig(ListenerConfig):
     bind: str = DEFAULT_FORWARD_BIND
     #: Answer UDP heartbeats on the same port (spec "Heartbeat Message").
     udp_heartbeat: bool = True
+    #: The forward handshake: "off", "shared_key", or "users" (shared key and
+    #: username/password), checked against the auth database (docs/auth.md).
+    security: Literal["off", "shared_key", "users"] = "off"
+    #: Admit sources outside every client network (in_forward's allow_anonymous_source).
+    allow_anonymous_source: bool = True
+    #: The server_hostname of PONG; default: this machine's FQDN.
+    self_hostname: str | None = None
+    #: Seconds a client has, after TLS, to complete the HELO/PING/PONG handshake.
+    handshake_timeout_seconds: float = 10.0
     max_request_bytes: int = forward_codec.DEFAULT_MAX_REQUEST_BYTES
     max_decompressed_bytes: int = forward_codec.DEFAULT_MAX_DECOMPRESSED_BYTES
     max_events_per_request: int = forward_codec.DEFAULT_MAX_EVENTS_PER_REQUEST
@@ -218,6 +243,7 @@ class Config:
     log: LogConfig = field(default_factory=LogConfig)
     tls: TlsConfig = field(default_factory=TlsConfig)
     lake: LakeConfig = field(default_factory=LakeConfig)
+    auth: AuthConfig = field(default_factory=AuthConfig)
     listeners: list[ListenerConfig] = field(default_factory=lambda: [ForwardListenerConfig()])
 
     @property
@@ -229,6 +255,18 @@ class Config:
     def pki_dir(self) -> Path:
         """Where the generated CA and server certificate live."""
         return self.state_dir / "pki"
+
+    @property
+    def auth_database_url(self) -> str:
+        """The credential database's SQLAlchemy URL (SQLite under the state dir by default)."""
+        if self.auth.database_url is not None:
+            return self.auth.database_url
+        return f"sqlite:///{self.state_dir / 'auth' / 'auth.db'}"
+
+    @property
+    def auth_secret_key_file(self) -> Path:
+        """The key file that encrypts the credential database's secrets."""
+        return self.auth.secret_key_file or self.state_dir / "auth" / "secret.key"
 
 
 def default_config() -> Config:
@@ -387,6 +425,12 @@ def parse_config(text: str, source: str = "<config>") -> Config:
                 ("listeners", index, "client_auth"),
                 "needs tls = true (client certificates are TLS)",
             )
+    url = config.auth.database_url
+    if url is not None and url.partition(":")[0].partition("+")[0] not in AUTH_DATABASE_SCHEMES:
+        # The URL may carry a password: the message never repeats it.
+        raise builder.error(
+            ("auth", "database_url"), "must be a sqlite:///PATH or postgresql+psycopg://... URL"
+        )
     binds = [(listener.host, listener.port) for listener in config.listeners]
     if len(set(binds)) != len(binds):
         raise ConfigError(f"{source}: listeners: two listeners bind the same address")

@@ -32,11 +32,13 @@ from appliance.config import Config, ForwardListenerConfig, ListenerConfig
 from appliance.lake.table import EventsTable
 from appliance.lake.writer import LakeWriter
 from appliance.logs import get_logger
+from appliance.server.context import ServiceContext
 from appliance.server.heartbeat import serve_udp_heartbeat
 from appliance.server.lifecycle import Lifecycle
 from appliance.server.listener import TcpService
 from appliance.server.registry import handler_for
 from appliance.server.tls import TlsManager
+from auth.policy import CredentialStore
 
 __all__ = ["Running", "node_id", "prepare_state", "serve"]
 
@@ -74,6 +76,24 @@ def node_id(config: Config) -> str:
         value = f"appliance-{uuid.uuid4().hex}"
         path.write_text(value + "\n", encoding="ascii")
         return value
+
+
+def _credentials(config: Config) -> CredentialStore | None:
+    """The auth database, opened only when a listener runs the forward handshake."""
+    needs = any(
+        isinstance(listener, ForwardListenerConfig) and listener.security != "off"
+        for listener in config.listeners
+    )
+    if not needs:
+        return None
+    from auth.schema import check_schema, upgrade  # SQLAlchemy loads only when needed
+    from auth.store import SqlCredentialStore
+
+    url = config.auth_database_url
+    if config.auth.database_url is None:
+        upgrade(url)  # the embedded default keeps its own schema current
+    check_schema(url)
+    return SqlCredentialStore(url, config.auth_secret_key_file)
 
 
 def pid_file(config: Config) -> Path:
@@ -119,6 +139,7 @@ async def serve(
     )
     await writer.open()
     lifecycle = Lifecycle()
+    context = ServiceContext(writer, lifecycle, credentials=_credentials(config))
     running = Running(ca_file=ca_file, writer=writer, tls_manager=tls)
     stop_event = stop if stop is not None else trio.Event()
     shutdown = trio.CancelScope()
@@ -133,8 +154,7 @@ async def serve(
                             _start_listener,
                             listener,
                             tls.context_for(listener),
-                            writer,
-                            lifecycle,
+                            context,
                             connections,
                             running,
                             accepting,
@@ -173,20 +193,19 @@ async def serve(
 
 async def _start_listener(
     listener: ListenerConfig,
-    context: ssl.SSLContext | None,
-    writer: LakeWriter,
-    lifecycle: Lifecycle,
+    tls_context: ssl.SSLContext | None,
+    context: ServiceContext,
     connections: trio.Nursery,
     running: Running,
     accepting: trio.CancelScope,
     *,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    handler = handler_for(listener, writer, lifecycle)
+    handler = handler_for(listener, context)
     service = TcpService(
         listener.name,
         handler,
-        ssl_context=context if listener.tls else None,
+        ssl_context=tls_context if listener.tls else None,
         tls_handshake_timeout=listener.tls_handshake_timeout_seconds,
         max_connections=listener.max_connections,
     )

@@ -26,13 +26,22 @@ import json
 import math
 import struct
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
 import msgpack
 
 from appliance.protocols.errors import LocalProtocolError, RemoteProtocolError
+from appliance.protocols.forward_handshake import (
+    REASON_INVALID_PING,
+    Helo,
+    Ping,
+    Verdict,
+    pong_bytes,
+    refusal_bytes,
+    verify_ping,
+)
 
 __all__ = [
     "DEFAULT_MAX_DECOMPRESSED_BYTES",
@@ -46,6 +55,7 @@ __all__ = [
     "ForwardServerConnection",
     "ForwardState",
     "Heartbeat",
+    "PingReceived",
     "gunzip_members",
 ]
 
@@ -135,7 +145,14 @@ class Heartbeat:
     """A msgpack ``nil`` sent by the client to check the connection."""
 
 
-ForwardEvent = EventsReceived | Heartbeat
+@dataclass(frozen=True, slots=True)
+class PingReceived:
+    """The client's PING (spec "PING"): check it, then :meth:`finish_handshake`."""
+
+    ping: Ping
+
+
+ForwardEvent = EventsReceived | Heartbeat | PingReceived
 
 
 class ForwardState(enum.Enum):
@@ -143,6 +160,10 @@ class ForwardState(enum.Enum):
 
     #: Nothing received yet: the first byte picks msgpack or JSON.
     IDLE = "idle"
+    #: HELO sent (security on): the first request must be a PING.
+    AWAITING_PING = "awaiting-ping"
+    #: PING received: bytes are held until the verdict.
+    AUTHENTICATING = "authenticating"
     TRANSPORT_MSGPACK = "transport-msgpack"
     TRANSPORT_JSON = "transport-json"
     CLOSED = "closed"
@@ -153,6 +174,8 @@ _TRANSITIONS: Final[dict[ForwardState, frozenset[ForwardState]]] = {
     ForwardState.IDLE: frozenset(
         {ForwardState.TRANSPORT_MSGPACK, ForwardState.TRANSPORT_JSON, ForwardState.CLOSED}
     ),
+    ForwardState.AWAITING_PING: frozenset({ForwardState.AUTHENTICATING, ForwardState.CLOSED}),
+    ForwardState.AUTHENTICATING: frozenset({ForwardState.TRANSPORT_MSGPACK, ForwardState.CLOSED}),
     ForwardState.TRANSPORT_MSGPACK: frozenset({ForwardState.CLOSED}),
     ForwardState.TRANSPORT_JSON: frozenset({ForwardState.CLOSED}),
     ForwardState.CLOSED: frozenset(),
@@ -263,16 +286,30 @@ class ForwardServerConnection:
     the completed events. Ask :meth:`ack_bytes` for the bytes of an ack once
     the events of a chunk are committed.
 
+    With ``helo`` (security on) the connection opens with the handshake: send
+    :meth:`helo_bytes`, wait for :class:`PingReceived`, check it, and answer
+    with :meth:`finish_handshake`. Requests before the PING are refused, and
+    bytes after it are held until the verdict.
+
     Args:
         limits: the size limits of this connection.
-        allow_json: accept in_forward's single-event JSON form (only when the
-            listener runs without authentication, spec "Fluentd Forward Server").
+        allow_json: accept in_forward's single-event JSON form (never with a
+            handshake, spec "Fluentd Forward Server").
+        helo: the HELO to open with (its nonce and auth salt), or None.
     """
 
-    def __init__(self, limits: ForwardLimits | None = None, *, allow_json: bool = True) -> None:
+    def __init__(
+        self,
+        limits: ForwardLimits | None = None,
+        *,
+        allow_json: bool = True,
+        helo: Helo | None = None,
+    ) -> None:
         self.limits = limits or ForwardLimits()
-        self._allow_json = allow_json
-        self._state = ForwardState.IDLE
+        self._helo = helo
+        self._allow_json = allow_json and helo is None
+        self._state = ForwardState.IDLE if helo is None else ForwardState.AWAITING_PING
+        self._ping: Ping | None = None
         self._unpacker = _new_unpacker(self.limits.max_request_bytes)
         self._fed = 0
         #: Stream offset where the request being received began. The unpacker's
@@ -346,14 +383,96 @@ class ForwardServerConnection:
             piece, view = view[:room], view[room:]
             self._unpacker.feed(piece)
             self._fed += len(piece)
-            try:
-                for obj in self._unpacker:
-                    self._request_start = self._unpacker.tell()
-                    events.append(self._request(obj, json_form=False))
-            except (ValueError, TypeError) as exc:
-                # msgpack's FormatError/StackError/ExtraData are ValueErrors;
-                # an unhashable map key is a TypeError.
-                raise self._fail(f"request is not valid msgpack: {exc}") from None
+            self._drain(events)
+
+    def _drain(self, events: list[ForwardEvent]) -> None:
+        """Decode the complete requests buffered (none while a PING is being checked)."""
+        if self._state is ForwardState.AUTHENTICATING:
+            return
+        try:
+            for obj in self._unpacker:
+                self._request_start = self._unpacker.tell()
+                if self._state is ForwardState.AWAITING_PING:
+                    events.append(self._ping_request(obj))
+                    return
+                events.append(self._request(obj, json_form=False))
+        except (ValueError, TypeError) as exc:
+            # msgpack's FormatError/StackError/ExtraData are ValueErrors;
+            # an unhashable map key is a TypeError.
+            raise self._fail(f"request is not valid msgpack: {exc}") from None
+
+    # -- handshake -------------------------------------------------------------
+
+    def helo_bytes(self) -> bytes:
+        """The HELO to send first (spec "HELO")."""
+        if self._helo is None:
+            raise LocalProtocolError("this connection has no handshake")
+        return self._helo.to_bytes()
+
+    def _ping_request(self, obj: Any) -> PingReceived:
+        ping = Ping.parse(obj)
+        if ping is None:
+            # in_forward answers anything but a PING with this PONG and closes.
+            error = self._fail(f"{REASON_INVALID_PING}: expected PING before any request")
+            error.reply = refusal_bytes(REASON_INVALID_PING)
+            raise error
+        self._move(ForwardState.AUTHENTICATING)
+        self._ping = ping
+        return PingReceived(ping)
+
+    def check_ping(
+        self,
+        *,
+        shared_keys: Sequence[bytes],
+        users_required: bool,
+        password: bytes | None,
+        allowed_users: frozenset[str] | None = None,
+        allow_anonymous: bool = False,
+    ) -> Verdict:
+        """Verify the received PING with this connection's nonce and auth salt."""
+        if self._ping is None or self._helo is None:
+            raise LocalProtocolError("check_ping before a PING was received")
+        return verify_ping(
+            self._ping,
+            nonce=self._helo.nonce,
+            auth_salt=self._helo.auth_salt,
+            shared_keys=shared_keys,
+            users_required=users_required,
+            password=password,
+            allowed_users=allowed_users,
+            allow_anonymous=allow_anonymous,
+        )
+
+    def finish_handshake(
+        self, verdict: Verdict, server_hostname: str
+    ) -> tuple[bytes, list[ForwardEvent]]:
+        """The PONG for ``verdict``, and the events of the bytes held meanwhile.
+
+        Raises:
+            RemoteProtocolError: the verdict is a refusal; its ``reply`` is the
+                PONG false to send before closing.
+        """
+        if self._state is not ForwardState.AUTHENTICATING or self._ping is None:
+            raise LocalProtocolError("finish_handshake without a PING being checked")
+        assert self._helo is not None
+        pong = pong_bytes(verdict, self._ping, server_hostname=server_hostname,
+                          nonce=self._helo.nonce)  # fmt: skip
+        if not verdict.ok:
+            self._move(ForwardState.CLOSED)
+            raise RemoteProtocolError(verdict.reason, reply=pong)
+        self._move(ForwardState.TRANSPORT_MSGPACK)
+        events: list[ForwardEvent] = []
+        try:
+            self._drain(events)
+        except RemoteProtocolError as error:
+            self._pending_error = error
+        return pong, events
+
+    def refuse(self, reason: str) -> RemoteProtocolError:
+        """Close the handshake with a PONG false carrying ``reason`` (policy refusals)."""
+        error = self._fail(reason)
+        error.reply = refusal_bytes(reason)
+        return error
 
     # -- JSON ----------------------------------------------------------------
 

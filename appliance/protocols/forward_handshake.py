@@ -112,7 +112,9 @@ class Ping:
         if type(message) is not list or len(message) != 6 or message[0] != "PING":
             return None
         _, hostname, salt, digest, username, password = message
-        if not all(isinstance(v, str | bytes) for v in (hostname, salt, digest, username, password)):
+        if not all(
+            isinstance(v, str | bytes) for v in (hostname, salt, digest, username, password)
+        ):
             return None
         return cls(
             client_hostname=_bytes(hostname).decode("utf-8", "replace"),

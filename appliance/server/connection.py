@@ -22,7 +22,7 @@ task.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Final, Protocol
 
@@ -38,6 +38,7 @@ from appliance.server.listener import ConnectionInfo
 __all__ = [
     "SEND_TIMEOUT_SECONDS",
     "Action",
+    "Await",
     "DriverSettings",
     "Reply",
     "Session",
@@ -75,7 +76,18 @@ class Reply:
     data: bytes
 
 
-Action = Submit | Reply
+@dataclass(frozen=True, slots=True)
+class Await:
+    """Work that must wait (a credential look-up in a worker thread), then more actions.
+
+    The reader awaits it before reading on, so nothing after it is processed
+    out of order.
+    """
+
+    run: Callable[[], Awaitable[list[Submit | Reply | Await]]]
+
+
+Action = Submit | Reply | Await
 
 
 class Session(Protocol):
@@ -99,6 +111,10 @@ class Session(Protocol):
         """Bytes to send as soon as the connection is up (e.g. a HELO)."""
         ...
 
+    def handshake_done(self) -> bool:
+        """False while the protocol's handshake is unfinished (its deadline applies)."""
+        ...
+
 
 @dataclass(frozen=True, slots=True)
 class DriverSettings:
@@ -109,6 +125,8 @@ class DriverSettings:
     read_size_bytes: int
     keepalive_seconds: float = 5.0
     send_timeout_seconds: float = SEND_TIMEOUT_SECONDS
+    #: Seconds from connection to the end of the protocol's handshake.
+    handshake_timeout_seconds: float = 10.0
 
 
 @dataclass(slots=True)
@@ -176,10 +194,14 @@ class StreamDriver:
         stats: _Stats,
     ) -> str:
         idle = self._settings.idle_timeout_seconds
+        handshake_deadline = trio.current_time() + self._settings.handshake_timeout_seconds
         with self._lifecycle.reading():
             while True:
                 data: bytes | bytearray | None = None
-                with self._lifecycle.receiving() as receiving, trio.move_on_after(idle) as waiting:
+                deadline = trio.current_time() + idle
+                if not session.handshake_done():
+                    deadline = min(deadline, handshake_deadline)
+                with self._lifecycle.receiving() as receiving, trio.move_on_at(deadline) as waiting:
                     try:
                         data = await stream.receive_some(self._settings.read_size_bytes)
                     except trio.BrokenResourceError as exc:
@@ -187,6 +209,10 @@ class StreamDriver:
                 if receiving.cancelled_caught:
                     return "shutdown"
                 if waiting.cancelled_caught:
+                    if not session.handshake_done():
+                        timeout = self._settings.handshake_timeout_seconds
+                        self._log.warning("handshake.timeout", peer=info.peer, seconds=timeout)
+                        return f"no handshake within {timeout}s"
                     self._log.info("connection.idle", peer=info.peer, idle_seconds=idle)
                     return f"idle for {idle}s"
                 if not data:
@@ -214,7 +240,11 @@ class StreamDriver:
         stats: _Stats,
     ) -> None:
         actions = session.receive(data, time.time_ns())
-        for action in actions:
+        while actions:
+            action = actions.pop(0)
+            if isinstance(action, Await):
+                actions[:0] = await action.run()
+                continue
             if isinstance(action, Reply):
                 await answers.send((None, action.data, None, "reply"))
                 continue

@@ -1,34 +1,64 @@
-"""The Fluentd forward session: codec events to rows, acks and logs.
+"""The Fluentd forward session: handshake, codec events to rows, acks and logs.
 
 Transport, deadlines and ordered acks are the shared
-:class:`~appliance.server.connection.StreamDriver`'s; parsing is the codec's
-(:mod:`appliance.protocols.forward`). This module maps one onto the other.
+:class:`~appliance.server.connection.StreamDriver`'s; parsing and digests are
+the codec's (:mod:`appliance.protocols.forward`,
+:mod:`appliance.protocols.forward_handshake`). This module maps one onto the
+other and, with ``security`` on, asks the credential store (in a worker
+thread, at every PING, so CLI changes apply to the next connection) and the
+failure limiter.
 """
 
 from __future__ import annotations
 
+import os
+import socket
+import time
+from dataclasses import dataclass, replace
+from functools import partial
+
+import trio
+
 from appliance.config import ForwardListenerConfig
 from appliance.lake.rows import RowBlock
-from appliance.lake.writer import LakeWriter
 from appliance.logs import get_logger
 from appliance.protocols.errors import RemoteProtocolError
 from appliance.protocols.forward import (
     EventsReceived,
+    ForwardEvent,
     ForwardServerConnection,
     ForwardState,
-    Heartbeat,
+    PingReceived,
+)
+from appliance.protocols.forward_handshake import (
+    AUTH_SALT_BYTES,
+    NONCE_BYTES,
+    Helo,
+    Verdict,
+    anonymous_denied_reason,
 )
 from appliance.records import record_json
-from appliance.server.connection import Action, DriverSettings, StreamDriver, Submit
-from appliance.server.lifecycle import Lifecycle
+from appliance.server.connection import (
+    Action,
+    Await,
+    DriverSettings,
+    Reply,
+    StreamDriver,
+    Submit,
+)
+from appliance.server.context import ServiceContext
 from appliance.server.listener import ConnectionInfo
+from auth.policy import CredentialStore
+from auth.ratelimit import FailureLimiter
 
 __all__ = ["ForwardSession", "forward_block", "forward_driver"]
 
 log = get_logger("forward")
 
 
-def forward_block(event: EventsReceived, info: ConnectionInfo, received_at_ns: int) -> RowBlock:
+def forward_block(
+    event: EventsReceived, info: ConnectionInfo, received_at_ns: int, host: str | None = None
+) -> RowBlock:
     """The rows of one forward request (DESIGN §3 column meanings)."""
     records = [record_json(r) for r in event.records]
     return RowBlock(
@@ -38,39 +68,74 @@ def forward_block(event: EventsReceived, info: ConnectionInfo, received_at_ns: i
         received_at_ns=received_at_ns,
         batch_id=event.chunk.text() if event.chunk is not None else None,
         tag=event.tag,
-        host=None,
+        host=host,
         times_ns=event.times_ns,
         records=records,
         nbytes=sum(map(len, records)) + 64 * len(records),
     )
 
 
-class ForwardSession:
-    """One forward connection: the codec and what its events become."""
+def _address(peer: str) -> str:
+    """The IP address of a ``host:port`` or ``[v6]:port`` peer name."""
+    return peer.rsplit(":", 1)[0].strip("[]")
 
-    def __init__(self, settings: ForwardListenerConfig, info: ConnectionInfo) -> None:
-        self._codec = ForwardServerConnection(settings.limits(), allow_json=True)
+
+@dataclass(frozen=True, slots=True)
+class _Security:
+    store: CredentialStore
+    limiter: FailureLimiter
+    users_required: bool
+    allow_anonymous_source: bool
+    server_hostname: str
+    thread_limiter: trio.CapacityLimiter
+
+
+class ForwardSession:
+    """One forward connection: the codec, its handshake, and what its events become."""
+
+    def __init__(
+        self, settings: ForwardListenerConfig, info: ConnectionInfo, security: _Security | None
+    ) -> None:
         self._info = info
+        self._security = security
+        helo = None
+        if security is not None:
+            auth_salt = os.urandom(AUTH_SALT_BYTES) if security.users_required else b""
+            helo = Helo(os.urandom(NONCE_BYTES), auth_salt, keepalive=True)
+        self._codec = ForwardServerConnection(settings.limits(), allow_json=True, helo=helo)
+        self._host: str | None = None
         self._error: RemoteProtocolError | None = None
 
     def greeting(self) -> bytes | None:
-        return None
+        return self._codec.helo_bytes() if self._security is not None else None
+
+    def handshake_done(self) -> bool:
+        return self._codec.state not in (ForwardState.AWAITING_PING, ForwardState.AUTHENTICATING)
 
     def pending_error(self) -> RemoteProtocolError | None:
         error, self._error = self._error, None
         return error
 
-    def receive(self, data: bytes | bytearray, received_at_ns: int) -> list[Action]:
-        events = self._codec.receive_data(data)
+    def _take_pending(self) -> None:
         if self._codec.state is ForwardState.CLOSED:
             try:
                 self._codec.receive_data(b"")  # raises the error that closed it
             except RemoteProtocolError as error:
                 self._error = error
+
+    def receive(self, data: bytes | bytearray, received_at_ns: int) -> list[Action]:
+        events = self._codec.receive_data(data)
+        self._take_pending()
+        return self._actions(events, received_at_ns)
+
+    def _actions(self, events: list[ForwardEvent], received_at_ns: int) -> list[Action]:
         actions: list[Action] = []
         for event in events:
-            if isinstance(event, Heartbeat):
+            if isinstance(event, PingReceived):
+                actions.append(Await(partial(self._authenticate, event, received_at_ns)))
                 continue
+            if not isinstance(event, EventsReceived):
+                continue  # heartbeat
             chunk = event.chunk.text() if event.chunk is not None else None
             if event.dropped:
                 log.warning(
@@ -82,22 +147,92 @@ class ForwardSession:
                     reasons=event.dropped,
                 )
             ack = self._codec.ack_bytes(event.chunk, json_form=event.json) if event.chunk else None
-            actions.append(Submit(forward_block(event, self._info, received_at_ns), ack, chunk))
+            block = forward_block(event, self._info, received_at_ns, self._host)
+            actions.append(Submit(block, ack, chunk))
         return actions
 
+    async def _authenticate(self, event: PingReceived, received_at_ns: int) -> list[Action]:
+        security = self._security
+        assert security is not None
+        ping = event.ping
+        address = _address(self._info.peer)
+        wait = security.limiter.retry_after(address, time.monotonic())
+        if wait > 0:
+            log.warning(
+                "handshake.throttled", peer=self._info.peer, retry_after_seconds=round(wait)
+            )
+            raise self._codec.refuse(f"too many failed handshakes; retry in {int(wait) + 1}s")
+        verdict = await trio.to_thread.run_sync(
+            self._verdict, ping.username, address, limiter=security.thread_limiter
+        )
+        if not verdict.ok:
+            backoff = security.limiter.failure(address, time.monotonic())
+            log.warning(
+                "handshake.failed", peer=self._info.peer, client_hostname=ping.client_hostname,
+                username=ping.username or None, reason=verdict.reason, backoff_seconds=backoff,
+            )  # fmt: skip
+        else:
+            security.limiter.success(address)
+            self._host = ping.client_hostname or None
+            if verdict.username:
+                # The authenticated user is the principal of this connection's events.
+                self._info = replace(self._info, source=verdict.username)
+            log.info(
+                "handshake.ok", peer=self._info.peer, client_hostname=ping.client_hostname,
+                username=verdict.username, source=self._info.source,
+            )  # fmt: skip
+        pong, events = self._codec.finish_handshake(verdict, security.server_hostname)
+        self._take_pending()
+        return [Reply(pong), *self._actions(events, received_at_ns)]
 
-def forward_driver(
-    settings: ForwardListenerConfig, writer: LakeWriter, lifecycle: Lifecycle
-) -> StreamDriver:
+    def _verdict(self, username: str, address: str) -> Verdict:
+        """The blocking part of the handshake: database look-ups and audit (worker thread)."""
+        security = self._security
+        assert security is not None
+        policy = security.store.resolve_source(address)
+        if policy.network is None and not security.allow_anonymous_source:
+            verdict = Verdict(False, anonymous_denied_reason(address))
+        else:
+            password = None
+            if security.users_required and username:
+                password = security.store.password_of(username)
+            verdict = self._codec.check_ping(
+                shared_keys=policy.shared_keys,
+                users_required=security.users_required,
+                password=password,
+                allowed_users=policy.allowed_users,
+                allow_anonymous=policy.allow_anonymous,
+            )
+        if verdict.ok:
+            security.store.note_login(verdict.username, address)
+        else:
+            security.store.note_failure(address, username or None, verdict.reason)
+        return verdict
+
+
+def forward_driver(settings: ForwardListenerConfig, context: ServiceContext) -> StreamDriver:
     """The connection handler of one forward listener."""
+    security: _Security | None = None
+    if settings.security != "off":
+        if context.credentials is None:
+            raise ValueError(f"listener {settings.name}: security needs the auth database")
+        security = _Security(
+            store=context.credentials,
+            limiter=context.failure_limiter,
+            users_required=settings.security == "users",
+            allow_anonymous_source=settings.allow_anonymous_source,
+            server_hostname=settings.self_hostname or socket.getfqdn(),
+            thread_limiter=context.auth_threads,
+        )
     return StreamDriver(
-        lambda info: ForwardSession(settings, info),
+        lambda info: ForwardSession(settings, info, security),
         DriverSettings(
             idle_timeout_seconds=settings.idle_timeout_seconds,
             max_pending_acks=settings.max_pending_acks,
             read_size_bytes=settings.read_size_bytes,
+            handshake_timeout_seconds=settings.handshake_timeout_seconds,
         ),
-        writer,
-        lifecycle,
+        context.writer,
+        context.lifecycle,
         log,
     )

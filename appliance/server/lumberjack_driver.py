@@ -21,7 +21,6 @@ from typing import Any
 
 from appliance.config import LumberjackListenerConfig
 from appliance.lake.rows import RowBlock
-from appliance.lake.writer import LakeWriter
 from appliance.logs import get_logger
 from appliance.protocols.errors import RemoteProtocolError
 from appliance.protocols.lumberjack import (
@@ -31,7 +30,7 @@ from appliance.protocols.lumberjack import (
 )
 from appliance.records import record_json
 from appliance.server.connection import Action, DriverSettings, StreamDriver, Submit
-from appliance.server.lifecycle import Lifecycle
+from appliance.server.context import ServiceContext
 from appliance.server.listener import ConnectionInfo
 from appliance.timefmt import rfc3339_ns
 
@@ -101,6 +100,9 @@ class LumberjackSession:
     def greeting(self) -> bytes | None:
         return None
 
+    def handshake_done(self) -> bool:
+        return True  # Lumberjack has no handshake beyond TLS
+
     def pending_error(self) -> RemoteProtocolError | None:
         error, self._error = self._error, None
         return error
@@ -127,9 +129,7 @@ class LumberjackSession:
         ]
 
 
-def lumberjack_driver(
-    settings: LumberjackListenerConfig, writer: LakeWriter, lifecycle: Lifecycle
-) -> StreamDriver:
+def lumberjack_driver(settings: LumberjackListenerConfig, context: ServiceContext) -> StreamDriver:
     """The connection handler of one Lumberjack listener."""
     return StreamDriver(
         lambda info: LumberjackSession(settings, info),
@@ -139,7 +139,7 @@ def lumberjack_driver(
             read_size_bytes=settings.read_size_bytes,
             keepalive_seconds=settings.keepalive_seconds,
         ),
-        writer,
-        lifecycle,
+        context.writer,
+        context.lifecycle,
         log,
     )

@@ -6,15 +6,14 @@ from collections.abc import Callable
 from typing import Any, Final
 
 from appliance.config import ForwardListenerConfig, ListenerConfig, LumberjackListenerConfig
-from appliance.lake.writer import LakeWriter
+from appliance.server.context import ServiceContext
 from appliance.server.forward_driver import forward_driver
-from appliance.server.lifecycle import Lifecycle
 from appliance.server.listener import Handler
 from appliance.server.lumberjack_driver import lumberjack_driver
 
 __all__ = ["handler_for"]
 
-_Factory = Callable[[Any, LakeWriter, Lifecycle], Handler]
+_Factory = Callable[[Any, ServiceContext], Handler]
 
 #: Listener config class -> the factory of its connection handler.
 _HANDLERS: Final[dict[type[ListenerConfig], _Factory]] = {
@@ -23,6 +22,6 @@ _HANDLERS: Final[dict[type[ListenerConfig], _Factory]] = {
 }
 
 
-def handler_for(listener: ListenerConfig, writer: LakeWriter, lifecycle: Lifecycle) -> Handler:
+def handler_for(listener: ListenerConfig, context: ServiceContext) -> Handler:
     """The connection handler for ``listener``'s protocol."""
-    return _HANDLERS[type(listener)](listener, writer, lifecycle)
+    return _HANDLERS[type(listener)](listener, context)

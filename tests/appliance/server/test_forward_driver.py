@@ -16,6 +16,7 @@ import trio.testing
 from appliance.config import ForwardListenerConfig
 from appliance.lake.rows import RowBlock
 from appliance.lake.writer import CommitTicket
+from appliance.server.context import ServiceContext
 from appliance.server.forward_driver import forward_driver
 from appliance.server.lifecycle import Lifecycle
 from appliance.server.listener import ConnectionInfo
@@ -58,7 +59,8 @@ async def receive_within(stream: trio.abc.ReceiveStream, seconds: float) -> byte
 
 def handler_for(writer: StandInWriter, lifecycle: Lifecycle | None = None, **settings: object):
     config = ForwardListenerConfig(**settings)  # type: ignore[arg-type]
-    return forward_driver(config, writer, lifecycle or Lifecycle())  # type: ignore[arg-type]
+    context = ServiceContext(writer, lifecycle or Lifecycle())  # type: ignore[arg-type]
+    return forward_driver(config, context)
 
 
 @pytest.mark.trio
