@@ -5,6 +5,14 @@ from __future__ import annotations
 import msgpack
 import pytest
 
+from appliance.protocols.errors import RemoteProtocolError
+from appliance.protocols.forward import (
+    EventsReceived,
+    ForwardLimits,
+    ForwardServerConnection,
+    ForwardState,
+    PingReceived,
+)
 from appliance.protocols.forward_handshake import (
     REASON_SHARED_KEY,
     REASON_USER,
@@ -139,3 +147,65 @@ def test_ping_fields_may_be_bin() -> None:
     parsed = Ping.parse(["PING", b"client.example", b"salt", PING_VECTOR.encode(), b"", b""])
     assert parsed is not None
     assert verify(parsed).ok
+
+
+# -- the codec's handshake states ---------------------------------------------
+
+
+def ping_bytes(digest: str = PING_VECTOR, user: str = "", password: str = "") -> bytes:
+    return msgpack.packb(["PING", "client.example", "salt", digest, user, password])
+
+
+def request(chunk: str) -> bytes:
+    return msgpack.packb(["tag", [[1700000000, {"a": 1}]], {"chunk": chunk}])
+
+
+def secured(auth: bytes = b"") -> ForwardServerConnection:
+    return ForwardServerConnection(helo=Helo(NONCE, auth))
+
+
+def test_handshake_then_events_split_at_every_byte() -> None:
+    stream = ping_bytes() + request("c1")
+    for cut in range(len(stream) + 1):
+        codec = secured()
+        events = codec.receive_data(stream[:cut]) + codec.receive_data(stream[cut:])
+        assert [type(e) for e in events] == [PingReceived]
+        assert codec.state is ForwardState.AUTHENTICATING
+        verdict = codec.check_ping(shared_keys=[KEY], users_required=False, password=None)
+        pong, held = codec.finish_handshake(verdict, "server.example")
+        assert msgpack.unpackb(pong)[:2] == ["PONG", True]
+        assert [e.chunk.text() for e in held if isinstance(e, EventsReceived)] == ["c1"]
+        assert codec.state is ForwardState.TRANSPORT_MSGPACK
+
+
+def test_events_before_ping_are_refused_with_pong_false() -> None:
+    codec = secured()
+    with pytest.raises(RemoteProtocolError) as excinfo:
+        codec.receive_data(request("early"))
+    assert msgpack.unpackb(excinfo.value.reply) == ["PONG", False, "invalid ping message", "", ""]
+    assert codec.state is ForwardState.CLOSED
+
+
+def test_json_form_is_refused_when_the_handshake_is_on() -> None:
+    codec = secured()
+    with pytest.raises(RemoteProtocolError):
+        codec.receive_data(b'["tag", 1700000000, {"a": 1}]')
+
+
+def test_failed_verdict_closes_with_the_reason() -> None:
+    codec = secured(AUTH)
+    codec.receive_data(ping_bytes(user="tagomoris", password="0" * 128))
+    verdict = codec.check_ping(shared_keys=[KEY], users_required=True, password=b"fluentd")
+    with pytest.raises(RemoteProtocolError) as excinfo:
+        codec.finish_handshake(verdict, "server.example")
+    assert msgpack.unpackb(excinfo.value.reply) == [
+        "PONG", False, "username/password mismatch", "", "",
+    ]  # fmt: skip
+    assert codec.state is ForwardState.CLOSED
+
+
+def test_held_bytes_are_bounded_while_authenticating() -> None:
+    codec = ForwardServerConnection(ForwardLimits(max_request_bytes=1000), helo=Helo(NONCE))
+    codec.receive_data(ping_bytes())
+    with pytest.raises(RemoteProtocolError, match="max_request_bytes"):
+        codec.receive_data(b"\x90" * 2000)
