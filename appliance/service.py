@@ -147,7 +147,7 @@ async def serve(
         async with trio.open_nursery() as writer_nursery:
             writer_nursery.start_soon(writer.run)
             async with trio.open_nursery() as connections:
-                accepting = trio.CancelScope()
+                accepting: list[trio.CancelScope] = []
                 async with trio.open_nursery() as acceptors:
                     for listener in config.listeners:
                         await acceptors.start(
@@ -179,7 +179,8 @@ async def serve(
                     task_status.started(running)
                     await stop_event.wait()
                     shutdown.deadline = trio.current_time() + config.shutdown_timeout_seconds
-                    accepting.cancel()
+                    for scope in accepting:
+                        scope.cancel()
                     acceptors.cancel_scope.cancel()
                 lifecycle.stop_reading()
                 await lifecycle.wait_no_readers()
@@ -197,7 +198,7 @@ async def _start_listener(
     context: ServiceContext,
     connections: trio.Nursery,
     running: Running,
-    accepting: trio.CancelScope,
+    accepting: list[trio.CancelScope],
     *,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
@@ -215,7 +216,9 @@ async def _start_listener(
     running.services[listener.name] = service
     if not listener.tls:
         log.warning("listener.plaintext", listener=listener.name, bind=listener.bind)
-    with accepting:
+    scope = trio.CancelScope()
+    accepting.append(scope)
+    with scope:
         async with trio.open_nursery() as nursery:
             if isinstance(listener, ForwardListenerConfig) and listener.udp_heartbeat:
                 await nursery.start(serve_udp_heartbeat, listener.host, port)

@@ -24,8 +24,10 @@ Invariants:
   the window saw (clients that number across windows, like pylogbeat, wait
   for exactly that number; go-lumber's count-based ack would hang them).
 * The first frame fixes the connection's version; a frame of the other
-  version is an error, as is data outside a window, an unknown frame type,
-  invalid zlib, a frame cut short inside a ``C`` payload, or invalid JSON.
+  version is an error, as is data outside a window (in v1 the last ``W``
+  stands: data after a complete window opens the next one of the same size),
+  an unknown frame type, invalid zlib, a frame cut short inside a ``C``
+  payload, or invalid JSON.
 * Limits: ``max_window_size`` events per window, ``max_frame_bytes`` per
   frame, ``max_decompressed_bytes`` of output per ``C`` frame (nested ones
   included), ``MAX_COMPRESSION_DEPTH`` nested ``C`` frames.
@@ -185,7 +187,9 @@ class LumberjackServerConnection:
             if len(self._buffer) > self.limits.max_frame_bytes + 16:
                 raise self._fail(f"frame exceeds max_frame_bytes={self.limits.max_frame_bytes}")
         except RemoteProtocolError as error:
-            self._buffer.clear()
+            # Not clear(): the error's traceback still holds memoryviews of
+            # the old buffer, and a bytearray with exports cannot be resized.
+            self._buffer = bytearray()
             if not windows:
                 raise
             self._pending_error = error
@@ -292,7 +296,7 @@ class LumberjackServerConnection:
         self._need(view, end)
         try:
             record = json.loads(bytes(view[_HEADER + 8 : end]))
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:  # RecursionError: nested too deep
             raise self._fail(f"J frame {sequence} is not valid JSON: {exc}") from None
         if type(record) is not dict:
             raise self._fail(f"J frame {sequence} is not a JSON object")
@@ -323,6 +327,14 @@ class LumberjackServerConnection:
         return out
 
     def _event(self, sequence: int, record: dict[str, Any], windows: list[Window]) -> None:
+        if (
+            self._state is LumberjackState.AWAITING_WINDOW
+            and self.version == 1
+            and self._window_size > 0
+        ):
+            # A v1 window size stands until the next W: npm lumberjack-protocol
+            # announces it once per connection and then sends D frames only.
+            self._move(LumberjackState.IN_WINDOW)
         if self._state is not LumberjackState.IN_WINDOW:
             raise self._fail(f"data frame {sequence} outside a window (no W frame first)")
         self._sequences.append(sequence)

@@ -241,3 +241,24 @@ async def test_plaintext_listener_only_when_configured(tmp_path: Path) -> None:
         await sock.send_all(packed("plain-ok"))
         assert await read_ack(sock) == {"ack": "plain-ok"}
         await sock.aclose()
+
+
+@pytest.mark.trio
+async def test_several_listeners_start_and_stop_together(tmp_path: Path) -> None:
+    config = replace(
+        make_config(tmp_path),
+        listeners=[
+            ForwardListenerConfig(name="tls", bind="127.0.0.1:0"),
+            ForwardListenerConfig(name="plain", bind="127.0.0.1:0", tls=False),
+        ],
+    )
+    async with running(config) as info:
+        assert set(info.ports) == {"tls", "plain"}
+        stream = await tls_client(info, "tls")
+        await stream.send_all(packed("over-tls"))
+        assert await read_ack(stream) == {"ack": "over-tls"}
+        plain = await trio.open_tcp_stream("127.0.0.1", info.ports["plain"])
+        await plain.send_all(packed("over-plain"))
+        assert await read_ack(plain) == {"ack": "over-plain"}
+        await stream.aclose()
+        await plain.aclose()
