@@ -30,6 +30,7 @@ import math
 from typing import Any, Final
 
 import msgpack
+import orjson
 
 __all__ = ["MAX_DEPTH", "record_json"]
 
@@ -108,8 +109,22 @@ def _plain(value: Any, depth: int = 0) -> Any:
     return str(value)
 
 
+#: orjson renders non-str keys as JSON text (1 -> "1"), like the convention.
+_ORJSON_OPTIONS: Final = orjson.OPT_NON_STR_KEYS
+
+
 def record_json(record: dict[Any, Any]) -> str:
-    """The record as compact JSON text, valid UTF-8, under the module's convention."""
+    """The record as compact JSON text, valid UTF-8, under the module's convention.
+
+    orjson serves the common record (about ten times faster than the stdlib
+    encoder, bench/RESULTS.md); it refuses exactly the values the convention
+    rewrites (bytes, extension values, lone surrogates, integers beyond
+    64 bits, nesting past its limit), and those take the slow path.
+    """
+    try:
+        return orjson.dumps(record, option=_ORJSON_OPTIONS).decode()
+    except (orjson.JSONEncodeError, TypeError):
+        pass
     try:
         text = _dumps(record)
     except (TypeError, ValueError, RecursionError):

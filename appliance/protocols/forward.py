@@ -92,16 +92,32 @@ class ForwardLimits:
                 raise ValueError(f"{name} must be at least 1")
 
 
-@dataclass(frozen=True, slots=True)
-class EventTime:
-    """Fluentd EventTime: seconds and nanoseconds since the epoch (ext type 0)."""
+class EventTime(int):
+    """Fluentd EventTime (ext type 0): an ``int`` of epoch nanoseconds.
 
-    seconds: int
-    nanoseconds: int
+    An ``int`` subclass rather than a dataclass because one is built per event
+    from the msgpack ext hook, on the hot path; being an ``int`` it also
+    serialises inside a record as its nanoseconds (docs/table.md).
+    """
+
+    __slots__ = ()
+
+    def __new__(cls, seconds: int, nanoseconds: int = 0) -> EventTime:
+        return super().__new__(cls, seconds * _NS_PER_SECOND + nanoseconds)
+
+    @property
+    def seconds(self) -> int:
+        """Whole seconds since the epoch."""
+        return int(self) // _NS_PER_SECOND
+
+    @property
+    def nanoseconds(self) -> int:
+        """The nanoseconds within the second."""
+        return int(self) % _NS_PER_SECOND
 
     def to_ns(self) -> int:
         """The instant in epoch nanoseconds."""
-        return self.seconds * _NS_PER_SECOND + self.nanoseconds
+        return int(self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,7 +205,10 @@ class _InvalidEvent(Exception):
 def _ext_hook(code: int, data: bytes) -> Any:
     if code == _EVENT_TIME_EXT_TYPE and len(data) == _EVENT_TIME.size:
         seconds, nanoseconds = _EVENT_TIME.unpack(data)
-        return EventTime(seconds, nanoseconds)
+        if nanoseconds < _NS_PER_SECOND:
+            return EventTime(seconds, nanoseconds)
+    # Anything else stays an extension value; as an entry time it is invalid
+    # ("EventTime nanoseconds out of range" included) and the event is dropped.
     return msgpack.ExtType(code, data)
 
 
@@ -250,9 +269,9 @@ def _time_ns(value: Any) -> int | None:
     """Epoch nanoseconds of an event time, ``None`` for "use the receive time"."""
     kind = type(value)
     if kind is EventTime:
-        if value.nanoseconds >= _NS_PER_SECOND:
-            raise _InvalidEvent("EventTime nanoseconds out of range")
-        return int(value.to_ns())
+        return int(value)
+    if kind is msgpack.ExtType and value.code == _EVENT_TIME_EXT_TYPE and len(value.data) == 8:
+        raise _InvalidEvent("EventTime nanoseconds out of range")  # _ext_hook refused it
     if kind is int:
         if value == 0:
             return None
@@ -583,22 +602,47 @@ class ForwardServerConnection:
         dropped: dict[str, int] = {}
         times: list[int | None] = []
         records: list[dict[Any, Any]] = []
-        limit = self.limits.max_events_per_request
-        for entry in self._entry_stream(stream, dropped):
-            if len(times) + sum(dropped.values()) >= limit:
-                raise self._fail(f"request carries over max_events_per_request={limit} events")
-            self._array_entry(entry, times, records, dropped)
+        self._decode_entries(stream, times, records, dropped)
         return EventsReceived(tag, mode, times, records, chunk, dropped)
 
-    def _entry_stream(self, stream: bytes, dropped: dict[str, int]) -> Iterator[Any]:
-        """The entries of a MessagePackEventStream; a corrupt tail is counted, not fatal."""
+    def _decode_entries(
+        self,
+        stream: bytes,
+        times: list[int | None],
+        records: list[dict[Any, Any]],
+        dropped: dict[str, int],
+    ) -> None:
+        """Decode a MessagePackEventStream; a corrupt tail is counted, not fatal.
+
+        This is the hot path of PackedForward (bench/RESULTS.md): the common
+        ``[EventTime | int, map]`` entry is handled inline, everything else by
+        :meth:`_array_entry`, which counts the reasons for dropping.
+        """
         unpacker = _new_unpacker(len(stream))
         unpacker.feed(stream)
+        limit = self.limits.max_events_per_request
+        seen = 0
         end = 0  # where the last complete entry ends (tell() also counts a partial one)
+        append_time = times.append
+        append_record = records.append
         try:
             for entry in unpacker:
                 end = unpacker.tell()
-                yield entry
+                seen += 1
+                if seen > limit:
+                    raise self._fail(f"request carries over max_events_per_request={limit} events")
+                if type(entry) is list and len(entry) == 2:
+                    time, record = entry
+                    if type(record) is dict:
+                        if type(time) is EventTime:
+                            append_time(int(time))
+                            append_record(record)
+                            continue
+                        if type(time) is int and 0 < time <= _MAX_TIME_SECONDS:
+                            append_time(time * _NS_PER_SECOND)
+                            append_record(record)
+                            continue
+                self._array_entry(entry, times, records, dropped)
         except (ValueError, TypeError):
             _count(dropped, "entries stream is not valid msgpack")
             return

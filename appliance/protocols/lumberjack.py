@@ -36,11 +36,12 @@ Invariants:
 from __future__ import annotations
 
 import enum
-import json
 import struct
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final
+
+import orjson
 
 from appliance.protocols.errors import LocalProtocolError, RemoteProtocolError
 
@@ -95,6 +96,9 @@ class Window:
     version: int
     sequences: list[int]
     records: list[dict[str, Any]]
+    #: The JSON text of each event as the client sent it (``J`` frames), or
+    #: None for a ``D`` frame: the record is then rendered from its pairs.
+    texts: list[str | None] = field(default_factory=list)
 
     @property
     def last_sequence(self) -> int | None:
@@ -146,6 +150,7 @@ class LumberjackServerConnection:
         self._window_size = 0
         self._sequences: list[int] = []
         self._records: list[dict[str, Any]] = []
+        self._texts: list[str | None] = []
         self._last_acked = 0
         self._pending_error: RemoteProtocolError | None = None
 
@@ -294,13 +299,17 @@ class LumberjackServerConnection:
         length = self._length(view, _HEADER + 4, "J frame")
         end = _HEADER + 8 + length
         self._need(view, end)
+        raw = bytes(view[_HEADER + 8 : end])
         try:
-            record = json.loads(bytes(view[_HEADER + 8 : end]))
-        except (ValueError, RecursionError) as exc:  # RecursionError: nested too deep
+            # orjson: strict RFC 8259 (no NaN, valid UTF-8, bounded nesting), and
+            # several times faster than the stdlib on the hot path.
+            record = orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
             raise self._fail(f"J frame {sequence} is not valid JSON: {exc}") from None
         if type(record) is not dict:
             raise self._fail(f"J frame {sequence} is not a JSON object")
-        self._event(sequence, record, windows)
+        # The validated text is kept as the record: no second encoding.
+        self._event(sequence, record, windows, raw.decode("utf-8"))
         return end
 
     def _compressed(self, view: memoryview, windows: list[Window], depth: int) -> int:
@@ -326,7 +335,13 @@ class LumberjackServerConnection:
             raise self._fail("C frame's zlib stream is truncated")
         return out
 
-    def _event(self, sequence: int, record: dict[str, Any], windows: list[Window]) -> None:
+    def _event(
+        self,
+        sequence: int,
+        record: dict[str, Any],
+        windows: list[Window],
+        text: str | None = None,
+    ) -> None:
         if (
             self._state is LumberjackState.AWAITING_WINDOW
             and self.version == 1
@@ -339,10 +354,11 @@ class LumberjackServerConnection:
             raise self._fail(f"data frame {sequence} outside a window (no W frame first)")
         self._sequences.append(sequence)
         self._records.append(record)
+        self._texts.append(text)
         if len(self._records) == self._window_size:
             assert self.version is not None
-            windows.append(Window(self.version, self._sequences, self._records))
-            self._sequences, self._records = [], []
+            windows.append(Window(self.version, self._sequences, self._records, self._texts))
+            self._sequences, self._records, self._texts = [], [], []
             self._move(LumberjackState.AWAITING_WINDOW)
 
     # -- answers ---------------------------------------------------------------

@@ -67,7 +67,10 @@ def window_block(
     """The rows of one complete window."""
     tag_paths = [tuple(field.split(".")) for field in settings.tag_fields]
     records = window.records
-    texts = [record_json(r) for r in records]
+    texts = [
+        text if text is not None else record_json(record)
+        for record, text in zip(records, window.texts or [None] * len(records), strict=True)
+    ]
     return RowBlock(
         protocol="lumberjack",
         source=info.source,

@@ -270,7 +270,8 @@ async def test_rows_carry_protocol_source_peer_and_no_batch_id(
     assert block.source == "CN=shipper"
     assert block.peer == "192.0.2.7:41000"
     assert block.batch_id is None
-    assert list(block.records) == ['{"message":"a"}', '{"message":"b"}']
+    # J frames keep the client's JSON text as sent (json.dumps spacing here).
+    assert list(block.records) == ['{"message": "a"}', '{"message": "b"}']
 
 
 @pytest.mark.trio
