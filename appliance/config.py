@@ -18,8 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, Literal
 
+from appliance.lake import maintenance as lake_maintenance
 from appliance.lake import writer as lake_writer
 from appliance.protocols import forward as forward_codec
+from appliance.protocols import logjam as logjam_codec
 
 __all__ = [
     "AuthConfig",
@@ -30,7 +32,10 @@ __all__ = [
     "LakeConfig",
     "ListenerConfig",
     "LogConfig",
+    "LogjamListenerConfig",
     "LumberjackListenerConfig",
+    "MaintenanceConfig",
+    "SparkConfig",
     "TlsConfig",
     "default_config",
     "load_config",
@@ -99,6 +104,54 @@ class LakeConfig:
         """The writer's settings taken from this section."""
         names = {f.name for f in dataclasses.fields(lake_writer.WriterSettings)}
         return lake_writer.WriterSettings(**{n: getattr(self, n) for n in names})
+
+
+@dataclass(frozen=True, slots=True)
+class MaintenanceConfig:
+    """``[maintenance]``: the service's schedules for the table's upkeep (docs/maintenance.md)."""
+
+    #: Run the schedules at all (``appliance table ...`` works either way).
+    enabled: bool = True
+    compact_interval_seconds: float = lake_maintenance.DEFAULT_COMPACT_INTERVAL_SECONDS
+    checkpoint_interval_seconds: float = lake_maintenance.DEFAULT_CHECKPOINT_INTERVAL_SECONDS
+    vacuum_interval_seconds: float = lake_maintenance.DEFAULT_VACUUM_INTERVAL_SECONDS
+    #: Hours replaced files are kept; at least 168 unless explicitly allowed below.
+    vacuum_retention_hours: int = lake_maintenance.DEFAULT_VACUUM_RETENTION_HOURS
+    #: The override for a retention under the 168 h floor.
+    allow_short_vacuum_retention: bool = False
+    #: Size compaction aims for, per file.
+    target_file_bytes: int = lake_maintenance.DEFAULT_TARGET_FILE_BYTES
+
+    def __post_init__(self) -> None:
+        lake_maintenance.check_retention(
+            self.vacuum_retention_hours, allow_short=self.allow_short_vacuum_retention
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class SparkConfig:
+    """``[spark]``: how ``appliance sql`` and ``appliance spark run`` reach Spark.
+
+    See docs/spark.md.
+    """
+
+    #: Spark Connect URL (``sc://host:port``); None means a classic local session
+    #: configured with delta-spark. ``--remote`` overrides it.
+    remote: str | None = None
+    #: Directory or URI under which derived tables live (``<derived_path>/<name>``).
+    #: Default: <state>/lake (see :meth:`Config.derived_table_uri`).
+    derived_path: str | None = None
+    #: Master of the classic local session.
+    classic_master: str = "local[*]"
+    #: Classic session: "download" Delta's jars once (spark.jars.packages), or
+    #: "classpath" when they are already on Spark's classpath.
+    classic_delta_jars: Literal["download", "classpath"] = "download"
+
+    def __post_init__(self) -> None:
+        if self.remote is not None and not self.remote.startswith("sc://"):
+            raise ValueError(
+                f"remote must be a Spark Connect URL sc://host:port, not {self.remote!r}"
+            )
 
 
 #: URL schemes ``[auth] database_url`` accepts (SQLAlchemy dialect+driver).
@@ -195,8 +248,9 @@ class CourierListenerConfig(ListenerConfig):
     max_payload_bytes: int = 10 * 1024 * 1024
     #: Largest decompressed payload, in bytes.
     max_decompressed_bytes: int = 64 * 1024 * 1024
-    #: Largest single event inside a payload, in bytes.
-    max_event_bytes: int = 1024 * 1024
+    #: Largest single event inside a payload, in bytes. Log Courier's own
+    #: "max line bytes" is 1 MiB; JSON escaping and fields go a little over.
+    max_event_bytes: int = 2 * 1024 * 1024
     #: Seconds between partial ACKNs while a payload waits for its commit (spec: at most 5).
     keepalive_seconds: float = DEFAULT_KEEPALIVE_SECONDS
     #: Tag of the events (Log Courier has no tag; a "type" field overrides it when set).
@@ -224,10 +278,95 @@ class LumberjackListenerConfig(ListenerConfig):
     tag: str = "lumberjack"
 
 
+#: The logjam-device's ROUTER and PULL ports (skaes/logjam-tools src/logjam-device.c).
+DEFAULT_LOGJAM_BIND: Final = "127.0.0.1:9604"
+DEFAULT_LOGJAM_PULL_BIND: Final = "127.0.0.1:9605"
+
+
+@dataclass(frozen=True)
+class LogjamListenerConfig(ListenerConfig):
+    """A ``[[listeners]]`` entry with ``protocol = "logjam"`` (ZeroMQ, docs/logjam.md).
+
+    ZeroMQ has no TLS: the listener is encrypted and authenticated with CURVE
+    (client keys from ``appliance curve``) unless ``curve = false`` says
+    otherwise. ``tls`` must stay false and ``client_auth`` "off"; the other
+    TCP settings of every listener (``max_connections``,
+    ``tls_handshake_timeout_seconds``, ``idle_timeout_seconds``,
+    ``max_pending_acks``, ``read_size_bytes``) do not apply to ZeroMQ sockets.
+    """
+
+    protocol: Literal["logjam"] = "logjam"
+    name: str = "logjam"
+    #: The ROUTER socket: requests (answered 202/400), pings and async data.
+    bind: str = DEFAULT_LOGJAM_BIND
+    #: ZeroMQ has no TLS; CURVE plays its part.
+    tls: bool = False
+    #: The PULL socket for async data; "" (TOML has no null) disables it.
+    pull_bind: str | None = DEFAULT_LOGJAM_PULL_BIND
+    #: CURVE encryption with client keys authorised in the auth database;
+    #: false means plain ZMTP, for a trusted network only.
+    curve: bool = True
+    #: Largest body frame (compressed), in bytes; a larger one gets 400.
+    max_body_bytes: int = logjam_codec.DEFAULT_MAX_BODY_BYTES
+    #: Largest decompressed body, in bytes.
+    max_decompressed_bytes: int = logjam_codec.DEFAULT_MAX_DECOMPRESSED_BYTES
+    #: ZMQ_MAXMSGSIZE: a frame over this many bytes makes libzmq drop the peer
+    #: before the appliance sees it (no reply). At least max_body_bytes.
+    max_message_bytes: int = logjam_codec.DEFAULT_MAX_BODY_BYTES + 64 * 1024
+    #: ZMQ_RCVHWM: messages libzmq queues per peer while the appliance is not reading.
+    rcvhwm: int = 1000
+    #: ZMQ_SNDHWM: replies libzmq queues per peer; past it a reply is dropped.
+    sndhwm: int = 1000
+    #: Requests of all peers that may wait for their commit before the listener stops reading.
+    max_pending_replies: int = 10_000
+    #: ZMQ_HANDSHAKE_IVL: seconds a peer has to finish the ZMTP/CURVE handshake.
+    handshake_timeout_seconds: float = 10.0
+    #: ZMQ_HEARTBEAT_IVL and ZMQ_HEARTBEAT_TIMEOUT: a peer that answers no
+    #: heartbeat for heartbeat_timeout_seconds is dropped.
+    heartbeat_interval_seconds: float = 30.0
+    heartbeat_timeout_seconds: float = 90.0
+    #: The fqdn of the ping reply; default: this machine's FQDN.
+    self_hostname: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.tls:
+            raise ValueError("tls does not apply to logjam (ZeroMQ has no TLS): use curve")
+        if self.client_auth != "off":
+            raise ValueError("client_auth does not apply to logjam: CURVE keys authenticate")
+        if self.pull_bind == "":
+            object.__setattr__(self, "pull_bind", None)
+        if self.pull_bind is not None:
+            host, sep, port = self.pull_bind.rpartition(":")
+            if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
+                raise ValueError(f'pull_bind must be host:port or "", not {self.pull_bind!r}')
+            if self.pull_bind == self.bind and int(port) != 0:
+                raise ValueError("pull_bind must differ from bind")
+        if self.max_message_bytes < self.max_body_bytes:
+            raise ValueError("max_message_bytes must be at least max_body_bytes")
+
+    @property
+    def pull_host(self) -> str | None:
+        """The host part of ``pull_bind`` (None when the PULL socket is off)."""
+        return None if self.pull_bind is None else self.pull_bind.rsplit(":", 1)[0].strip("[]")
+
+    @property
+    def pull_port(self) -> int | None:
+        """The port part of ``pull_bind`` (None when the PULL socket is off)."""
+        return None if self.pull_bind is None else int(self.pull_bind.rsplit(":", 1)[1])
+
+    def limits(self) -> logjam_codec.LogjamLimits:
+        """The codec limits of this listener."""
+        return logjam_codec.LogjamLimits(
+            max_body_bytes=self.max_body_bytes,
+            max_decompressed_bytes=self.max_decompressed_bytes,
+        )
+
+
 _LISTENER_TYPES: Final[dict[str, type[Any]]] = {
     "forward": ForwardListenerConfig,
     "courier": CourierListenerConfig,
     "lumberjack": LumberjackListenerConfig,
+    "logjam": LogjamListenerConfig,
 }
 
 
@@ -244,12 +383,19 @@ class Config:
     tls: TlsConfig = field(default_factory=TlsConfig)
     lake: LakeConfig = field(default_factory=LakeConfig)
     auth: AuthConfig = field(default_factory=AuthConfig)
+    maintenance: MaintenanceConfig = field(default_factory=MaintenanceConfig)
+    spark: SparkConfig = field(default_factory=SparkConfig)
     listeners: list[ListenerConfig] = field(default_factory=lambda: [ForwardListenerConfig()])
 
     @property
     def table_uri(self) -> str:
         """Where the ``events`` table lives."""
         return self.lake.path or str(self.state_dir / "lake" / "events")
+
+    def derived_table_uri(self, name: str) -> str:
+        """Where the derived table ``name`` lives (``[spark] derived_path``/name)."""
+        base = self.spark.derived_path or str(self.state_dir / "lake")
+        return f"{base.rstrip('/')}/{name}"
 
     @property
     def pki_dir(self) -> Path:
@@ -420,6 +566,9 @@ def parse_config(text: str, source: str = "<config>") -> Config:
     if duplicates:
         raise ConfigError(f"{source}: listeners: duplicate name(s): {', '.join(duplicates)}")
     for index, listener in enumerate(config.listeners):
+        if isinstance(listener, CourierListenerConfig) and listener.keepalive_seconds > 5:
+            # The protocol wants a partial ACKN at least every 5 s while a payload waits.
+            raise builder.error(("listeners", index, "keepalive_seconds"), "must be at most 5")
         if listener.client_auth != "off" and not listener.tls:
             raise builder.error(
                 ("listeners", index, "client_auth"),

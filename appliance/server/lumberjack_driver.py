@@ -17,9 +17,9 @@ Lumberjack batches carry no globally unique id, so there is no dedupe:
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 from appliance.config import LumberjackListenerConfig
+from appliance.fields import HOST_PATHS, first_string, paths
 from appliance.lake.rows import RowBlock
 from appliance.logs import get_logger
 from appliance.protocols.errors import RemoteProtocolError
@@ -38,25 +38,6 @@ __all__ = ["LumberjackSession", "lumberjack_driver", "window_block"]
 
 log = get_logger("lumberjack")
 
-_HOST_PATHS = (("host", "name"), ("beat", "hostname"), ("host",))
-
-
-def _path(record: dict[str, Any], path: tuple[str, ...]) -> Any:
-    value: Any = record
-    for part in path:
-        if not isinstance(value, dict):
-            return None
-        value = value.get(part)
-    return value
-
-
-def _first_string(record: dict[str, Any], paths: list[tuple[str, ...]]) -> str | None:
-    for path in paths:
-        value = _path(record, path)
-        if isinstance(value, str) and value:
-            return value
-    return None
-
 
 def window_block(
     window: Window,
@@ -65,7 +46,7 @@ def window_block(
     received_at_ns: int,
 ) -> RowBlock:
     """The rows of one complete window."""
-    tag_paths = [tuple(field.split(".")) for field in settings.tag_fields]
+    tag_paths = paths(settings.tag_fields)
     records = window.records
     texts = [
         text if text is not None else record_json(record)
@@ -77,8 +58,8 @@ def window_block(
         peer=info.peer,
         received_at_ns=received_at_ns,
         batch_id=None,
-        tag=[_first_string(r, tag_paths) or settings.tag for r in records],
-        host=[_first_string(r, list(_HOST_PATHS)) for r in records],
+        tag=[first_string(r, tag_paths) or settings.tag for r in records],
+        host=[first_string(r, HOST_PATHS) for r in records],
         times_ns=[rfc3339_ns(r.get("@timestamp")) for r in records],
         records=texts,
         nbytes=sum(map(len, texts)) + 96 * len(texts),

@@ -5,8 +5,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Final
 
-from appliance.config import ForwardListenerConfig, ListenerConfig, LumberjackListenerConfig
+from appliance.config import (
+    CourierListenerConfig,
+    ForwardListenerConfig,
+    ListenerConfig,
+    LumberjackListenerConfig,
+)
 from appliance.server.context import ServiceContext
+from appliance.server.courier_driver import courier_driver
 from appliance.server.forward_driver import forward_driver
 from appliance.server.listener import Handler
 from appliance.server.lumberjack_driver import lumberjack_driver
@@ -19,6 +25,7 @@ _Factory = Callable[[Any, ServiceContext], Handler]
 _HANDLERS: Final[dict[type[ListenerConfig], _Factory]] = {
     ForwardListenerConfig: forward_driver,
     LumberjackListenerConfig: lumberjack_driver,
+    CourierListenerConfig: courier_driver,
 }
 
 

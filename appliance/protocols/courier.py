@@ -1,0 +1,628 @@
+"""Log Courier, server side, as a sans-IO codec.
+
+The seed spec is ``shared/specs/log-courier-protocol.md`` (PING, PONG, JDAT,
+ACKN, ``????``); the current protocol, as the Go client and server in
+driskell/log-courier speak it, adds the HELO/VERS handshake and the streamed
+EVNT message. ``docs/courier.md`` cites the code each rule comes from.
+
+Every message is ``type (4 bytes) | length (u32, big-endian) | body``:
+
+* ``HELO`` (client): up to 32 bytes of flags, version and client id; the
+  server answers ``VERS`` in the same layout, advertising EVNT;
+* ``PING`` (client, empty) -> ``PONG`` (server, empty);
+* ``JDAT`` (client): a 16-byte nonce, then a zlib stream of events, each a
+  u32 length and that many bytes of JSON;
+* ``EVNT`` (client): length ``0xFFFFFFFF``, a nonce, then the same zlib
+  stream; the message ends where the zlib stream ends;
+* ``ACKN`` (server): the nonce and the count of events acknowledged so far;
+* ``????``: the answer to a message type the receiver does not know.
+
+Invariants this module keeps (the h11 way):
+
+* :meth:`CourierServerConnection.receive_data` consumes every byte it is
+  given and returns the events completed by them, in order. Input split at
+  any byte gives the same events as the input in one piece.
+* Payload bodies are inflated as they arrive and never buffered compressed:
+  the codec holds at most one message header, a nonce, a HELO body, one
+  partial event (``limits.max_event_bytes``) and the events of the payload
+  in progress (``limits.max_decompressed_bytes``, ``limits.max_events``).
+* Any :class:`~appliance.protocols.errors.RemoteProtocolError` moves the
+  connection to ``CLOSED``; nothing is accepted afterwards.
+* The codec never acknowledges anything by itself: the driver asks for
+  :meth:`CourierServerConnection.ack_bytes` once a payload is committed, and
+  for :meth:`CourierServerConnection.keepalive_bytes` (an ACKN that
+  acknowledges nothing) while it waits.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import re
+import struct
+import zlib
+from dataclasses import dataclass
+from typing import Any, Final, Literal
+
+from appliance import __version__
+from appliance.protocols.errors import LocalProtocolError, RemoteProtocolError
+
+__all__ = [
+    "DEFAULT_MAX_DECOMPRESSED_BYTES",
+    "DEFAULT_MAX_EVENTS",
+    "DEFAULT_MAX_EVENT_BYTES",
+    "DEFAULT_MAX_PAYLOAD_BYTES",
+    "FLAG_SUPPORTS_EVNT",
+    "MAX_HELLO_BYTES",
+    "NONCE_BYTES",
+    "SERVER_ID",
+    "STREAMED_LENGTH",
+    "CourierEvent",
+    "CourierLimits",
+    "CourierServerConnection",
+    "CourierState",
+    "Hello",
+    "PayloadReceived",
+    "Ping",
+    "UnknownMessage",
+    "Unsupported",
+    "encode_message",
+]
+
+#: Largest JDAT body (nonce + compressed events), and largest EVNT nonce +
+#: compressed stream, in bytes. The Go receiver's limit (``protocoljdat.go``).
+DEFAULT_MAX_PAYLOAD_BYTES: Final = 10 * 1024 * 1024
+#: Largest decompressed payload (length prefixes included), in bytes.
+DEFAULT_MAX_DECOMPRESSED_BYTES: Final = 64 * 1024 * 1024
+#: Largest single event, in bytes of JSON.
+DEFAULT_MAX_EVENT_BYTES: Final = 1024 * 1024
+#: Most events one payload may carry. Log Courier spools 1,024 events by
+#: default; empty events cost 4 bytes of zlib output each, so this bounds the
+#: memory of a payload of tiny events, which the byte limits alone do not.
+DEFAULT_MAX_EVENTS: Final = 250_000
+
+#: Bytes of the nonce that opens a JDAT or EVNT body and every ACKN.
+NONCE_BYTES: Final = 16
+#: The length field of an EVNT message: "streamed, ends with the zlib stream".
+STREAMED_LENGTH: Final = 0xFFFFFFFF
+#: Longest HELO body accepted (the Go receiver refuses more, ``protocolhelo.go``).
+MAX_HELLO_BYTES: Final = 32
+#: Bit of the first flags byte of HELO/VERS: "I accept EVNT" (``protocolvers.go``).
+FLAG_SUPPORTS_EVNT: Final = 0x01
+#: The appliance's four-byte id in VERS (Log Courier's own are LCOR, LCVR, RYLC).
+SERVER_ID: Final = b"APPL"
+#: Known client ids, as the Go and Ruby implementations name them.
+CLIENT_NAMES: Final = {
+    b"LCOR": "Log Courier",
+    b"LCVR": "Log Carver",
+    b"RYLC": "Ruby Log Courier",
+}
+
+_HEADER: Final = struct.Struct(">4sI")
+_U32: Final = struct.Struct(">I")
+#: The Go layout of HELO/VERS: flags[4], major, minor, patch (u32), client[4], reserved[12].
+_WIDE_HELLO: Final = struct.Struct(">4sIII4s12x")
+#: Bodies shorter than flags, three u32 and a client id are in the Ruby layout.
+_WIDE_HELLO_MIN_BYTES: Final = 20
+#: The Ruby layout (``protocol.rb``): flags, major, minor, patch (u8), client[4].
+_COMPACT_HELLO: Final = struct.Struct(">BBBB4s")
+#: Output asked of zlib per call, in bytes: bounds the memory one call may take.
+_INFLATE_STEP_BYTES: Final = 256 * 1024
+#: JSON text to a value; events are UTF-8 (no encoding sniffing as json.loads(bytes) does).
+_json_decode: Final = json.JSONDecoder().decode
+#: Message types only a server may send; a client sending one is broken.
+_SERVER_TYPES: Final = frozenset({b"VERS", b"PONG", b"ACKN"})
+
+
+def _server_version() -> tuple[int, int, int]:
+    parts = [int(p) for p in re.findall(r"\d+", __version__)[:3]]
+    parts += [0] * (3 - len(parts))
+    return (parts[0], parts[1], parts[2])
+
+
+@dataclass(frozen=True, slots=True)
+class CourierLimits:
+    """Limits that guard one connection against abuse (all configurable)."""
+
+    max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
+    max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED_BYTES
+    max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES
+    max_events: int = DEFAULT_MAX_EVENTS
+
+    def __post_init__(self) -> None:
+        for name in ("max_decompressed_bytes", "max_event_bytes", "max_events"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1")
+        if self.max_payload_bytes <= NONCE_BYTES:
+            raise ValueError(f"max_payload_bytes must be more than {NONCE_BYTES}")
+
+
+@dataclass(frozen=True, slots=True)
+class Hello:
+    """A client's HELO: protocol flags, version and four-byte client id.
+
+    Two layouts exist: the Go one (32 bytes: flags[4], u32 major, minor,
+    patch, client[4], reserved) and the Ruby one (8 bytes: flags, major,
+    minor, patch as single bytes, client[4]). Short bodies are zero-padded,
+    as the Go receiver does.
+    """
+
+    flags: bytes
+    version: tuple[int, int, int]
+    client: bytes
+
+    def __post_init__(self) -> None:
+        if len(self.flags) != 4 or len(self.client) != 4:
+            raise ValueError("HELO flags and client id are 4 bytes each")
+
+    @property
+    def client_name(self) -> str:
+        """A readable name for logs ("Log Courier v2.10.0", "Unknown")."""
+        if self.client[:1] == b"\x00":
+            name = "Unknown"
+        else:
+            name = CLIENT_NAMES.get(self.client, self.client.decode("ascii", "replace"))
+        if self.version == (0, 0, 0):
+            return name
+        return f"{name} v{'.'.join(map(str, self.version))}"
+
+
+@dataclass(frozen=True, slots=True)
+class Ping:
+    """A client's PING: answer with :meth:`CourierServerConnection.pong_bytes`."""
+
+
+@dataclass(frozen=True, slots=True)
+class Unsupported:
+    """The client answered ``????``: it did not understand something we sent."""
+
+
+@dataclass(frozen=True, slots=True)
+class UnknownMessage:
+    """A message type this server does not know; its body has been skipped.
+
+    Answer with :meth:`CourierServerConnection.unknown_bytes` (``????``).
+    """
+
+    kind: bytes
+    length: int
+
+
+@dataclass(frozen=True, slots=True)
+class PayloadReceived:
+    """A complete JDAT or EVNT payload.
+
+    ``records`` holds one map per event, in order. An event that is not a
+    JSON object is kept as ``{"message": <its raw bytes>}`` (the Ruby
+    receiver's fallback) and counted in ``not_json``.
+    """
+
+    nonce: bytes
+    records: list[dict[str, Any]]
+    kind: Literal["JDAT", "EVNT"]
+    not_json: int = 0
+
+    def __post_init__(self) -> None:
+        if len(self.nonce) != NONCE_BYTES:
+            raise ValueError(f"a nonce is {NONCE_BYTES} bytes, not {len(self.nonce)}")
+
+    @property
+    def count(self) -> int:
+        """How many events the payload carried: what its final ACKN acknowledges."""
+        return len(self.records)
+
+    @property
+    def nonce_hex(self) -> str:
+        """The nonce as lowercase hex: the ``batch_id`` and the name in logs."""
+        return self.nonce.hex()
+
+
+CourierEvent = Hello | Ping | Unsupported | UnknownMessage | PayloadReceived
+
+
+class CourierState(enum.Enum):
+    """Where a connection is. Transitions: ``_TRANSITIONS`` below."""
+
+    #: Nothing known received yet: a HELO, or (a client older than the
+    #: handshake) a payload or PING opens the connection.
+    IDLE = "idle"
+    #: Open: payloads and PINGs. A second HELO is an error.
+    OPEN = "open"
+    CLOSED = "closed"
+
+
+#: The state machine as data: the states each state may move to.
+_TRANSITIONS: Final[dict[CourierState, frozenset[CourierState]]] = {
+    CourierState.IDLE: frozenset({CourierState.OPEN, CourierState.CLOSED}),
+    CourierState.OPEN: frozenset({CourierState.CLOSED}),
+    CourierState.CLOSED: frozenset(),
+}
+
+
+class _Phase(enum.Enum):
+    """What the bytes being received belong to (inside the connection's state)."""
+
+    HEADER = "header"  # type and length, 8 bytes
+    HELLO = "hello"  # a HELO body, up to MAX_HELLO_BYTES
+    NONCE = "nonce"  # the 16 bytes opening a payload
+    INFLATE = "inflate"  # a payload's zlib stream
+    TRAILER = "trailer"  # JDAT bytes after its zlib stream ended: skipped
+    SKIP = "skip"  # an unknown message's body: skipped
+
+
+def encode_message(kind: bytes, body: bytes = b"") -> bytes:
+    """One message: four-byte type, u32 length, body."""
+    if len(kind) != 4:
+        raise LocalProtocolError(f"message type {kind!r} is not 4 bytes")
+    return _HEADER.pack(kind, len(body)) + body
+
+
+class CourierServerConnection:
+    """The server side of one Log Courier connection, with no I/O.
+
+    Feed it whatever the transport read with :meth:`receive_data`; it
+    returns the completed events. Answer them with :meth:`vers_bytes`,
+    :meth:`pong_bytes`, :meth:`unknown_bytes`, and a payload with
+    :meth:`ack_bytes` once its events are committed.
+
+    Args:
+        limits: the size limits of this connection.
+        server_version: the version VERS reports (default: the appliance's).
+    """
+
+    def __init__(
+        self,
+        limits: CourierLimits | None = None,
+        *,
+        server_version: tuple[int, int, int] | None = None,
+    ) -> None:
+        self.limits = limits or CourierLimits()
+        self._server_version = server_version or _server_version()
+        self._state = CourierState.IDLE
+        self._pending_error: RemoteProtocolError | None = None
+        #: The client's HELO; None for a client that skipped the handshake.
+        self.hello: Hello | None = None
+        # The message being received.
+        self._phase = _Phase.HEADER
+        self._small = bytearray()  # header, HELO body or nonce, as it arrives
+        self._need = _HEADER.size
+        self._kind = b""
+        self._length = 0
+        self._remaining = 0  # body bytes still to come (JDAT, TRAILER, SKIP)
+        # The payload being received.
+        self._nonce = b""
+        self._inflater: Any = None  # zlib.Decompress; typeshed names it privately
+        self._compressed = 0
+        self._decompressed = 0
+        self._pending = bytearray()  # decompressed bytes of an incomplete event
+        self._records: list[dict[str, Any]] = []
+        self._not_json = 0
+
+    @property
+    def state(self) -> CourierState:
+        """The connection's current state."""
+        return self._state
+
+    @property
+    def supports_evnt(self) -> bool:
+        """This server accepts EVNT, so VERS says so (DESIGN §4)."""
+        return True
+
+    def _move(self, new: CourierState) -> None:
+        if new not in _TRANSITIONS[self._state]:
+            raise LocalProtocolError(f"no transition from {self._state.value} to {new.value}")
+        self._state = new
+
+    def _open(self) -> None:
+        if self._state is CourierState.IDLE:
+            self._move(CourierState.OPEN)
+
+    def _fail(self, reason: str) -> RemoteProtocolError:
+        if self._state is not CourierState.CLOSED:
+            self._move(CourierState.CLOSED)
+        self._inflater = None
+        self._pending = bytearray()
+        self._records = []
+        return RemoteProtocolError(reason)
+
+    # -- input -----------------------------------------------------------------
+
+    def receive_data(self, data: bytes | bytearray) -> list[CourierEvent]:
+        """Take bytes read from the peer; return the events they complete.
+
+        When ``data`` holds complete messages followed by a violation, the
+        events are returned (complete payloads may still be committed and
+        acked) and the connection is ``CLOSED``: the next call raises the
+        pending error.
+
+        Raises:
+            RemoteProtocolError: the peer broke the protocol or a limit; the
+                connection is now ``CLOSED`` and must be closed.
+            LocalProtocolError: called after the connection closed.
+        """
+        if self._pending_error is not None:
+            error, self._pending_error = self._pending_error, None
+            raise error
+        if self._state is CourierState.CLOSED:
+            raise LocalProtocolError("receive_data on a closed courier connection")
+        events: list[CourierEvent] = []
+        try:
+            self._receive(memoryview(data), events)
+        except RemoteProtocolError as error:
+            if not events:
+                raise
+            self._pending_error = error
+        return events
+
+    def _receive(self, view: memoryview, events: list[CourierEvent]) -> None:
+        while view:
+            phase = self._phase
+            if phase is _Phase.INFLATE:
+                view = self._inflate_some(view, events)
+            elif phase is _Phase.TRAILER or phase is _Phase.SKIP:
+                take = min(self._remaining, len(view))
+                view = view[take:]
+                self._remaining -= take
+                if self._remaining == 0:
+                    self._body_done(events)
+            else:
+                take = min(self._need - len(self._small), len(view))
+                self._small += view[:take]
+                view = view[take:]
+                if len(self._small) == self._need:
+                    small = bytes(self._small)
+                    self._small.clear()
+                    self._fixed_part(small, events)
+
+    def _fixed_part(self, data: bytes, events: list[CourierEvent]) -> None:
+        """A header, HELO body or nonce has arrived whole."""
+        if self._phase is _Phase.HEADER:
+            self._header(data, events)
+        elif self._phase is _Phase.HELLO:
+            self._hello(data, events)
+        else:
+            self._start_inflate(data)
+
+    def _expect(self, phase: _Phase, need: int) -> None:
+        self._phase = phase
+        self._need = need
+
+    def _header(self, data: bytes, events: list[CourierEvent]) -> None:
+        kind, length = _HEADER.unpack(data)
+        self._kind, self._length = kind, length
+        if kind == b"JDAT" or kind == b"EVNT":
+            self._payload_header(kind, length)
+        elif kind == b"PING":
+            self._empty(kind, length)
+            self._open()
+            events.append(Ping())
+        elif kind == b"????":
+            self._empty(kind, length)
+            events.append(Unsupported())
+        elif kind == b"HELO":
+            if self._state is not CourierState.IDLE:
+                raise self._fail("HELO after the connection was already open")
+            if length > MAX_HELLO_BYTES:
+                raise self._fail(f"HELO body of {length} bytes exceeds {MAX_HELLO_BYTES}")
+            if length == 0:
+                self._hello(b"", events)
+            else:
+                self._expect(_Phase.HELLO, length)
+        elif kind in _SERVER_TYPES:
+            raise self._fail(f"{kind.decode('ascii')} is a server message, sent by the client")
+        else:
+            self._unknown(kind, length, events)
+
+    def _empty(self, kind: bytes, length: int) -> None:
+        if length != 0:
+            name = kind.decode("ascii")
+            raise self._fail(f"{name} must have an empty body, not {length} bytes")
+
+    def _hello(self, body: bytes, events: list[CourierEvent]) -> None:
+        if 0 < len(body) < _WIDE_HELLO_MIN_BYTES:
+            flags, major, minor, patch, client = _COMPACT_HELLO.unpack(
+                body.ljust(_COMPACT_HELLO.size, b"\x00")
+            )
+            hello = Hello(bytes([flags, 0, 0, 0]), (major, minor, patch), client)
+        else:
+            wide = body.ljust(_WIDE_HELLO.size, b"\x00")
+            flag_bytes, major, minor, patch, client = _WIDE_HELLO.unpack(wide)
+            hello = Hello(flag_bytes, (major, minor, patch), client)
+        self.hello = hello
+        self._open()
+        self._expect(_Phase.HEADER, _HEADER.size)
+        events.append(hello)
+
+    def _unknown(self, kind: bytes, length: int, events: list[CourierEvent]) -> None:
+        if length == STREAMED_LENGTH:
+            # A streamed message of a type we cannot parse has no known end.
+            raise self._fail(f"unknown streamed message {kind!r}: its end cannot be found")
+        if length > self.limits.max_payload_bytes:
+            raise self._fail(
+                f"unknown message {kind!r} of {length} bytes exceeds "
+                f"max_payload_bytes={self.limits.max_payload_bytes}"
+            )
+        if length == 0:
+            events.append(UnknownMessage(kind, 0))
+            return
+        self._phase = _Phase.SKIP
+        self._remaining = length
+
+    def _payload_header(self, kind: bytes, length: int) -> None:
+        if kind == b"EVNT":
+            if length != STREAMED_LENGTH:
+                raise self._fail(f"EVNT length must be {STREAMED_LENGTH:#x}, not {length}")
+        else:
+            if length == STREAMED_LENGTH or length > self.limits.max_payload_bytes:
+                raise self._fail(
+                    f"JDAT of {length} bytes exceeds "
+                    f"max_payload_bytes={self.limits.max_payload_bytes}"
+                )
+            if length <= NONCE_BYTES:
+                raise self._fail(f"JDAT of {length} bytes is too short for a nonce and zlib data")
+            self._remaining = length - NONCE_BYTES
+        self._open()
+        self._expect(_Phase.NONCE, NONCE_BYTES)
+
+    def _start_inflate(self, nonce: bytes) -> None:
+        self._nonce = nonce
+        self._inflater = zlib.decompressobj()
+        self._compressed = 0
+        self._decompressed = 0
+        self._pending = bytearray()
+        self._records = []
+        self._not_json = 0
+        self._phase = _Phase.INFLATE
+
+    def _inflate_some(self, view: memoryview, events: list[CourierEvent]) -> memoryview:
+        """Feed payload bytes to zlib; returns the input left after the payload."""
+        streamed = self._kind == b"EVNT"
+        if streamed:
+            room = self.limits.max_payload_bytes - NONCE_BYTES - self._compressed
+            if room <= 0:
+                raise self._fail(
+                    f"EVNT exceeds max_payload_bytes={self.limits.max_payload_bytes} "
+                    f"before its zlib stream ends"
+                )
+            chunk = view[:room]
+        else:
+            chunk = view[: self._remaining]
+        used = self._inflate(chunk)
+        self._compressed += used
+        ended = bool(self._inflater.eof)
+        if streamed:
+            if ended:
+                self._payload_done(events)
+            return view[used:]
+        self._remaining -= len(chunk)
+        if ended:
+            # The Go receiver stops reading a JDAT body where its zlib stream
+            # ends; bytes after it, inside the declared length, are skipped.
+            self._inflater = None
+            if self._remaining == 0:
+                self._payload_done(events)
+            else:
+                self._phase = _Phase.TRAILER
+        elif self._remaining == 0:
+            raise self._fail("JDAT ends before its zlib stream does (truncated payload)")
+        return view[len(chunk) :]
+
+    def _inflate(self, chunk: memoryview) -> int:
+        """Inflate ``chunk``; returns the bytes zlib used (fewer when its stream ended)."""
+        inflater = self._inflater
+        limit = self.limits.max_decompressed_bytes
+        pending: bytes | memoryview = chunk
+        try:
+            while not inflater.eof:
+                step = min(_INFLATE_STEP_BYTES, limit - self._decompressed + 1)
+                out = inflater.decompress(pending, step)
+                self._decompressed += len(out)
+                if self._decompressed > limit:
+                    raise self._fail(
+                        f"payload {self._nonce.hex()} decompresses past "
+                        f"max_decompressed_bytes={limit}"
+                    )
+                self._split_events(out)
+                pending = inflater.unconsumed_tail
+                if not pending and len(out) < step:
+                    break  # all input taken and zlib holds no more output for it
+        except zlib.error as exc:
+            raise self._fail(f"payload {self._nonce.hex()} does not decompress: {exc}") from None
+        if inflater.eof:
+            return len(chunk) - len(inflater.unused_data)
+        return len(chunk)
+
+    def _split_events(self, out: bytes) -> None:
+        """Cut decompressed output into length-prefixed events."""
+        if not out:
+            return
+        buffer = self._pending
+        buffer += out
+        offset = 0
+        end = len(buffer)
+        limit = self.limits.max_event_bytes
+        while end - offset >= 4:
+            (size,) = _U32.unpack_from(buffer, offset)
+            if size > limit:
+                raise self._fail(f"event of {size} bytes exceeds max_event_bytes={limit}")
+            if end - offset - 4 < size:
+                break
+            self._event(bytes(buffer[offset + 4 : offset + 4 + size]))
+            offset += 4 + size
+        del buffer[:offset]
+
+    def _event(self, raw: bytes) -> None:
+        if len(self._records) >= self.limits.max_events:
+            raise self._fail(
+                f"payload {self._nonce.hex()} carries more than "
+                f"max_events={self.limits.max_events} events"
+            )
+        try:
+            record = _json_decode(raw.decode("utf-8"))
+        except (ValueError, RecursionError):
+            # ValueError covers invalid UTF-8 too (UnicodeDecodeError);
+            # RecursionError: nesting deeper than the interpreter allows.
+            record = None
+        if type(record) is not dict:
+            self._not_json += 1
+            record = {"message": raw}
+        self._records.append(record)
+
+    def _payload_done(self, events: list[CourierEvent]) -> None:
+        if self._pending:
+            raise self._fail(
+                f"payload {self._nonce.hex()} ends inside an event "
+                f"({len(self._pending)} bytes left over)"
+            )
+        kind: Literal["JDAT", "EVNT"] = "EVNT" if self._kind == b"EVNT" else "JDAT"
+        events.append(PayloadReceived(self._nonce, self._records, kind, self._not_json))
+        self._inflater = None
+        self._records = []
+        self._expect(_Phase.HEADER, _HEADER.size)
+
+    def _body_done(self, events: list[CourierEvent]) -> None:
+        """A TRAILER or SKIP phase has consumed its last byte."""
+        if self._phase is _Phase.TRAILER:
+            self._payload_done(events)
+        else:
+            events.append(UnknownMessage(self._kind, self._length))
+            self._expect(_Phase.HEADER, _HEADER.size)
+
+    # -- answers ---------------------------------------------------------------
+
+    def vers_bytes(self) -> bytes:
+        """VERS in the Go layout (32 bytes), advertising EVNT: the answer to HELO."""
+        major, minor, patch = self._server_version
+        flags = bytes([FLAG_SUPPORTS_EVNT if self.supports_evnt else 0, 0, 0, 0])
+        return encode_message(b"VERS", _WIDE_HELLO.pack(flags, major, minor, patch, SERVER_ID))
+
+    @staticmethod
+    def pong_bytes() -> bytes:
+        """PONG: the answer to PING."""
+        return encode_message(b"PONG")
+
+    @staticmethod
+    def unknown_bytes() -> bytes:
+        """``????``: the answer to a message type this server does not know."""
+        return encode_message(b"????")
+
+    @staticmethod
+    def ackn_bytes(nonce: bytes, count: int) -> bytes:
+        """ACKN: the nonce echoed exactly and a cumulative event count."""
+        if len(nonce) != NONCE_BYTES:
+            raise LocalProtocolError(f"a nonce is {NONCE_BYTES} bytes, not {len(nonce)}")
+        return encode_message(b"ACKN", nonce + _U32.pack(count))
+
+    def ack_bytes(self, payload: PayloadReceived) -> bytes:
+        """The final ACKN of ``payload``: call it only once its events are committed."""
+        return self.ackn_bytes(payload.nonce, payload.count)
+
+    def keepalive_bytes(self, payload: PayloadReceived) -> bytes:
+        """A partial ACKN that acknowledges nothing, to send while ``payload`` waits.
+
+        The count is 0: the appliance commits a payload whole, so before the
+        commit no event of it is acknowledged. Clients ignore a count that
+        is not above the last one they saw, but reset their network timeout
+        on every ACKN (``payload.go``, ``publisher.go``).
+        """
+        return self.ackn_bytes(payload.nonce, 0)

@@ -1,0 +1,175 @@
+"""The Log Courier session: codec events to rows, replies, ordered ACKNs, keepalives.
+
+Transport, deadlines and ordered acks are the shared
+:class:`~appliance.server.connection.StreamDriver`'s; parsing is the codec's
+(:mod:`appliance.protocols.courier`). This module maps one onto the other.
+
+Mapping into ``events`` (issue 6, docs/courier.md):
+
+* the record is the event's JSON object; an event that is not a JSON object
+  is kept as ``{"message": <raw text>}``;
+* ``tag`` is the event's ``type`` field when it is a non-empty string (Log
+  Courier's ``fields: {type: ...}`` convention), else the listener's ``tag``;
+* ``host`` is ``host.name`` (ECS mode) or a string ``host`` field;
+* the event time is ``@timestamp`` (RFC 3339, nanoseconds kept), else the
+  receive time;
+* ``batch_id`` is the payload's nonce in lowercase hex, so a payload resent
+  after a reconnect is acked again without a second write (the writer
+  dedupes by ``(protocol, source, batch_id)``).
+
+Answers: HELO gets VERS (advertising EVNT), PING gets PONG, an unknown
+message gets ``????``, all in order with the ACKNs queued before them. A
+payload's final ACKN goes out only after its commit; while it waits the
+driver sends an ACKN with count 0 every ``keepalive_seconds``.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from appliance.config import CourierListenerConfig
+from appliance.fields import HOST_PATHS, first_string
+from appliance.lake.rows import RowBlock
+from appliance.logs import get_logger
+from appliance.protocols.courier import (
+    CourierLimits,
+    CourierServerConnection,
+    Hello,
+    PayloadReceived,
+    Ping,
+    UnknownMessage,
+    Unsupported,
+)
+from appliance.protocols.errors import RemoteProtocolError
+from appliance.records import record_json
+from appliance.server.connection import Action, DriverSettings, Reply, StreamDriver, Submit
+from appliance.server.context import ServiceContext
+from appliance.server.listener import ConnectionInfo
+from appliance.timefmt import rfc3339_ns
+
+__all__ = ["CourierSession", "courier_driver", "payload_block"]
+
+log = get_logger("courier")
+
+#: Per-row overhead added to the record bytes when sizing a block for the writer.
+_ROW_OVERHEAD_BYTES = 96
+
+
+_TYPE_PATH: Final = (("type",),)
+
+
+def payload_block(
+    payload: PayloadReceived,
+    settings: CourierListenerConfig,
+    info: ConnectionInfo,
+    received_at_ns: int,
+) -> RowBlock:
+    """The rows of one payload (DESIGN §3 column meanings)."""
+    records = payload.records
+    texts = [record_json(r) for r in records]
+    return RowBlock(
+        protocol="courier",
+        source=info.source,
+        peer=info.peer,
+        received_at_ns=received_at_ns,
+        batch_id=payload.nonce_hex,
+        tag=[first_string(r, _TYPE_PATH) or settings.tag for r in records],
+        host=[first_string(r, HOST_PATHS) for r in records],
+        times_ns=[rfc3339_ns(r.get("@timestamp")) for r in records],
+        records=texts,
+        nbytes=sum(map(len, texts)) + _ROW_OVERHEAD_BYTES * len(texts),
+    )
+
+
+def limits_of(settings: CourierListenerConfig) -> CourierLimits:
+    """The codec limits of a listener."""
+    return CourierLimits(
+        max_payload_bytes=settings.max_payload_bytes,
+        max_decompressed_bytes=settings.max_decompressed_bytes,
+        max_event_bytes=settings.max_event_bytes,
+    )
+
+
+class CourierSession:
+    """One Log Courier connection: the codec and what its events become."""
+
+    def __init__(self, settings: CourierListenerConfig, info: ConnectionInfo) -> None:
+        self._settings = settings
+        self._info = info
+        self._codec = CourierServerConnection(limits_of(settings))
+        self._error: RemoteProtocolError | None = None
+
+    def greeting(self) -> bytes | None:
+        return None  # the client speaks first (HELO, or a payload from older clients)
+
+    def handshake_done(self) -> bool:
+        # HELO is optional (clients older than it open with JDAT or PING), so
+        # there is no handshake to wait for: the idle deadline covers a
+        # connection that says nothing.
+        return True
+
+    def pending_error(self) -> RemoteProtocolError | None:
+        error, self._error = self._error, None
+        return error
+
+    def receive(self, data: bytes | bytearray, received_at_ns: int) -> list[Action]:
+        events = self._codec.receive_data(data)
+        if events:
+            try:
+                self._codec.receive_data(b"")  # surfaces a violation that followed them
+            except RemoteProtocolError as error:
+                self._error = error
+        actions: list[Action] = []
+        peer = self._info.peer
+        for event in events:
+            if isinstance(event, PayloadReceived):
+                actions.append(self._submit(event, received_at_ns))
+            elif isinstance(event, Ping):
+                actions.append(Reply(self._codec.pong_bytes()))
+            elif isinstance(event, Hello):
+                log.info(
+                    "courier.hello", peer=peer, client=event.client_name, flags=event.flags.hex()
+                )
+                actions.append(Reply(self._codec.vers_bytes()))
+            elif isinstance(event, UnknownMessage):
+                log.warning(
+                    "courier.unknown_message",
+                    peer=peer,
+                    type=event.kind.decode("ascii", "backslashreplace"),
+                    length=event.length,
+                )
+                actions.append(Reply(self._codec.unknown_bytes()))
+            elif isinstance(event, Unsupported):
+                log.info("courier.unsupported", peer=peer)
+        return actions
+
+    def _submit(self, payload: PayloadReceived, received_at_ns: int) -> Submit:
+        if payload.not_json:
+            log.warning(
+                "events.not_json",
+                peer=self._info.peer,
+                nonce=payload.nonce_hex,
+                events=payload.not_json,
+            )
+        return Submit(
+            payload_block(payload, self._settings, self._info, received_at_ns),
+            ack=self._codec.ack_bytes(payload),
+            label=payload.nonce_hex,
+            keepalive=self._codec.keepalive_bytes(payload),
+        )
+
+
+def courier_driver(settings: CourierListenerConfig, context: ServiceContext) -> StreamDriver:
+    """The connection handler of one Log Courier listener."""
+    return StreamDriver(
+        lambda info: CourierSession(settings, info),
+        DriverSettings(
+            idle_timeout_seconds=settings.idle_timeout_seconds,
+            max_pending_acks=settings.max_pending_acks,
+            read_size_bytes=settings.read_size_bytes,
+            keepalive_seconds=settings.keepalive_seconds,
+        ),
+        context.writer,
+        context.lifecycle,
+        log,
+    )

@@ -1,0 +1,358 @@
+"""The Log Courier driver over trio memory streams, with an autojump clock.
+
+The writer here is a stand-in that resolves tickets when the test says so:
+these tests are about the driver's ordering, keepalives and closes. The real
+writer against a real table, with TLS, is tested in
+tests/interop/test_courier_client.py.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+
+from appliance.config import CourierListenerConfig
+from appliance.lake.rows import RowBlock
+from appliance.lake.writer import CommitTicket
+from appliance.server.context import ServiceContext
+from appliance.server.courier_driver import courier_driver
+from appliance.server.lifecycle import Lifecycle
+from appliance.server.listener import ConnectionInfo
+
+INFO = ConnectionInfo(listener="test", peer="192.0.2.7:41000", tls=True, source="CN=shipper")
+
+HELO = b"HELO\x00\x00\x00\x20" + bytes(4) + struct.pack(">III", 2, 10, 0) + b"LCOR" + bytes(12)
+PING = b"PING\x00\x00\x00\x00"
+PONG = b"PONG\x00\x00\x00\x00"
+
+
+class StandInWriter:
+    """Records submitted blocks; the test commits them with :meth:`commit`."""
+
+    def __init__(self) -> None:
+        self.blocks: list[RowBlock] = []
+        self.tickets: list[CommitTicket] = []
+
+    async def submit(self, block: RowBlock) -> CommitTicket:
+        ticket = CommitTicket()
+        self.blocks.append(block)
+        self.tickets.append(ticket)
+        return ticket
+
+    def commit(self, index: int) -> None:
+        self.tickets[index]._resolve(True)
+
+
+def nonce(n: int) -> bytes:
+    return bytes([n]) * 16
+
+
+def events_stream(*events: bytes) -> bytes:
+    return b"".join(struct.pack(">I", len(e)) + e for e in events)
+
+
+def jdat(n: int, *events: bytes) -> bytes:
+    body = nonce(n) + zlib.compress(events_stream(*events))
+    return b"JDAT" + struct.pack(">I", len(body)) + body
+
+
+def evnt(n: int, *events: bytes) -> bytes:
+    return b"EVNT\xff\xff\xff\xff" + nonce(n) + zlib.compress(events_stream(*events))
+
+
+def ackn(n: int, count: int) -> bytes:
+    return b"ACKN\x00\x00\x00\x14" + nonce(n) + struct.pack(">I", count)
+
+
+async def receive_within(stream: trio.abc.ReceiveStream, seconds: float) -> bytes:
+    """Everything the server sends within ``seconds`` (of the autojump clock)."""
+    data = b""
+    with trio.move_on_after(seconds):
+        while True:
+            chunk = await stream.receive_some(65536)
+            if not chunk:
+                break
+            data += chunk
+    return data
+
+
+async def receive_exactly(stream: trio.abc.ReceiveStream, size: int) -> bytes:
+    data = b""
+    with trio.fail_after(60):
+        while len(data) < size:
+            chunk = await stream.receive_some(size - len(data))
+            assert chunk, f"closed after {len(data)} of {size} bytes"
+            data += chunk
+    return data
+
+
+def messages(data: bytes) -> list[bytes]:
+    """Split server output into whole messages (all server messages carry a length)."""
+    out = []
+    while data:
+        (length,) = struct.unpack(">I", data[4:8])
+        out.append(data[: 8 + length])
+        data = data[8 + length :]
+    return out
+
+
+def handler_for(writer: StandInWriter, lifecycle: Lifecycle | None = None, **settings: Any):
+    config = CourierListenerConfig(**settings)
+    context = ServiceContext(writer, lifecycle or Lifecycle())  # type: ignore[arg-type]
+    return courier_driver(config, context)
+
+
+@pytest.mark.trio
+async def test_helo_is_answered_with_vers_advertising_evnt(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    writer = StandInWriter()
+    client, server = trio.testing.memory_stream_pair()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(handler_for(writer), server, INFO)
+        await client.send_all(HELO)
+        vers = await receive_exactly(client, 40)
+        assert vers[:8] == b"VERS\x00\x00\x00\x20"
+        assert vers[8] & 0x01  # supports EVNT
+        assert vers[24:28] == b"APPL"
+        await client.aclose()
+
+
+@pytest.mark.trio
+async def test_final_ackn_is_sent_only_after_commit(autojump_clock: trio.testing.MockClock) -> None:
+    writer = StandInWriter()
+    client, server = trio.testing.memory_stream_pair()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(handler_for(writer, keepalive_seconds=5.0), server, INFO)
+        await client.send_all(HELO)
+        await receive_exactly(client, 40)
+        await client.send_all(jdat(1, b'{"a":1}', b'{"a":2}', b'{"a":3}'))
+        waited = await receive_within(client, 58)
+        # Most of a minute of waiting: keepalives only, each acknowledging nothing.
+        assert waited
+        assert set(messages(waited)) == {ackn(1, 0)}
+        assert len(writer.blocks) == 1
+        writer.commit(0)
+        assert await receive_exactly(client, 28) == ackn(1, 3)
+        await client.aclose()
+
+
+@pytest.mark.trio
+async def test_partial_ackns_go_out_every_keepalive_period_while_waiting(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    writer = StandInWriter()
+    client, server = trio.testing.memory_stream_pair()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(handler_for(writer, keepalive_seconds=5.0), server, INFO)
+        await client.send_all(evnt(9, b'{"x":1}', b'{"x":2}'))
+        start = trio.current_time()
+        stamps = []
+        for _ in range(4):
+            assert await receive_exactly(client, 28) == ackn(9, 0)
+            stamps.append(trio.current_time() - start)
+        # Every 5 s of the mock clock (DESIGN §4: at least every 5 s).
+        assert stamps == pytest.approx([5.0, 10.0, 15.0, 20.0])
+        writer.commit(0)
+        assert await receive_exactly(client, 28) == ackn(9, 2)
+        # After the final ACKN, no more keepalives for it.
+        assert await receive_within(client, 30) == b""
+        await client.aclose()
+
+
+@pytest.mark.trio
+async def test_keepalive_period_is_the_listener_setting(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    writer = StandInWriter()
+    client, server = trio.testing.memory_stream_pair()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(handler_for(writer, keepalive_seconds=2.0), server, INFO)
+        await client.send_all(jdat(4, b"{}"))
+        waited = await receive_within(client, 9)
+        assert messages(waited) == [ackn(4, 0)] * 4  # at 2, 4, 6 and 8 s
+        writer.commit(0)
+        assert await receive_exactly(client, 28) == ackn(4, 1)
+        await client.aclose()
+
+
+@pytest.mark.trio
+async def test_ackns_go_out_in_arrival_order(autojump_clock: trio.testing.MockClock) -> None:
+    writer = StandInWriter()
+    client, server = trio.testing.memory_stream_pair()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(handler_for(writer, keepalive_seconds=5.0), server, INFO)
+        await client.send_all(jdat(1, b"{}") + evnt(2, b"{}", b"{}") + jdat(3, b"{}"))
+        await trio.sleep(1)
+        assert [b.batch_id for b in writer.blocks] == [nonce(n).hex() for n in (1, 2, 3)]
+        # The later payloads commit first: nothing final may overtake the first.
+        writer.commit(2)
+        writer.commit(1)
+        waited = messages(await receive_within(client, 12))
+        assert ackn(2, 2) not in waited
+        assert ackn(3, 1) not in waited
+        # Keepalives are for the payload at the head of the line only.
+        assert set(waited) == {ackn(1, 0)}
+        writer.commit(0)
+        sent = await receive_exactly(client, 3 * 28)
+        assert messages(sent) == [ackn(1, 1), ackn(2, 2), ackn(3, 1)]
+        await client.aclose()
+
+
+@pytest.mark.trio
+async def test_ping_and_unknown_messages_are_answered_in_order_with_acks(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    writer = StandInWriter()
+    client, server = trio.testing.memory_stream_pair()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(handler_for(writer, keepalive_seconds=50.0), server, INFO)
+        await client.send_all(PING)
+        assert await receive_exactly(client, 8) == PONG
+        await client.send_all(jdat(5, b"{}") + PING + b"NEWT\x00\x00\x00\x02hi")
+        await trio.sleep(1)
+        writer.commit(0)
+        sent = await receive_exactly(client, 28 + 8 + 8)
+        assert messages(sent) == [ackn(5, 1), PONG, b"????\x00\x00\x00\x00"]
+        await client.aclose()
+
+
+@pytest.mark.trio
+async def test_legacy_client_without_helo_is_served(autojump_clock: trio.testing.MockClock) -> None:
+    writer = StandInWriter()
+    client, server = trio.testing.memory_stream_pair()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(handler_for(writer), server, INFO)
+        await client.send_all(jdat(6, b'{"old":true}'))
+        await trio.sleep(1)
+        writer.commit(0)
+        # No VERS: the client never said HELO. Just the ACKN.
+        assert await receive_exactly(client, 28) == ackn(6, 1)
+        await client.aclose()
+
+
+@pytest.mark.trio
+async def test_bad_zlib_closes_the_connection_at_once(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    writer = StandInWriter()
+    client, server = trio.testing.memory_stream_pair()
+    bad = b"JDAT" + struct.pack(">I", 16 + 500) + nonce(7) + b"\x00\x01not zlib"
+    start = trio.current_time()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(handler_for(writer), server, INFO)
+        # The declared body never arrives in full: the handler must not wait for it.
+        await client.send_all(HELO + bad)
+    # The handler returned (the listener then closes the socket) at once.
+    assert trio.current_time() - start < 1
+    assert writer.blocks == []
+    sent = await receive_within(client, 1)
+    assert [m[:4] for m in messages(sent)] == [b"VERS"]
+
+
+@pytest.mark.trio
+async def test_payload_before_bad_zlib_is_still_acked_then_closed(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    writer = StandInWriter()
+    client, server = trio.testing.memory_stream_pair()
+    bad = b"EVNT\xff\xff\xff\xff" + nonce(8) + b"\xff\xfe"
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(handler_for(writer, keepalive_seconds=50.0), server, INFO)
+        await client.send_all(jdat(2, b"{}") + bad + jdat(3, b"{}"))
+        await trio.sleep(1)
+        assert len(writer.blocks) == 1  # the bad one and what follows are not taken
+        writer.commit(0)
+        assert await receive_exactly(client, 28) == ackn(2, 1)
+    # The handler returned once the ACKN was out.
+    assert len(writer.blocks) == 1
+
+
+@pytest.mark.trio
+async def test_rows_carry_type_host_time_source_peer_and_nonce(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    writer = StandInWriter()
+    client, server = trio.testing.memory_stream_pair()
+    events = [
+        b'{"@timestamp":"2024-05-06T07:08:09.123456789Z","host":"web1","type":"nginx",'
+        b'"message":"GET /"}',
+        b'{"@timestamp":"2024-05-06T09:08:09+02:00","host":{"name":"ecs"},"type":7}',
+        b"not json at all",
+        b"\xff\xfe raw",  # not JSON and not UTF-8 either
+    ]
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(handler_for(writer, tag="shipped"), server, INFO)
+        await client.send_all(HELO + evnt(3, *events))
+        await trio.sleep(1)
+        await client.aclose()
+        writer.commit(0)
+    (block,) = writer.blocks
+    assert block.protocol == "courier"
+    assert block.batch_id == nonce(3).hex()
+    assert block.source == "CN=shipper"
+    assert block.peer == "192.0.2.7:41000"
+    assert list(block.tag) == ["nginx", "shipped", "shipped", "shipped"]
+    assert list(block.host) == ["web1", "ecs", None, None]  # type: ignore[arg-type]  # ECS host.name
+    t = 1_714_979_289
+    assert list(block.times_ns) == [t * 10**9 + 123_456_789, t * 10**9, None, None]
+    assert block.records[0] == (
+        '{"@timestamp":"2024-05-06T07:08:09.123456789Z","host":"web1","type":"nginx",'
+        '"message":"GET /"}'
+    )
+    assert block.records[2] == '{"message":"not json at all"}'
+    assert block.records[3] == '{"message":{"$binary":"//4gcmF3"}}'
+
+
+@pytest.mark.trio
+async def test_full_pending_queue_stops_reading(autojump_clock: trio.testing.MockClock) -> None:
+    writer = StandInWriter()
+    client, server = trio.testing.memory_stream_pair()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(handler_for(writer, max_pending_acks=2), server, INFO)
+        for n in range(6):
+            await client.send_all(jdat(n, b"{}"))
+        await trio.sleep(3)
+        # One awaited by the answerer, two queued, one blocked on the queue.
+        assert len(writer.blocks) == 4
+        for i in range(4):
+            writer.commit(i)
+        await trio.sleep(1)
+        assert len(writer.blocks) == 6
+        for i in range(4, 6):
+            writer.commit(i)
+        sent = await receive_exactly(client, 6 * 28)
+        assert messages(sent) == [ackn(n, 1) for n in range(6)]
+        await client.aclose()
+
+
+@pytest.mark.trio
+async def test_idle_connection_is_closed(autojump_clock: trio.testing.MockClock) -> None:
+    writer = StandInWriter()
+    _client, server = trio.testing.memory_stream_pair()
+    handler = handler_for(writer, idle_timeout_seconds=30)
+    start = trio.current_time()
+    await handler(server, INFO)
+    assert trio.current_time() - start == pytest.approx(30)
+
+
+@pytest.mark.trio
+async def test_empty_payload_is_acked_with_count_zero(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    writer = StandInWriter()
+    client, server = trio.testing.memory_stream_pair()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(handler_for(writer), server, INFO)
+        await client.send_all(jdat(1))
+        await trio.sleep(1)
+        (block,) = writer.blocks
+        assert block.rows == 0
+        writer.commit(0)
+        assert await receive_exactly(client, 28) == ackn(1, 0)
+        await client.aclose()
