@@ -1,6 +1,7 @@
 """The ``appliance`` command: one CLI for the service and its administration.
 
-Subcommands: ``serve``, ``config check``, ``cert ...``. Exit codes: 0
+Subcommands: ``serve``, ``config check``, ``cert ...``, and the auth
+database's ``user``, ``key``, ``client``, ``db`` and ``audit``. Exit codes: 0
 success, 1 a failure the message explains (bad config, port in use, ...),
 2 usage. Every administrative command takes ``--config`` (or
 ``$APPLIANCE_CONFIG``) to find the state directory.
@@ -16,10 +17,11 @@ from pathlib import Path
 import trio
 
 from appliance import __version__
-from appliance.commands import cert
+from appliance.commands import auth, cert
 from appliance.config import Config, ConfigError, default_config, load_config
 from appliance.lake.errors import LakeError
 from appliance.logs import configure, get_logger
+from auth.errors import AuthError
 from pki.errors import PkiError
 
 __all__ = ["main"]
@@ -35,18 +37,31 @@ def _config(path: str | None) -> Config:
     return load_config(Path(chosen)) if chosen else default_config()
 
 
+def _leaves(error: BaseException) -> list[BaseException]:
+    """The exceptions inside (possibly nested) exception groups."""
+    if isinstance(error, BaseExceptionGroup):
+        return [leaf for inner in error.exceptions for leaf in _leaves(inner)]
+    return [error]
+
+
 def _serve(args: argparse.Namespace) -> int:
     from appliance.service import serve  # trio and deltalake load only when serving
 
     config = _config(args.config)
     configure(config.log.level, config.log.format)
+    failures: list[str] = []
     try:
         trio.run(serve, config)
-    except OSError as exc:
-        log.error("service.failed", reason=str(exc))
-        return 1
-    except LakeError as exc:
-        log.error("service.failed", reason=str(exc))
+    except* (OSError, LakeError, AuthError, PkiError) as group:
+        # Start-up failures an operator can fix: a port in use, an unreadable
+        # table, an auth database behind the code's schema (the message names
+        # "appliance db upgrade"), a broken certificate. Inside trio's
+        # nurseries they arrive as an exception group.
+        failures = [str(exc) for exc in _leaves(group)]
+    for failure in failures:
+        log.error("service.failed", reason=failure)
+        print(f"appliance: {failure}", file=sys.stderr)
+    if failures:
         return 1
     return 0
 
@@ -80,6 +95,7 @@ def _parser() -> argparse.ArgumentParser:
     check.set_defaults(func=_config_check)
 
     cert.add_parser(commands, common)
+    auth.add_parser(commands, common)
     return parser
 
 

@@ -11,9 +11,10 @@ __all__ = ["print_json", "print_table"]
 
 
 def print_table(
-    headers: Sequence[str], rows: Sequence[Sequence[Any]], out: TextIO = sys.stdout
+    headers: Sequence[str], rows: Sequence[Sequence[Any]], out: TextIO | None = None
 ) -> None:
     """Print rows under headers, columns aligned; an empty table says so."""
+    out = out or sys.stdout
     if not rows:
         print("(none)", file=out)
         return
@@ -25,6 +26,7 @@ def print_table(
             print("  ".join("-" * w for w in widths), file=out)
 
 
-def print_json(value: Any, out: TextIO = sys.stdout) -> None:
+def print_json(value: Any, out: TextIO | None = None) -> None:
     """Print a JSON document for scripts."""
+    out = out or sys.stdout
     print(json.dumps(value, indent=2, default=str), file=out)

@@ -86,13 +86,13 @@ def _credentials(config: Config) -> CredentialStore | None:
     )
     if not needs:
         return None
-    from auth.schema import check_schema, upgrade  # SQLAlchemy loads only when needed
+    from auth.schema import prepare  # SQLAlchemy loads only when needed
     from auth.store import SqlCredentialStore
 
     url = config.auth_database_url
-    if config.auth.database_url is None:
-        upgrade(url)  # the embedded default keeps its own schema current
-    check_schema(url)
+    # The embedded default (SQLite under the state dir) upgrades itself; a
+    # configured database must be upgraded by the operator (appliance db upgrade).
+    prepare(url, upgrade_in_place=config.auth.database_url is None)
     return SqlCredentialStore(url, config.auth_secret_key_file)
 
 

@@ -48,6 +48,7 @@ from appliance.server.connection import (
 )
 from appliance.server.context import ServiceContext
 from appliance.server.listener import ConnectionInfo
+from auth.errors import AuthError
 from auth.policy import CredentialStore
 from auth.ratelimit import FailureLimiter
 
@@ -162,9 +163,15 @@ class ForwardSession:
                 "handshake.throttled", peer=self._info.peer, retry_after_seconds=round(wait)
             )
             raise self._codec.refuse(f"too many failed handshakes; retry in {int(wait) + 1}s")
-        verdict = await trio.to_thread.run_sync(
-            self._verdict, ping.username, address, limiter=security.thread_limiter
-        )
+        try:
+            verdict = await trio.to_thread.run_sync(
+                self._verdict, ping.username, address, limiter=security.thread_limiter
+            )
+        except AuthError as exc:
+            # The credential database is down or a secret cannot be opened:
+            # fail closed for this client, keep serving the others.
+            log.error("handshake.unavailable", peer=self._info.peer, reason=str(exc))
+            raise self._codec.refuse("authentication unavailable; retry later") from None
         if not verdict.ok:
             backoff = security.limiter.failure(address, time.monotonic())
             log.warning(

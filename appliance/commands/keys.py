@@ -1,0 +1,154 @@
+"""``appliance key ...``: forward shared keys, and the key file that encrypts all secrets."""
+
+from __future__ import annotations
+
+import argparse
+import secrets
+from typing import TYPE_CHECKING, Final
+
+from appliance.commands.auth import (
+    Subparsers,
+    add_command,
+    admin,
+    open_store,
+    print_json,
+    print_table,
+    read_secret,
+    when,
+)
+from appliance.config import Config
+
+if TYPE_CHECKING:
+    from auth.store import KeyInfo
+
+__all__ = ["add_parser"]
+
+#: Random bytes of a generated shared key (printed as 43 URL-safe characters).
+GENERATED_KEY_BYTES: Final = 32
+
+
+def _create(args: argparse.Namespace, config: Config, generate: bool) -> int:
+    if generate:
+        text = secrets.token_urlsafe(GENERATED_KEY_BYTES)
+        secret = text.encode()
+    else:
+        secret = read_secret(args.secret_stdin, f"shared key {args.name}")
+    with open_store(config) as store:
+        key = store.add_key(args.name, secret, network=args.network, actor=admin())
+    if args.json:
+        document = key.to_json()
+        if generate:
+            document["secret"] = text
+        print_json(document)
+        return 0
+    print(f"added shared key {key.name} ({key.scope})")
+    if generate:
+        print(f"shared key (shown only now; set it as the clients' shared_key): {text}")
+    return 0
+
+
+def _add(args: argparse.Namespace, config: Config) -> int:
+    return _create(args, config, generate=args.generate)
+
+
+def _generate(args: argparse.Namespace, config: Config) -> int:
+    return _create(args, config, generate=True)
+
+
+def _row(key: KeyInfo) -> list[str]:
+    return [key.name, key.scope, when(key.created_at), when(key.updated_at)]
+
+
+def _list(args: argparse.Namespace, config: Config) -> int:
+    with open_store(config) as store:
+        keys = store.list_keys()
+    if args.json:
+        print_json([k.to_json() for k in keys])
+    else:
+        print_table(["name", "scope", "created", "updated"], [_row(k) for k in keys])
+    return 0
+
+
+def _show(args: argparse.Namespace, config: Config) -> int:
+    with open_store(config) as store:
+        key = store.get_key(args.name)
+    if args.json:
+        print_json(key.to_json())
+    else:
+        fields = ["name", "scope", "created", "updated"]
+        print_table(["field", "value"], [list(p) for p in zip(fields, _row(key), strict=True)])
+    return 0
+
+
+def _delete(args: argparse.Namespace, config: Config) -> int:
+    with open_store(config) as store:
+        store.delete_key(args.name, actor=admin())
+    print(f"deleted shared key {args.name}")
+    return 0
+
+
+def _rotate_master(args: argparse.Namespace, config: Config) -> int:
+    with open_store(config) as store:
+        result = store.rotate_master_key(actor=admin())
+    if args.json:
+        print_json(
+            {"key_id": result.key_id, "resealed": result.resealed, "resumed": result.resumed}
+        )
+        return 0
+    if result.resumed:
+        print("completed an interrupted rotation first")
+    print(
+        f"new secret key {result.key_id} in {config.auth_secret_key_file}; "
+        f"re-encrypted {result.resealed} secrets"
+    )
+    print("other appliances sharing this database need a copy of the new key file")
+    return 0
+
+
+def add_parser(commands: Subparsers, common: argparse.ArgumentParser) -> None:
+    """Add ``key`` and its subcommands."""
+    key = commands.add_parser("key", help="forward shared keys and the secret key file")
+    sub = key.add_subparsers(dest="key_command", required=True, metavar="COMMAND")
+
+    def network(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument(
+            "--network", metavar="CIDR", help="tie the key to this client network (else: global)"
+        )
+
+    add = add_command(sub, common, "add", _add, "add a shared key", json_output=True)
+    add.add_argument("name", metavar="NAME")
+    network(add)
+    source = add.add_mutually_exclusive_group()
+    source.add_argument(
+        "--secret-stdin", action="store_true", help="read the key from the first line of stdin"
+    )
+    source.add_argument(
+        "--generate", action="store_true", help="generate a random key and print it once"
+    )
+
+    generate = add_command(
+        sub,
+        common,
+        "generate",
+        _generate,
+        "add a random shared key, printed once",
+        json_output=True,
+    )
+    generate.add_argument("name", metavar="NAME")
+    network(generate)
+
+    add_command(
+        sub, common, "list", _list, "list shared keys (never the secrets)", json_output=True
+    )
+    show = add_command(sub, common, "show", _show, "show one shared key", json_output=True)
+    show.add_argument("name", metavar="NAME")
+    delete = add_command(sub, common, "delete", _delete, "delete a shared key")
+    delete.add_argument("name", metavar="NAME")
+    add_command(
+        sub,
+        common,
+        "rotate-master",
+        _rotate_master,
+        "replace the secret key file and re-encrypt every secret",
+        json_output=True,
+    )

@@ -1,0 +1,145 @@
+"""``appliance client ...``: client networks, their shared keys and allowed users."""
+
+from __future__ import annotations
+
+import argparse
+from typing import TYPE_CHECKING
+
+from appliance.commands.auth import (
+    Subparsers,
+    add_command,
+    admin,
+    open_store,
+    print_json,
+    print_table,
+    when,
+    yes_no,
+)
+from appliance.config import Config
+
+if TYPE_CHECKING:
+    from auth.store import NetworkInfo
+
+__all__ = ["add_parser"]
+
+
+def _row(network: NetworkInfo) -> list[str]:
+    return [
+        network.cidr,
+        ", ".join(network.keys) or "(global keys)",
+        network.users_text,
+        yes_no(network.allow_anonymous),
+        when(network.created_at),
+    ]
+
+
+_HEADERS = ["network", "keys", "users", "anonymous", "created"]
+
+
+def _print(network: NetworkInfo, as_json: bool) -> None:
+    if as_json:
+        print_json(network.to_json())
+        return
+    print_table(
+        ["field", "value"],
+        [
+            *[list(p) for p in zip(_HEADERS, _row(network), strict=True)],
+            ["updated", when(network.updated_at)],
+        ],
+    )
+
+
+def _add(args: argparse.Namespace, config: Config) -> int:
+    with open_store(config) as store:
+        network = store.add_network(
+            args.cidr,
+            keys=args.key or (),
+            users=args.user or (),
+            allow_anonymous=args.allow_anonymous,
+            actor=admin(),
+        )
+    if args.json:
+        print_json(network.to_json())
+    else:
+        print(f"added client network {network.cidr}")
+    return 0
+
+
+def _list(args: argparse.Namespace, config: Config) -> int:
+    with open_store(config) as store:
+        networks = store.list_networks()
+    if args.json:
+        print_json([n.to_json() for n in networks])
+    else:
+        print_table(_HEADERS, [_row(n) for n in networks])
+    return 0
+
+
+def _show(args: argparse.Namespace, config: Config) -> int:
+    with open_store(config) as store:
+        _print(store.get_network(args.cidr), args.json)
+    return 0
+
+
+def _set(args: argparse.Namespace, config: Config) -> int:
+    with open_store(config) as store:
+        network = store.update_network(
+            args.cidr, allow_anonymous=args.allow_anonymous, any_user=args.any_user, actor=admin()
+        )
+    _print(network, args.json)
+    return 0
+
+
+def _delete(args: argparse.Namespace, config: Config) -> int:
+    with open_store(config) as store:
+        store.delete_network(args.cidr, with_keys=args.with_keys, actor=admin())
+    print(f"deleted client network {args.cidr}")
+    return 0
+
+
+def add_parser(commands: Subparsers, common: argparse.ArgumentParser) -> None:
+    """Add ``client`` and its subcommands."""
+    client = commands.add_parser("client", help="client networks (CIDR): keys, users, anonymous")
+    sub = client.add_subparsers(dest="client_command", required=True, metavar="COMMAND")
+
+    add = add_command(sub, common, "add", _add, "add a client network", json_output=True)
+    add.add_argument("cidr", metavar="CIDR")
+    add.add_argument(
+        "--key",
+        action="append",
+        metavar="NAME",
+        help="a global shared key that becomes this network's own (repeatable)",
+    )
+    add.add_argument(
+        "--user",
+        action="append",
+        metavar="NAME",
+        help="only these users may connect from it (repeatable; default: any user)",
+    )
+    add.add_argument(
+        "--allow-anonymous",
+        action="store_true",
+        help="clients from it may connect without a username",
+    )
+
+    add_command(sub, common, "list", _list, "list client networks", json_output=True)
+    show = add_command(sub, common, "show", _show, "show one client network", json_output=True)
+    show.add_argument("cidr", metavar="CIDR")
+
+    update = add_command(sub, common, "set", _set, "change a client network", json_output=True)
+    update.add_argument("cidr", metavar="CIDR")
+    update.add_argument(
+        "--allow-anonymous",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="whether clients from it may connect without a username",
+    )
+    update.add_argument(
+        "--any-user", action="store_true", help="admit any user again (drop the allowed list)"
+    )
+
+    delete = add_command(sub, common, "delete", _delete, "delete a client network")
+    delete.add_argument("cidr", metavar="CIDR")
+    delete.add_argument(
+        "--with-keys", action="store_true", help="also delete the shared keys tied to it"
+    )

@@ -1,0 +1,171 @@
+"""``appliance user ...``: forward-protocol users, and which networks they may use."""
+
+from __future__ import annotations
+
+import argparse
+from typing import TYPE_CHECKING
+
+from appliance.commands.auth import (
+    Subparsers,
+    add_command,
+    admin,
+    open_store,
+    print_json,
+    print_table,
+    read_secret,
+    when,
+    yes_no,
+)
+from appliance.config import Config
+
+if TYPE_CHECKING:
+    from auth.store import NetworkInfo, UserInfo
+
+__all__ = ["add_parser"]
+
+
+def _print_user(user: UserInfo, as_json: bool) -> None:
+    if as_json:
+        print_json(user.to_json())
+        return
+    print_table(
+        ["field", "value"],
+        [
+            ["name", user.name],
+            ["enabled", yes_no(user.enabled)],
+            ["created", when(user.created_at)],
+            ["updated", when(user.updated_at)],
+            ["last login", when(user.last_login_at, "never")],
+            ["last login from", user.last_login_address or ""],
+            ["allowed on", ", ".join(user.networks) or "(networks that admit any user)"],
+        ],
+    )
+
+
+def _add(args: argparse.Namespace, config: Config) -> int:
+    password = read_secret(args.password_stdin, f"password for {args.name}")
+    with open_store(config) as store:
+        user = store.add_user(args.name, password, actor=admin(), enabled=not args.disabled)
+    if args.json:
+        print_json(user.to_json())
+    else:
+        print(f"added user {user.name}{'' if user.enabled else ' (disabled)'}")
+    return 0
+
+
+def _list(args: argparse.Namespace, config: Config) -> int:
+    with open_store(config) as store:
+        users = store.list_users()
+    if args.json:
+        print_json([u.to_json() for u in users])
+        return 0
+    print_table(
+        ["name", "enabled", "created", "last login", "from"],
+        [
+            [
+                u.name,
+                yes_no(u.enabled),
+                when(u.created_at),
+                when(u.last_login_at, "never"),
+                u.last_login_address or "",
+            ]
+            for u in users
+        ],
+    )
+    return 0
+
+
+def _show(args: argparse.Namespace, config: Config) -> int:
+    with open_store(config) as store:
+        _print_user(store.get_user(args.name), args.json)
+    return 0
+
+
+def _enable(args: argparse.Namespace, config: Config) -> int:
+    with open_store(config) as store:
+        store.set_user_enabled(args.name, True, actor=admin())
+    print(f"enabled user {args.name}")
+    return 0
+
+
+def _disable(args: argparse.Namespace, config: Config) -> int:
+    with open_store(config) as store:
+        store.set_user_enabled(args.name, False, actor=admin())
+    print(f"disabled user {args.name}: its next handshakes fail")
+    return 0
+
+
+def _passwd(args: argparse.Namespace, config: Config) -> int:
+    with open_store(config) as store:
+        store.get_user(args.name)  # fail before asking for a password
+        password = read_secret(args.password_stdin, f"new password for {args.name}")
+        store.set_password(args.name, password, actor=admin())
+    print(f"changed the password of {args.name}")
+    return 0
+
+
+def _delete(args: argparse.Namespace, config: Config) -> int:
+    with open_store(config) as store:
+        store.delete_user(args.name, actor=admin())
+    print(f"deleted user {args.name}")
+    return 0
+
+
+def _print_network_users(network: NetworkInfo, as_json: bool) -> None:
+    if as_json:
+        print_json(network.to_json())
+    else:
+        print(f"users allowed from {network.cidr}: {network.users_text}")
+
+
+def _allow(args: argparse.Namespace, config: Config) -> int:
+    with open_store(config) as store:
+        network = store.allow_user(args.name, args.cidr, actor=admin())
+    _print_network_users(network, args.json)
+    return 0
+
+
+def _deny(args: argparse.Namespace, config: Config) -> int:
+    with open_store(config) as store:
+        network = store.deny_user(args.name, args.cidr, actor=admin())
+    _print_network_users(network, args.json)
+    return 0
+
+
+def add_parser(commands: Subparsers, common: argparse.ArgumentParser) -> None:
+    """Add ``user`` and its subcommands."""
+    user = commands.add_parser("user", help="forward-protocol users (username and password)")
+    sub = user.add_subparsers(dest="user_command", required=True, metavar="COMMAND")
+
+    def password_stdin(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument(
+            "--password-stdin",
+            action="store_true",
+            help="read the password from the first line of stdin, not a prompt",
+        )
+
+    add = add_command(sub, common, "add", _add, "add a user (asks the password)", json_output=True)
+    add.add_argument("name", metavar="NAME")
+    add.add_argument("--disabled", action="store_true", help="create it disabled")
+    password_stdin(add)
+
+    add_command(sub, common, "list", _list, "list users", json_output=True)
+    show = add_command(sub, common, "show", _show, "show one user", json_output=True)
+    show.add_argument("name", metavar="NAME")
+    for name, func, text in [
+        ("enable", _enable, "let a disabled user connect again"),
+        ("disable", _disable, "refuse a user's handshakes, keep the user"),
+        ("delete", _delete, "delete a user"),
+    ]:
+        add_command(sub, common, name, func, text).add_argument("name", metavar="NAME")
+    passwd = add_command(sub, common, "passwd", _passwd, "change a user's password")
+    passwd.add_argument("name", metavar="NAME")
+    password_stdin(passwd)
+
+    for name, func, text in [
+        ("allow", _allow, "allow a user on a client network (which then admits only its users)"),
+        ("deny", _deny, "remove a user from a client network's allowed users"),
+    ]:
+        parser = add_command(sub, common, name, func, text, json_output=True)
+        parser.add_argument("name", metavar="NAME")
+        parser.add_argument("cidr", metavar="CIDR")

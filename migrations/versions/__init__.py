@@ -1,0 +1,1 @@
+"""The auth database's revisions, one module each (``NNNN_what.py``)."""
