@@ -28,8 +28,9 @@ from __future__ import annotations
 import math
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Final, TypeVar, TypeVarTuple, Unpack
 
 import trio
 
@@ -41,6 +42,9 @@ from appliance.logs import get_logger
 __all__ = ["CommitTicket", "LakeWriter", "WriterSettings"]
 
 log = get_logger("lake")
+
+_T = TypeVar("_T")
+_Args = TypeVarTuple("_Args")
 
 #: Rows in one commit before it is sealed.
 DEFAULT_COMMIT_MAX_ROWS: Final = 100_000
@@ -163,6 +167,16 @@ class LakeWriter:
             next_commit=self._next_version,
             dedupe_keys=len(keys),
         )
+
+    async def run_exclusive(self, fn: Callable[[Unpack[_Args]], _T], *args: *_Args) -> _T:
+        """Run the blocking ``fn(*args)`` in a worker thread, never alongside a commit.
+
+        Table maintenance (compaction, checkpoints, vacuum) goes through here
+        so that it is serialized with this writer's commits: both hold the
+        same one-token limiter. A commit that is due waits until ``fn``
+        returns. Cancellation waits for ``fn`` too: a thread cannot be stopped.
+        """
+        return await trio.to_thread.run_sync(fn, *args, limiter=self._limiter)
 
     async def submit(self, block: RowBlock) -> CommitTicket:
         """Queue a block for commit; waits while the queue is full (backpressure).

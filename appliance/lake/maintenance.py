@@ -1,0 +1,390 @@
+"""Table maintenance: compaction, checkpoints, vacuum and file statistics (docs/maintenance.md).
+
+Every commit adds a few small files, and a commit's cost grows with the
+number of live files (DESIGN §3), so compaction and checkpoints are part of
+ingest. The operations here are blocking and run in a worker thread:
+
+* in the service, :func:`run_maintenance` runs them on the ``[maintenance]``
+  schedules through :meth:`LakeWriter.run_exclusive`, so they never overlap
+  one of the writer's commits;
+* from the CLI (``appliance table ...``), possibly while the service commits
+  in another process: there Delta's optimistic concurrency resolves an
+  append racing a compaction (an append never conflicts with a compaction's
+  ``dataChange=false`` rewrite).
+
+Both hold :class:`MaintenanceLock`, an exclusive advisory lock file in the
+state directory, so maintenance never runs twice at once on one machine.
+
+Vacuum keeps a retention floor of :data:`MIN_VACUUM_RETENTION_HOURS`:
+Spark readers, the derived-table jobs (which read the files a commit added,
+possibly after a compaction removed them) and time travel need the files a
+compaction replaced for that long.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final, Literal
+
+import trio
+from deltalake import DeltaTable
+from deltalake.exceptions import DeltaError
+
+from appliance.lake.errors import LakeError
+from appliance.logs import get_logger
+
+if TYPE_CHECKING:
+    from appliance.config import Config
+    from appliance.lake.writer import LakeWriter
+
+__all__ = [
+    "DEFAULT_CHECKPOINT_INTERVAL_SECONDS",
+    "DEFAULT_COMPACT_INTERVAL_SECONDS",
+    "DEFAULT_TARGET_FILE_BYTES",
+    "DEFAULT_VACUUM_INTERVAL_SECONDS",
+    "DEFAULT_VACUUM_RETENTION_HOURS",
+    "MIN_VACUUM_RETENTION_HOURS",
+    "MaintenanceBusy",
+    "MaintenanceLock",
+    "MaintenanceResult",
+    "TableStats",
+    "checkpoint",
+    "compact",
+    "lock_path",
+    "run_maintenance",
+    "table_stats",
+    "vacuum",
+]
+
+log = get_logger("maintenance")
+
+#: Seconds between compactions in the service.
+DEFAULT_COMPACT_INTERVAL_SECONDS: Final = 3600.0
+#: Seconds between explicit checkpoints (plus expired-log cleanup) in the service.
+DEFAULT_CHECKPOINT_INTERVAL_SECONDS: Final = 3600.0
+#: Seconds between vacuums in the service.
+DEFAULT_VACUUM_INTERVAL_SECONDS: Final = 86_400.0
+#: Hours a file replaced by compaction is kept before vacuum may delete it.
+DEFAULT_VACUUM_RETENTION_HOURS: Final = 168
+#: The floor under vacuum retention; lower needs ``allow_short_vacuum_retention``.
+#: It matches Delta's default ``delta.deletedFileRetentionDuration`` (one week).
+MIN_VACUUM_RETENTION_HOURS: Final = 168
+#: Size compaction aims for, per file.
+DEFAULT_TARGET_FILE_BYTES: Final = 128 * 1024 * 1024
+
+Operation = Literal["compact", "checkpoint", "vacuum"]
+
+
+class MaintenanceBusy(LakeError):
+    """Another holder has the lock (in this process or another): maintenance, or a job."""
+
+
+def lock_path(state_dir: Path) -> Path:
+    """The lock file that the service and the CLI share."""
+    return state_dir / "maintenance.lock"
+
+
+class MaintenanceLock:
+    """An exclusive, non-blocking advisory lock (``flock``) on a file.
+
+    ``flock`` locks belong to the open file, so two holders in one process
+    exclude each other as two processes do. The kernel drops the lock when
+    the holder exits, so a crash leaves no stale lock behind.
+    """
+
+    def __init__(self, path: Path, what: str = "maintenance") -> None:
+        self.path = path
+        self.what = what
+        self._fd: int | None = None
+
+    def acquire(self) -> None:
+        """Take the lock, or raise :class:`MaintenanceBusy` at once."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise MaintenanceBusy(f"{self.what} already running (lock held: {self.path})") from None
+        self._fd = fd
+
+    def release(self) -> None:
+        """Drop the lock (closing the file releases it)."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def __enter__(self) -> MaintenanceLock:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+@dataclass(frozen=True, slots=True)
+class TableStats:
+    """The live files of a table at one version."""
+
+    version: int
+    files: int
+    bytes: int
+    rows: int | None
+    partitions: int
+    smallest_file_bytes: int
+    largest_file_bytes: int
+
+    @property
+    def average_file_bytes(self) -> int:
+        """Mean live file size (0 for an empty table)."""
+        return self.bytes // self.files if self.files else 0
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready mapping."""
+        return {**asdict(self), "average_file_bytes": self.average_file_bytes}
+
+
+@dataclass(frozen=True, slots=True)
+class MaintenanceResult:
+    """What one operation did: statistics before and after, and its own report."""
+
+    operation: Operation
+    uri: str
+    before: TableStats
+    after: TableStats
+    details: dict[str, Any]
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready mapping."""
+        return {
+            "operation": self.operation,
+            "table": self.uri,
+            "before": self.before.to_json(),
+            "after": self.after.to_json(),
+            "details": self.details,
+        }
+
+
+@contextmanager
+def _lake_errors(what: str, uri: str) -> Iterator[None]:
+    try:
+        yield
+    except (DeltaError, OSError) as exc:
+        raise LakeError(f"{what} of {uri} failed: {exc}") from exc
+
+
+def _open(uri: str, storage_options: dict[str, str] | None) -> DeltaTable:
+    with _lake_errors("opening", uri):
+        if not DeltaTable.is_deltatable(uri, storage_options=storage_options):
+            raise LakeError(f"no Delta table at {uri}")
+        return DeltaTable(uri, storage_options=storage_options)
+
+
+def _stats(table: DeltaTable) -> TableStats:
+    actions = table.get_add_actions(flatten=True)
+    sizes = [int(s) for s in actions.column("size_bytes").to_pylist()]
+    rows: int | None = None
+    if "num_records" in actions.column_names:
+        counts = actions.column("num_records").to_pylist()
+        rows = None if any(c is None for c in counts) else sum(int(c) for c in counts)
+    partition_columns = [n for n in actions.column_names if n.startswith("partition.")]
+    if partition_columns:
+        keys = zip(*(actions.column(n).to_pylist() for n in partition_columns), strict=True)
+        partitions = len(set(keys))
+    else:
+        partitions = 1 if sizes else 0
+    return TableStats(
+        version=int(table.version()),
+        files=len(sizes),
+        bytes=sum(sizes),
+        rows=rows,
+        partitions=partitions,
+        smallest_file_bytes=min(sizes, default=0),
+        largest_file_bytes=max(sizes, default=0),
+    )
+
+
+def table_stats(uri: str, storage_options: dict[str, str] | None = None) -> TableStats:
+    """File count, sizes and rows of the table's current version.
+
+    Raises:
+        LakeError: no table there, or the storage failed.
+    """
+    table = _open(uri, storage_options)
+    with _lake_errors("reading statistics", uri):
+        return _stats(table)
+
+
+def compact(
+    uri: str,
+    storage_options: dict[str, str] | None = None,
+    *,
+    target_file_bytes: int = DEFAULT_TARGET_FILE_BYTES,
+) -> MaintenanceResult:
+    """Rewrite small files into files of about ``target_file_bytes``.
+
+    The rewrite commits with ``dataChange=false``: readers see the same rows,
+    and appends committed meanwhile by another process do not conflict with it
+    (delta-rs retries the commit on top of them).
+    """
+    table = _open(uri, storage_options)
+    with _lake_errors("compaction", uri):
+        before = _stats(table)
+        metrics = table.optimize.compact(target_size=target_file_bytes)
+        table.update_incremental()
+        after = _stats(table)
+    details: dict[str, Any] = {
+        k: metrics[k]
+        for k in ("numFilesAdded", "numFilesRemoved", "partitionsOptimized", "totalFilesSkipped")
+        if k in metrics
+    }
+    return MaintenanceResult("compact", uri, before, after, details)
+
+
+def checkpoint(uri: str, storage_options: dict[str, str] | None = None) -> MaintenanceResult:
+    """Write a checkpoint at the current version, then delete expired log files.
+
+    Log files older than ``delta.logRetentionDuration`` (Delta's default: 30
+    days) and covered by a checkpoint are removed; time travel cannot go back
+    past them.
+    """
+    table = _open(uri, storage_options)
+    with _lake_errors("checkpoint", uri):
+        before = _stats(table)
+        table.create_checkpoint()
+        table.cleanup_metadata()
+        table.update_incremental()
+        after = _stats(table)
+    return MaintenanceResult(
+        "checkpoint", uri, before, after, {"checkpoint_version": after.version}
+    )
+
+
+def check_retention(
+    retention_hours: int,
+    *,
+    allow_short: bool = False,
+    override: str = "allow_short_vacuum_retention = true",
+) -> None:
+    """Refuse a vacuum retention under the floor unless explicitly allowed.
+
+    Raises:
+        ValueError: the retention is below :data:`MIN_VACUUM_RETENTION_HOURS`.
+    """
+    if retention_hours < 0:
+        raise ValueError("vacuum retention cannot be negative")
+    if retention_hours < MIN_VACUUM_RETENTION_HOURS and not allow_short:
+        raise ValueError(
+            f"vacuum retention of {retention_hours} h is below the floor of "
+            f"{MIN_VACUUM_RETENTION_HOURS} h: readers, time travel and the derived-table "
+            f"jobs may still need those files (override: {override})"
+        )
+
+
+def vacuum(
+    uri: str,
+    storage_options: dict[str, str] | None = None,
+    *,
+    retention_hours: int = DEFAULT_VACUUM_RETENTION_HOURS,
+    allow_short_retention: bool = False,
+    dry_run: bool = False,
+) -> MaintenanceResult:
+    """Delete files no version younger than ``retention_hours`` refers to.
+
+    Raises:
+        ValueError: ``retention_hours`` is below the floor and not allowed.
+        LakeError: the storage failed.
+    """
+    check_retention(retention_hours, allow_short=allow_short_retention)
+    table = _open(uri, storage_options)
+    with _lake_errors("vacuum", uri):
+        before = _stats(table)
+        deleted = table.vacuum(
+            retention_hours=retention_hours,
+            dry_run=dry_run,
+            # The floor above is the appliance's; below the table's own
+            # deletedFileRetentionDuration delta-rs refuses unless told.
+            enforce_retention_duration=not allow_short_retention,
+        )
+        table.update_incremental()
+        after = _stats(table)
+    details = {
+        "retention_hours": retention_hours,
+        "dry_run": dry_run,
+        "files_deleted" if not dry_run else "files_to_delete": len(deleted),
+    }
+    return MaintenanceResult("vacuum", uri, before, after, details)
+
+
+# -- the service's schedule ----------------------------------------------------
+
+
+def _locked(lock: Path, fn: Callable[[], MaintenanceResult]) -> MaintenanceResult:
+    with MaintenanceLock(lock):
+        return fn()
+
+
+def _next_due(intervals: dict[Operation, float], last: dict[Operation, float]) -> Operation:
+    return min(intervals, key=lambda op: last[op] + intervals[op])
+
+
+async def run_maintenance(writer: LakeWriter, config: Config) -> None:
+    """Run compaction, checkpoints and vacuum of the ``events`` table on schedule, forever.
+
+    One task runs the operations one after another, each through
+    :meth:`LakeWriter.run_exclusive` (never alongside a commit) and under
+    the maintenance lock: when ``appliance table ...`` holds it, that round
+    is skipped and logged. A failed operation is logged and tried again at
+    its next turn. Start it in a nursery that is cancelled at shutdown; an
+    operation already running finishes first.
+    """
+    settings = config.maintenance
+    if not settings.enabled:
+        log.info("maintenance.disabled")
+        return
+    uri = writer.table.uri
+    options = config.lake.storage_options or None
+    lock = lock_path(config.state_dir)
+    operations: dict[Operation, Callable[[], MaintenanceResult]] = {
+        "compact": lambda: compact(uri, options, target_file_bytes=settings.target_file_bytes),
+        "checkpoint": lambda: checkpoint(uri, options),
+        "vacuum": lambda: vacuum(
+            uri,
+            options,
+            retention_hours=settings.vacuum_retention_hours,
+            allow_short_retention=settings.allow_short_vacuum_retention,
+        ),
+    }
+    intervals: dict[Operation, float] = {
+        "compact": settings.compact_interval_seconds,
+        "checkpoint": settings.checkpoint_interval_seconds,
+        "vacuum": settings.vacuum_interval_seconds,
+    }
+    start = trio.current_time()
+    last: dict[Operation, float] = dict.fromkeys(intervals, start)
+    while True:
+        operation = _next_due(intervals, last)
+        await trio.sleep_until(last[operation] + intervals[operation])
+        last[operation] = trio.current_time()
+        try:
+            result = await writer.run_exclusive(_locked, lock, operations[operation])
+        except MaintenanceBusy as exc:
+            log.info("maintenance.skipped", operation=operation, reason=str(exc))
+            continue
+        except LakeError as exc:
+            log.error("maintenance.failed", operation=operation, reason=str(exc)[:500])
+            continue
+        log.info(
+            "maintenance.done",
+            operation=operation,
+            version=result.after.version,
+            files_before=result.before.files,
+            files_after=result.after.files,
+            bytes_before=result.before.bytes,
+            bytes_after=result.after.bytes,
+        )
