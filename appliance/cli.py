@@ -17,7 +17,7 @@ from pathlib import Path
 import trio
 
 from appliance import __version__
-from appliance.commands import auth, cert
+from appliance.commands import auth, cert, spark
 from appliance.config import Config, ConfigError, default_config, load_config
 from appliance.lake.errors import LakeError
 from appliance.logs import configure, get_logger
@@ -95,6 +95,7 @@ def _parser() -> argparse.ArgumentParser:
     check.set_defaults(func=_config_check)
 
     cert.add_parser(commands, common)
+    spark.add_parser(commands, common)
     auth.add_parser(commands, common)
     return parser
 

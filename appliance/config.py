@@ -216,6 +216,12 @@ class ForwardListenerConfig(ListenerConfig):
     self_hostname: str | None = None
     #: Seconds a client has, after TLS, to complete the HELO/PING/PONG handshake.
     handshake_timeout_seconds: float = 10.0
+    #: Failed handshakes from one address before it must wait (brute-force protection).
+    free_failed_handshakes: int = 3
+    #: First wait after those, in seconds; doubles with each further failure.
+    failed_handshake_backoff_seconds: float = 2.0
+    #: Longest wait, in seconds.
+    failed_handshake_max_backoff_seconds: float = 600.0
     max_request_bytes: int = forward_codec.DEFAULT_MAX_REQUEST_BYTES
     max_decompressed_bytes: int = forward_codec.DEFAULT_MAX_DECOMPRESSED_BYTES
     max_events_per_request: int = forward_codec.DEFAULT_MAX_EVENTS_PER_REQUEST

@@ -29,6 +29,7 @@ from typing import Final
 import trio
 
 from appliance.config import Config, ForwardListenerConfig, ListenerConfig
+from appliance.lake.maintenance import run_maintenance
 from appliance.lake.table import EventsTable
 from appliance.lake.writer import LakeWriter
 from appliance.logs import get_logger
@@ -167,6 +168,9 @@ async def serve(
                         )
                     if ca_file is not None:
                         acceptors.start_soon(_refresh_tls, tls, running)
+                    # Compaction, checkpoints and vacuum, serialized with commits;
+                    # in acceptors so that a stop ends the schedule.
+                    acceptors.start_soon(run_maintenance, writer, config)
                     pid_file(config).write_text(f"{os.getpid()}\n", encoding="ascii")
                     log.info(
                         "service.ready",

@@ -26,7 +26,8 @@ class ServiceContext:
     lifecycle: Lifecycle
     #: The auth database, when any listener needs it.
     credentials: CredentialStore | None = None
-    #: Failed handshakes per source address, across every listener.
+    #: Failed authentications per source address, for listeners without a
+    #: limiter of their own (each forward listener has its own settings).
     failure_limiter: FailureLimiter = field(default_factory=FailureLimiter)
     auth_threads: trio.CapacityLimiter = field(
         default_factory=lambda: trio.CapacityLimiter(AUTH_THREADS)

@@ -50,7 +50,7 @@ from appliance.server.context import ServiceContext
 from appliance.server.listener import ConnectionInfo
 from auth.errors import AuthError
 from auth.policy import CredentialStore
-from auth.ratelimit import FailureLimiter
+from auth.ratelimit import FailureLimiter, LimiterSettings
 
 __all__ = ["ForwardSession", "forward_block", "forward_driver"]
 
@@ -225,7 +225,13 @@ def forward_driver(settings: ForwardListenerConfig, context: ServiceContext) -> 
             raise ValueError(f"listener {settings.name}: security needs the auth database")
         security = _Security(
             store=context.credentials,
-            limiter=context.failure_limiter,
+            limiter=FailureLimiter(
+                LimiterSettings(
+                    free_failures=settings.free_failed_handshakes,
+                    base_backoff_seconds=settings.failed_handshake_backoff_seconds,
+                    max_backoff_seconds=settings.failed_handshake_max_backoff_seconds,
+                )
+            ),
             users_required=settings.security == "users",
             allow_anonymous_source=settings.allow_anonymous_source,
             server_hostname=settings.self_hostname or socket.getfqdn(),

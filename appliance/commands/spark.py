@@ -1,0 +1,344 @@
+"""``appliance sql``, ``appliance spark ...`` and ``appliance table ...``.
+
+* ``sql [QUERY]``: Spark SQL over ``events`` and the derived tables (an
+  interactive prompt without QUERY), docs/spark.md.
+* ``spark run JOB`` / ``spark status``: the derived-table jobs and their progress.
+* ``table stats|compact|checkpoint|vacuum``: table maintenance, docs/maintenance.md.
+
+pyspark is imported only by the commands that need a session.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from appliance.config import Config
+from appliance.console import print_json, print_table
+from appliance.lake import maintenance
+from appliance.lake.errors import LakeError
+from appliance.spark.catalog import EVENTS, appliance_tables, find_table, register_tables
+from appliance.spark.errors import SparkError
+from appliance.spark.jobs import JOBS, JobResult, job_status, run_job
+from appliance.spark.sql_cli import DEFAULT_MAX_ROWS, FORMATS, interactive, run_statements
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+__all__ = ["add_parser"]
+
+Handler = Callable[[argparse.Namespace, Config], int]
+
+
+def _fail(message: str) -> int:
+    print(f"appliance: {message}", file=sys.stderr)
+    return 1
+
+
+def _guarded(handler: Handler) -> Handler:
+    """Turn the named errors of the lake and Spark layers into exit code 1."""
+
+    def run(args: argparse.Namespace, config: Config) -> int:
+        try:
+            return handler(args, config)
+        except (LakeError, SparkError) as exc:
+            return _fail(str(exc))
+
+    return run
+
+
+def _session(args: argparse.Namespace, config: Config) -> SparkSession:
+    from appliance.spark.session import build_session
+
+    return build_session(config.spark, args.remote)
+
+
+# -- sql -------------------------------------------------------------------------
+
+
+def _sql(args: argparse.Namespace, config: Config) -> int:
+    from pyspark.errors import PySparkException
+
+    spark = _session(args, config)
+    try:
+        try:
+            _, missing = register_tables(spark, config)
+        except PySparkException as exc:
+            raise SparkError(f"cannot register the tables: {exc}") from exc
+        for table in missing:
+            if table.name == EVENTS or args.query is None:
+                print(f"note: no table {table.name} at {table.uri} yet", file=sys.stderr)
+        if args.query is not None:
+            return run_statements(spark, [args.query], args.format, args.max_rows)
+        return interactive(spark, args.format, args.max_rows)
+    finally:
+        spark.stop()
+
+
+# -- spark run / status ------------------------------------------------------------
+
+
+def _print_result(result: JobResult) -> None:
+    if result.mode == "up-to-date":
+        print(f"{result.job}: up to date at events version {result.to_version}")
+        return
+    start = "start" if result.from_version is None else str(result.from_version + 1)
+    print(
+        f"{result.job}: {result.mode} over events versions {start}..{result.to_version}: "
+        f"{result.files_read} file(s) read, {result.rows_written} row(s) written, "
+        f"table version {result.table_version}"
+        + (f" ({result.reason})" if result.mode == "rebuild" and result.reason else "")
+    )
+
+
+def _spark_run(args: argparse.Namespace, config: Config) -> int:
+    names = list(JOBS) if args.job == "all" else [args.job]
+    options = config.lake.storage_options or None
+    results: list[JobResult] = []
+    spark = _session(args, config)
+    try:
+        for name in names:
+            lock = maintenance.MaintenanceLock(
+                config.state_dir / f"spark-job-{name}.lock", what=f"job {name}"
+            )
+            with lock:
+                result = run_job(
+                    spark,
+                    JOBS[name],
+                    config.table_uri,
+                    config.derived_table_uri(name),
+                    options,
+                    rebuild=args.rebuild,
+                )
+            results.append(result)
+            if not args.json:
+                _print_result(result)
+    finally:
+        spark.stop()
+    if args.json:
+        print_json([r.to_json() for r in results])
+    return 0
+
+
+def _spark_status(args: argparse.Namespace, config: Config) -> int:
+    tables = {name: config.derived_table_uri(name) for name in JOBS}
+    statuses = job_status(config.table_uri, tables, config.lake.storage_options or None)
+    if args.json:
+        print_json([s.to_json() for s in statuses])
+        return 0
+    print_table(
+        ["job", "events version consumed", "events version", "commits behind", "table"],
+        [[s.job, s.consumed_version, s.events_version, s.behind, s.table_uri] for s in statuses],
+    )
+    return 0
+
+
+# -- table -------------------------------------------------------------------------
+
+
+def _stats_row(label: str, stats: maintenance.TableStats) -> list[Any]:
+    return [
+        label,
+        stats.version,
+        stats.files,
+        stats.bytes,
+        stats.average_file_bytes,
+        stats.partitions,
+        "" if stats.rows is None else stats.rows,
+    ]
+
+
+_STATS_HEADERS = ["", "version", "files", "bytes", "avg file bytes", "partitions", "rows"]
+
+
+def _print_maintenance(result: maintenance.MaintenanceResult, as_json: bool) -> None:
+    if as_json:
+        print_json(result.to_json())
+        return
+    print(f"{result.operation} {result.uri}")
+    print_table(
+        _STATS_HEADERS,
+        [_stats_row("before", result.before), _stats_row("after", result.after)],
+    )
+    for key, value in result.details.items():
+        print(f"{key}: {value}")
+
+
+def _table_uri(args: argparse.Namespace, config: Config) -> str:
+    return find_table(config, args.table).uri
+
+
+def _table_stats(args: argparse.Namespace, config: Config) -> int:
+    stats = maintenance.table_stats(_table_uri(args, config), config.lake.storage_options or None)
+    if args.json:
+        print_json({"table": args.table, **stats.to_json()})
+        return 0
+    print(f"{args.table} {_table_uri(args, config)}")
+    print_table(_STATS_HEADERS, [_stats_row("now", stats)])
+    return 0
+
+
+def _locked(
+    config: Config, operation: Callable[[], maintenance.MaintenanceResult]
+) -> maintenance.MaintenanceResult:
+    with maintenance.MaintenanceLock(maintenance.lock_path(config.state_dir)):
+        return operation()
+
+
+def _table_compact(args: argparse.Namespace, config: Config) -> int:
+    target = args.target_file_bytes or config.maintenance.target_file_bytes
+    result = _locked(
+        config,
+        lambda: maintenance.compact(
+            _table_uri(args, config),
+            config.lake.storage_options or None,
+            target_file_bytes=target,
+        ),
+    )
+    _print_maintenance(result, args.json)
+    return 0
+
+
+def _table_checkpoint(args: argparse.Namespace, config: Config) -> int:
+    result = _locked(
+        config,
+        lambda: maintenance.checkpoint(
+            _table_uri(args, config), config.lake.storage_options or None
+        ),
+    )
+    _print_maintenance(result, args.json)
+    return 0
+
+
+def _table_vacuum(args: argparse.Namespace, config: Config) -> int:
+    hours = (
+        args.retention_hours
+        if args.retention_hours is not None
+        else config.maintenance.vacuum_retention_hours
+    )
+    allow_short = args.allow_short_retention or config.maintenance.allow_short_vacuum_retention
+    try:
+        maintenance.check_retention(
+            hours, allow_short=allow_short, override="--allow-short-retention"
+        )
+    except ValueError as exc:
+        return _fail(str(exc))
+    result = _locked(
+        config,
+        lambda: maintenance.vacuum(
+            _table_uri(args, config),
+            config.lake.storage_options or None,
+            retention_hours=hours,
+            allow_short_retention=allow_short,
+            dry_run=args.dry_run,
+        ),
+    )
+    _print_maintenance(result, args.json)
+    return 0
+
+
+# -- parsers -----------------------------------------------------------------------
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError("must be greater than 0")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError("cannot be negative")
+    return value
+
+
+def _remote(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--remote",
+        metavar="sc://HOST:PORT",
+        help="Spark Connect server (default: [spark] remote, else a local delta-spark session)",
+    )
+
+
+def add_parser(
+    commands: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser
+) -> None:
+    """Add ``sql``, ``spark`` and ``table`` to the CLI."""
+    sql = commands.add_parser(
+        "sql",
+        help="Spark SQL over events and the derived tables",
+        parents=[common],
+        description="Run Spark SQL over the appliance's tables, registered by name "
+        f"({', '.join(t.name for t in appliance_tables(Config()))}). "
+        "Without QUERY, an interactive prompt (or statements from a pipe).",
+    )
+    sql.add_argument("query", nargs="?", metavar="QUERY", help="one SQL statement")
+    _remote(sql)
+    sql.add_argument("--format", choices=FORMATS, default="table", help="output (default: table)")
+    sql.add_argument(
+        "--max-rows",
+        type=_positive_int,
+        default=DEFAULT_MAX_ROWS,
+        help=f"rows fetched per statement (default: {DEFAULT_MAX_ROWS})",
+    )
+    sql.set_defaults(func=_guarded(_sql))
+
+    spark = commands.add_parser("spark", help="PySpark jobs that build the derived tables")
+    spark_sub = spark.add_subparsers(dest="spark_command", required=True, metavar="COMMAND")
+    run = spark_sub.add_parser(
+        "run", help="bring a derived table up to date with events", parents=[common]
+    )
+    run.add_argument("job", choices=[*JOBS, "all"], metavar="JOB", help=f"{', '.join(JOBS)}, all")
+    _remote(run)
+    run.add_argument("--rebuild", action="store_true", help="recompute from the whole events table")
+    run.add_argument("--json", action="store_true")
+    run.set_defaults(func=_guarded(_spark_run))
+    status = spark_sub.add_parser(
+        "status", help="each job's progress against events", parents=[common]
+    )
+    status.add_argument("--json", action="store_true")
+    status.set_defaults(func=_guarded(_spark_status))
+
+    table = commands.add_parser("table", help="table maintenance and statistics")
+    table_sub = table.add_subparsers(dest="table_command", required=True, metavar="COMMAND")
+    names = [t.name for t in appliance_tables(Config())]
+
+    def add(name: str, func: Handler, help_text: str) -> argparse.ArgumentParser:
+        parser = table_sub.add_parser(name, help=help_text, parents=[common])
+        parser.add_argument(
+            "--table", choices=names, default=EVENTS, help="which table (default: events)"
+        )
+        parser.add_argument("--json", action="store_true")
+        parser.set_defaults(func=_guarded(func))
+        return parser
+
+    add("stats", _table_stats, "file count, sizes and rows")
+    compact = add("compact", _table_compact, "rewrite small files into large ones")
+    compact.add_argument(
+        "--target-file-bytes",
+        type=_positive_int,
+        help="size to aim for (default: [maintenance] target_file_bytes)",
+    )
+    add("checkpoint", _table_checkpoint, "write a checkpoint and delete expired log files")
+    vacuum = add("vacuum", _table_vacuum, "delete files no recent version refers to")
+    vacuum.add_argument(
+        "--retention-hours",
+        type=_non_negative_int,
+        help="keep files younger than this (default: [maintenance] vacuum_retention_hours)",
+    )
+    vacuum.add_argument(
+        "--allow-short-retention",
+        action="store_true",
+        help=f"allow a retention under {maintenance.MIN_VACUUM_RETENTION_HOURS} h",
+    )
+    vacuum.add_argument("--dry-run", action="store_true", help="list, do not delete")

@@ -1,0 +1,84 @@
+"""The appliance's tables by name: ``events`` and every derived table.
+
+:func:`register_tables` makes each table that exists a temporary view of the
+session (``spark.read.format("delta").load(uri)``): nothing is written to
+a shared metastore, and it works the same on Spark Connect and classic Spark.
+For a permanent entry in a cluster's catalog use ``CREATE TABLE ... USING
+delta LOCATION ...`` (docs/spark.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from deltalake import DeltaTable
+from deltalake.exceptions import DeltaError
+
+from appliance.spark.jobs import JOBS
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+    from appliance.config import Config
+
+__all__ = ["EVENTS", "TableRef", "appliance_tables", "find_table", "register_tables"]
+
+#: The bronze table's name.
+EVENTS = "events"
+
+
+@dataclass(frozen=True, slots=True)
+class TableRef:
+    """A table's name and location."""
+
+    name: str
+    uri: str
+
+    def exists(self, storage_options: dict[str, str] | None = None) -> bool:
+        """Whether a Delta table is at ``uri``."""
+        try:
+            return bool(DeltaTable.is_deltatable(self.uri, storage_options=storage_options))
+        except (DeltaError, OSError):
+            return False
+
+
+def appliance_tables(config: Config) -> list[TableRef]:
+    """``events``, then every derived table, whether it exists yet or not."""
+    tables = [TableRef(EVENTS, config.table_uri)]
+    tables += [TableRef(name, config.derived_table_uri(name)) for name in JOBS]
+    return tables
+
+
+def find_table(config: Config, name: str) -> TableRef:
+    """The table called ``name``.
+
+    Raises:
+        KeyError: no such table name.
+    """
+    for table in appliance_tables(config):
+        if table.name == name:
+            return table
+    raise KeyError(name)
+
+
+def register_tables(spark: SparkSession, config: Config) -> tuple[list[TableRef], list[TableRef]]:
+    """Register every existing table as a temporary view named after it.
+
+    Returns:
+        The tables registered, and those that do not exist yet (a derived
+        table before its job's first run, ``events`` before the service's
+        first start).
+    """
+    options = config.lake.storage_options or None
+    registered: list[TableRef] = []
+    missing: list[TableRef] = []
+    for table in appliance_tables(config):
+        if not table.exists(options):
+            missing.append(table)
+            continue
+        # Spark reaches object storage with its own configuration (docs/spark.md):
+        # deltalake's storage_options are not Spark options.
+        spark.read.format("delta").load(table.uri).createOrReplaceTempView(table.name)
+        registered.append(table)
+    return registered, missing

@@ -1,0 +1,81 @@
+"""Helpers of the Spark tests: events like the service writes them, and the real CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from appliance.lake.rows import RowBlock, blocks_to_arrow
+from appliance.lake.table import EventsTable
+
+#: Seconds one CLI call may take (a Spark session, a query, a job).
+CLI_TIMEOUT_SECONDS = 180
+
+
+class EventsWriter:
+    """Commits blocks to an ``events`` table the way the service's writer does."""
+
+    def __init__(self, uri: str, app_id: str = "test-node") -> None:
+        self.table = EventsTable(uri)
+        self.table.open_or_create()
+        self.app_id = app_id
+        self.version = self.table.committed_version(app_id) or 0
+
+    def commit(self, blocks: Sequence[RowBlock]) -> None:
+        self.version += 1
+        assert self.table.commit(blocks_to_arrow(blocks), self.app_id, self.version)
+
+
+def block(
+    *,
+    protocol: str = "forward",
+    tag: str = "app.web",
+    source: str = "anonymous",
+    records: Sequence[dict[str, Any]] = ({"message": "hello"},),
+    times_ns: Sequence[int | None] | None = None,
+    received_at_ns: int | None = None,
+    host: str | None = None,
+    batch_id: str | None = None,
+) -> RowBlock:
+    """A block of events with the given fields."""
+    received = received_at_ns if received_at_ns is not None else time.time_ns()
+    texts = [json.dumps(r, separators=(",", ":")) for r in records]
+    return RowBlock(
+        protocol=protocol,
+        source=source,
+        peer="127.0.0.1:5000",
+        received_at_ns=received,
+        batch_id=batch_id,
+        tag=tag,
+        host=host,
+        times_ns=list(times_ns) if times_ns is not None else [received] * len(texts),
+        records=texts,
+        nbytes=sum(len(t) for t in texts),
+    )
+
+
+def write_config(directory: Path, body: str = "") -> Path:
+    """A config file whose state directory is ``directory/state``."""
+    path = directory / "appliance.toml"
+    path.write_text(f'state_dir = "{directory / "state"}"\n{body}\n')
+    return path
+
+
+def run_cli(
+    args: Sequence[str], config: Path, stdin: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run the real ``appliance`` command."""
+    return subprocess.run(
+        [sys.executable, "-m", "appliance", *args, "--config", str(config)],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=CLI_TIMEOUT_SECONDS,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
