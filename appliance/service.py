@@ -17,6 +17,7 @@ resend it and the resend is deduplicated.
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import ssl
@@ -28,7 +29,12 @@ from typing import Final
 
 import trio
 
-from appliance.config import Config, ForwardListenerConfig, ListenerConfig
+from appliance.config import (
+    Config,
+    ForwardListenerConfig,
+    ListenerConfig,
+    LogjamListenerConfig,
+)
 from appliance.lake.maintenance import run_maintenance
 from appliance.lake.table import EventsTable
 from appliance.lake.writer import LakeWriter
@@ -37,6 +43,7 @@ from appliance.server.context import ServiceContext
 from appliance.server.heartbeat import serve_udp_heartbeat
 from appliance.server.lifecycle import Lifecycle
 from appliance.server.listener import TcpService
+from appliance.server.logjam_driver import serve_logjam
 from appliance.server.registry import handler_for
 from appliance.server.tls import TlsManager
 from auth.policy import CredentialStore
@@ -151,6 +158,9 @@ async def serve(
                 accepting: list[trio.CancelScope] = []
                 async with trio.open_nursery() as acceptors:
                     for listener in config.listeners:
+                        if isinstance(listener, LogjamListenerConfig):
+                            await _start_logjam(listener, config, context, connections, running)
+                            continue
                         await acceptors.start(
                             _start_listener,
                             listener,
@@ -194,6 +204,34 @@ async def serve(
         log.error("service.stopped", reason="shutdown timeout: in-flight batches left unacked")
     else:
         log.info("service.stopped", commits=writer.commits, rows=writer.rows_committed)
+
+
+async def _start_logjam(
+    listener: LogjamListenerConfig,
+    config: Config,
+    context: ServiceContext,
+    connections: trio.Nursery,
+    running: Running,
+) -> None:
+    """Start a Logjam (ZeroMQ) listener.
+
+    It is no TcpService: it runs in the connections nursery so that its 202
+    replies go out after the writer drains, and it stops reading on
+    ``lifecycle.stop_reading()`` like the stream connections.
+    """
+    ports = await connections.start(
+        functools.partial(
+            serve_logjam,
+            listener,
+            context,
+            config.state_dir,
+            # None: the embedded SQLite database, upgraded in place.
+            auth_database_url=config.auth.database_url,
+        )
+    )
+    running.ports[listener.name] = ports.router
+    if ports.pull is not None:
+        running.ports[f"{listener.name}-pull"] = ports.pull
 
 
 async def _start_listener(

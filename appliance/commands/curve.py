@@ -1,0 +1,126 @@
+"""``appliance curve ...``: the CURVE keys of Logjam producers, and the server's public key.
+
+* ``add NAME PUBLIC_KEY`` authorises a client's Z85 public key under NAME
+  (the ``source`` of its events); ``add NAME --generate`` makes a keypair,
+  stores its public half and prints the secret key once, for the client.
+* ``list`` shows every key, active and revoked; ``revoke NAME`` refuses the
+  key from the next handshake on (a running service needs no restart).
+* ``server-key`` prints the server's public key, the ``curve_serverkey`` every
+  client needs; it creates the keypair under ``<state>/curve`` if the service
+  has not yet done so.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING
+
+from appliance.commands.auth import Subparsers, add_command, admin, when
+from appliance.config import Config
+from appliance.console import print_json, print_table
+
+if TYPE_CHECKING:
+    from auth.curve import CurveKeyInfo, CurveKeyStore
+
+__all__ = ["add_parser"]
+
+
+@contextmanager
+def _store(config: Config) -> Iterator[CurveKeyStore]:
+    """The CURVE keys of ``config``'s auth database; the embedded default is brought to head."""
+    from auth import schema
+    from auth.curve import CurveKeyStore
+
+    url = config.auth_database_url
+    # The same rule as the service: only the embedded default upgrades itself.
+    schema.prepare(url, upgrade_in_place=config.auth.database_url is None)
+    store = CurveKeyStore(url, pool_size=1)
+    try:
+        yield store
+    finally:
+        store.close()
+
+
+def _add(args: argparse.Namespace, config: Config) -> int:
+    from auth.curve import generate_keypair
+    from auth.errors import InvalidValueError
+
+    secret: str | None = None
+    if args.generate:
+        if args.public_key:
+            raise InvalidValueError("give a PUBLIC_KEY or --generate, not both")
+        public, secret = generate_keypair()
+    elif args.public_key:
+        public = args.public_key
+    else:
+        raise InvalidValueError("give the client's PUBLIC_KEY (Z85), or --generate")
+    with _store(config) as store:
+        key = store.add(args.name, public, actor=admin())
+    if args.json:
+        document = key.to_json()
+        if secret is not None:
+            document["secret_key"] = secret
+        print_json(document)
+        return 0
+    print(f"added CURVE key {key.name}: {key.public_key}")
+    if secret is not None:
+        print(f"client secret key (shown only now; the client's curve_secretkey): {secret}")
+        print(f"client public key (its curve_publickey): {key.public_key}")
+    return 0
+
+
+def _row(key: CurveKeyInfo) -> list[str]:
+    return [key.name, key.public_key, key.status, when(key.created_at), when(key.revoked_at)]
+
+
+def _list(args: argparse.Namespace, config: Config) -> int:
+    with _store(config) as store:
+        keys = store.list()
+    if args.json:
+        print_json([k.to_json() for k in keys])
+    else:
+        print_table(["name", "public key", "status", "created", "revoked"], [_row(k) for k in keys])
+    return 0
+
+
+def _revoke(args: argparse.Namespace, config: Config) -> int:
+    with _store(config) as store:
+        key = store.revoke(args.name, actor=admin())
+    print(f"revoked CURVE key {key.name}; new connections with it are refused")
+    return 0
+
+
+def _server_key(args: argparse.Namespace, config: Config) -> int:
+    from auth.curve import ensure_server_keypair
+
+    keypair = ensure_server_keypair(config.state_dir)
+    public = keypair.public.decode("ascii")
+    if args.json:
+        print_json({"public_key": public, "file": str(keypair.public_file)})
+    else:
+        print(public)
+    return 0
+
+
+def add_parser(commands: Subparsers, common: argparse.ArgumentParser) -> None:
+    """Add ``curve`` and its subcommands."""
+    curve = commands.add_parser("curve", help="CURVE keys of Logjam (ZeroMQ) producers")
+    sub = curve.add_subparsers(dest="curve_command", required=True, metavar="COMMAND")
+
+    add = add_command(sub, common, "add", _add, "authorise a client public key", json_output=True)
+    add.add_argument("name", metavar="NAME", help="the key's name: the source of its events")
+    add.add_argument("public_key", metavar="PUBLIC_KEY", nargs="?", help="Z85 public key")
+    add.add_argument(
+        "--generate", action="store_true", help="generate a keypair and print its secret once"
+    )
+
+    add_command(sub, common, "list", _list, "list CURVE keys", json_output=True)
+
+    revoke = add_command(sub, common, "revoke", _revoke, "refuse a key from now on")
+    revoke.add_argument("name", metavar="NAME")
+
+    add_command(
+        sub, common, "server-key", _server_key, "print the server's public key", json_output=True
+    )

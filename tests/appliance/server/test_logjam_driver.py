@@ -1,0 +1,599 @@
+"""The Logjam listener with real ZeroMQ sockets: replies, order, backpressure, CURVE, CLI.
+
+The listener runs in-process (:func:`logjam_service`); clients are plain
+pyzmq sockets used from worker threads, with receive timeouts as deadlines.
+Where a test is about *when* a reply goes out, the writer is a stand-in that
+commits when the test says so; the end-to-end tests with the real writer and
+the Delta table are in tests/interop/test_logjam_zmq.py, which reuses the
+harness below.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import stat
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+import trio
+import zmq
+from zmq.utils.monitor import recv_monitor_message
+
+from appliance.config import ConfigError, LogjamListenerConfig, parse_config
+from appliance.lake.rows import RowBlock
+from appliance.lake.table import EventsTable
+from appliance.lake.writer import CommitTicket, LakeWriter, WriterSettings
+from appliance.protocols.logjam import LogjamReceiver, pack_meta
+from appliance.server.context import ServiceContext
+from appliance.server.lifecycle import Lifecycle
+from appliance.server.logjam_driver import (
+    INLINE_DECODE_BYTES,
+    LogjamPorts,
+    message_block,
+    serve_logjam,
+)
+from auth import schema
+from auth.curve import CurveKeyStore, generate_keypair, load_server_public_key
+
+T = TypeVar("T")
+
+#: Receive deadline of the test clients, in ms (a reply that takes longer fails the test).
+REPLY_TIMEOUT_MS = 10_000
+#: How long a test waits to see that *no* reply comes, in ms.
+QUIET_MS = 300
+APP_ENV = b"shop-production"
+TOPIC = b"logs.shop.production"
+
+
+def body(**fields: Any) -> bytes:
+    return json.dumps({"host": "web1.example", **fields}).encode()
+
+
+def meta(sequence: int = 1, **fields: Any) -> bytes:
+    fields.setdefault("created_ms", 1795341600456)
+    return pack_meta(sequence=sequence, **fields)
+
+
+def message(sequence: int = 1, **fields: Any) -> list[bytes]:
+    return [APP_ENV, TOPIC, body(seq=sequence, **fields), meta(sequence)]
+
+
+class StandInWriter:
+    """Records blocks; the test commits them. Unresolved tickets fail at :meth:`close`."""
+
+    def __init__(self) -> None:
+        self.blocks: list[RowBlock] = []
+        self.tickets: list[CommitTicket] = []
+        self.submitted = trio.Event()
+
+    async def submit(self, block: RowBlock) -> CommitTicket:
+        ticket = CommitTicket()
+        self.blocks.append(block)
+        self.tickets.append(ticket)
+        self.submitted.set()
+        self.submitted = trio.Event()
+        return ticket
+
+    def commit(self, index: int) -> None:
+        self.tickets[index]._resolve(True)
+
+    def close(self) -> None:
+        for ticket in self.tickets:
+            if not ticket.done:
+                ticket._resolve(False)
+
+    async def wait_blocks(self, count: int) -> None:
+        while len(self.blocks) < count:
+            await self.submitted.wait()
+
+
+@dataclass
+class Harness:
+    """A running listener and what the test needs to reach it."""
+
+    ports: LogjamPorts
+    lifecycle: Lifecycle
+    writer: Any
+    state_dir: Path
+    table_uri: str
+    db_url: str
+    keys: dict[str, tuple[bytes, bytes]] = field(default_factory=dict)
+
+    @property
+    def router(self) -> str:
+        return f"tcp://127.0.0.1:{self.ports.router}"
+
+    @property
+    def pull(self) -> str:
+        return f"tcp://127.0.0.1:{self.ports.pull}"
+
+    async def add_key(self, name: str) -> tuple[bytes, bytes]:
+        """A new client keypair (Z85), authorised under ``name``."""
+        public, secret = generate_keypair()
+
+        def add() -> None:
+            with CurveKeyStore(self.db_url, pool_size=1) as store:
+                store.add(name, public, actor="test")
+
+        await trio.to_thread.run_sync(add)
+        self.keys[name] = (public.encode(), secret.encode())
+        return self.keys[name]
+
+    async def revoke(self, name: str) -> None:
+        def revoke() -> None:
+            with CurveKeyStore(self.db_url, pool_size=1) as store:
+                store.revoke(name, actor="test")
+
+        await trio.to_thread.run_sync(revoke)
+
+    def rows(self) -> list[dict[str, Any]]:
+        from deltalake import DeltaTable
+        from deltalake.exceptions import TableNotFoundError
+
+        try:
+            table = DeltaTable(self.table_uri)
+        except TableNotFoundError:
+            return []
+        rows: list[dict[str, Any]] = table.to_pyarrow_table().to_pylist()
+        return rows
+
+
+@asynccontextmanager
+async def logjam_service(
+    tmp_path: Path, *, writer: Any = None, curve: bool = False, **settings: Any
+) -> AsyncIterator[Harness]:
+    """Run :func:`serve_logjam` (and a real writer unless one is given) until the block ends.
+
+    The end is a graceful stop: reading stops, the writer commits what it has,
+    the replies go out, and the listener returns.
+    """
+    state = tmp_path / "state"
+    state.mkdir(parents=True, exist_ok=True)
+    table_uri = str(tmp_path / "lake" / "events")
+    real = writer is None
+    if real:
+        writer = LakeWriter(
+            EventsTable(table_uri), "node-test", WriterSettings(commit_max_delay_seconds=0.02)
+        )
+        await writer.open()
+    db_url = f"sqlite:///{state / 'auth' / 'auth.db'}"
+    settings.setdefault("bind", "127.0.0.1:0")
+    settings.setdefault("pull_bind", "127.0.0.1:0")
+    settings.setdefault("self_hostname", "logjam.test.example")
+    config = LogjamListenerConfig(curve=curve, **settings)
+    lifecycle = Lifecycle()
+    context = ServiceContext(writer, lifecycle)
+    async with trio.open_nursery() as nursery:
+        if real:
+            nursery.start_soon(writer.run)
+        ports = await nursery.start(functools.partial(serve_logjam, config, context, state))
+        try:
+            yield Harness(ports, lifecycle, writer, state, table_uri, db_url)
+        finally:
+            lifecycle.stop_reading()
+            await lifecycle.wait_no_readers()
+            if real:
+                await writer.close_input()
+            else:
+                writer.close()
+
+
+# -- clients (blocking pyzmq, run in worker threads) ------------------------------------
+
+
+def client(
+    kind: int,
+    endpoint: str,
+    *,
+    server_key: str | None = None,
+    keypair: tuple[bytes, bytes] | None = None,
+) -> zmq.Socket[bytes]:
+    sock: zmq.Socket[bytes] = zmq.Context.instance().socket(kind)
+    sock.set(zmq.LINGER, 2000)
+    sock.set(zmq.RCVTIMEO, REPLY_TIMEOUT_MS)
+    if server_key is not None:
+        public, secret = keypair or (b"", b"")
+        sock.set(zmq.CURVE_SERVERKEY, server_key.encode())
+        sock.set(zmq.CURVE_PUBLICKEY, public)
+        sock.set(zmq.CURVE_SECRETKEY, secret)
+    sock.connect(endpoint)
+    return sock
+
+
+async def in_thread(func: Callable[..., T], *args: Any) -> T:
+    return await trio.to_thread.run_sync(func, *args)
+
+
+def send(sock: zmq.Socket[bytes], frames: list[bytes]) -> None:
+    sock.send_multipart(frames)
+
+
+def receive(sock: zmq.Socket[bytes]) -> list[bytes]:
+    return sock.recv_multipart()
+
+
+def quiet(sock: zmq.Socket[bytes]) -> bool:
+    """True when nothing arrives within QUIET_MS."""
+    return sock.poll(QUIET_MS) == 0
+
+
+async def request(sock: zmq.Socket[bytes], frames: list[bytes]) -> list[bytes]:
+    await in_thread(send, sock, [b"", *frames])
+    return await in_thread(receive, sock)
+
+
+def monitored(kind: int, endpoint: str, **keys: Any) -> tuple[zmq.Socket[bytes], str]:
+    """Connect with a monitor attached before the handshake starts."""
+    sock: zmq.Socket[bytes] = zmq.Context.instance().socket(kind)
+    sock.set(zmq.LINGER, 0)
+    sock.set(zmq.RCVTIMEO, REPLY_TIMEOUT_MS)
+    if keys.get("server_key") is not None:
+        public, secret = keys.get("keypair") or (b"", b"")
+        sock.set(zmq.CURVE_SERVERKEY, keys["server_key"].encode())
+        sock.set(zmq.CURVE_PUBLICKEY, public)
+        sock.set(zmq.CURVE_SECRETKEY, secret)
+    monitor = sock.get_monitor_socket()
+    monitor.set(zmq.RCVTIMEO, REPLY_TIMEOUT_MS)
+    sock.connect(endpoint)
+    outcome = "refused"
+    try:
+        while True:
+            event = recv_monitor_message(monitor)["event"]
+            if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                outcome = "ok"
+                break
+            if event in (zmq.EVENT_HANDSHAKE_FAILED_AUTH, zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL,
+                         zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL):  # fmt: skip
+                break
+    finally:
+        sock.disable_monitor()
+        monitor.close(linger=0)
+    return sock, outcome
+
+
+# -- replies and their timing (stand-in writer) --------------------------------------------
+
+
+@pytest.mark.trio
+async def test_202_goes_out_only_after_the_commit(tmp_path: Path) -> None:
+    writer = StandInWriter()
+    async with logjam_service(tmp_path, writer=writer) as service:
+        dealer = client(zmq.DEALER, service.router)
+        await in_thread(send, dealer, [b"", *message(1)])
+        await writer.wait_blocks(1)
+        assert await in_thread(quiet, dealer)
+        writer.commit(0)
+        assert await in_thread(receive, dealer) == [b"", b"202 Accepted"]
+        dealer.close()
+
+
+@pytest.mark.trio
+async def test_replies_keep_each_peers_order(tmp_path: Path) -> None:
+    writer = StandInWriter()
+    async with logjam_service(tmp_path, writer=writer) as service:
+        dealer = client(zmq.DEALER, service.router)
+        await in_thread(send, dealer, [b"", *message(1)])
+        await in_thread(send, dealer, [b"", b"ping", APP_ENV, b"{}", meta()])
+        await in_thread(send, dealer, [b"", APP_ENV, b"bad topic", body(), meta(3)])
+        await in_thread(send, dealer, [b"", *message(4)])
+        await writer.wait_blocks(2)
+        # The ping and the 400 are ready at once but wait behind the first request.
+        assert await in_thread(quiet, dealer)
+        writer.commit(0)
+        assert await in_thread(receive, dealer) == [b"", b"202 Accepted"]
+        assert await in_thread(receive, dealer) == [b"", b"200 OK", b"logjam.test.example"]
+        assert await in_thread(receive, dealer) == [b"", b"400 Bad Request"]
+        assert await in_thread(quiet, dealer)
+        writer.commit(1)
+        assert await in_thread(receive, dealer) == [b"", b"202 Accepted"]
+        dealer.close()
+
+
+@pytest.mark.trio
+async def test_one_peer_waiting_for_a_commit_holds_up_no_other(tmp_path: Path) -> None:
+    writer = StandInWriter()
+    async with logjam_service(tmp_path, writer=writer) as service:
+        slow = client(zmq.DEALER, service.router)
+        other = client(zmq.DEALER, service.router)
+        await in_thread(send, slow, [b"", *message(1)])
+        await writer.wait_blocks(1)
+        assert await request(other, [b"ping", APP_ENV, b"{}", meta()]) == [
+            b"", b"200 OK", b"logjam.test.example"
+        ]  # fmt: skip
+        await in_thread(send, other, [b"", *message(2)])
+        await writer.wait_blocks(2)
+        writer.commit(1)
+        assert await in_thread(receive, other) == [b"", b"202 Accepted"]
+        writer.commit(0)
+        assert await in_thread(receive, slow) == [b"", b"202 Accepted"]
+        slow.close()
+        other.close()
+
+
+@pytest.mark.trio
+async def test_nothing_uncommitted_is_acknowledged(tmp_path: Path) -> None:
+    writer = StandInWriter()
+    async with logjam_service(tmp_path, writer=writer) as service:
+        dealer = client(zmq.DEALER, service.router)
+        await in_thread(send, dealer, [b"", *message(1)])
+        await writer.wait_blocks(1)
+    # The stop resolved the ticket uncommitted (as a writer that gave up does).
+    assert await in_thread(quiet, dealer)
+    dealer.close()
+
+
+@pytest.mark.trio
+async def test_max_pending_replies_stops_reading(tmp_path: Path) -> None:
+    writer = StandInWriter()
+    async with logjam_service(tmp_path, writer=writer, max_pending_replies=1) as service:
+        dealer = client(zmq.DEALER, service.router)
+        for sequence in (1, 2, 3):
+            await in_thread(send, dealer, [b"", *message(sequence)])
+        await writer.wait_blocks(1)
+        assert await in_thread(quiet, dealer)
+        assert len(writer.blocks) == 1  # the others wait in ZeroMQ's queue
+        writer.commit(0)
+        assert await in_thread(receive, dealer) == [b"", b"202 Accepted"]
+        await writer.wait_blocks(2)
+        writer.commit(1)
+        assert await in_thread(receive, dealer) == [b"", b"202 Accepted"]
+        await writer.wait_blocks(3)
+        writer.commit(2)
+        assert await in_thread(receive, dealer) == [b"", b"202 Accepted"]
+        dealer.close()
+
+
+@pytest.mark.trio
+async def test_async_messages_get_no_reply_and_malformed_ones_are_not_submitted(
+    tmp_path: Path,
+) -> None:
+    writer = StandInWriter()
+    async with logjam_service(tmp_path, writer=writer) as service:
+        dealer = client(zmq.DEALER, service.router)
+        push = client(zmq.PUSH, service.pull)
+        await in_thread(send, push, [APP_ENV, TOPIC, b"{not json", meta(1)])
+        await in_thread(send, push, [APP_ENV, TOPIC, body()])
+        await in_thread(send, dealer, [APP_ENV, b"nope", body(), meta(2)])
+        await in_thread(send, push, message(3))
+        await in_thread(send, dealer, message(4))
+        await writer.wait_blocks(2)
+        assert sorted(json.loads(b.records[0])["seq"] for b in writer.blocks) == [3, 4]
+        assert await in_thread(quiet, dealer)
+        dealer.close()
+        push.close()
+
+
+@pytest.mark.trio
+async def test_large_bodies_are_decoded_off_the_event_loop(tmp_path: Path) -> None:
+    writer = StandInWriter()
+    async with logjam_service(tmp_path, writer=writer) as service:
+        dealer = client(zmq.DEALER, service.router)
+        big = body(lines=["x" * 1000] * (INLINE_DECODE_BYTES // 1000 + 10))
+        assert len(big) > INLINE_DECODE_BYTES
+        await in_thread(send, dealer, [b"", APP_ENV, TOPIC, big, meta()])
+        await writer.wait_blocks(1)
+        writer.commit(0)
+        assert await in_thread(receive, dealer) == [b"", b"202 Accepted"]
+        assert len(json.loads(writer.blocks[0].records[0])["lines"]) > 60
+        dealer.close()
+
+
+@pytest.mark.trio
+async def test_rows_carry_peer_and_anonymous_source_without_curve(tmp_path: Path) -> None:
+    writer = StandInWriter()
+    async with logjam_service(tmp_path, writer=writer) as service:
+        assert service.ports.server_public_key is None
+        push = client(zmq.PUSH, service.pull)
+        await in_thread(send, push, message(1))
+        await writer.wait_blocks(1)
+        block = writer.blocks[0]
+        assert (block.protocol, block.source, block.peer) == ("logjam", "anonymous", "127.0.0.1")
+        push.close()
+
+
+@pytest.mark.trio
+async def test_bind_failure_is_an_os_error(tmp_path: Path) -> None:
+    async with logjam_service(tmp_path, writer=StandInWriter()) as first:
+        taken = f"127.0.0.1:{first.ports.router}"
+        config = LogjamListenerConfig(bind=taken, pull_bind="", curve=False)
+        context = ServiceContext(StandInWriter(), Lifecycle())  # type: ignore[arg-type]
+        with pytest.raises(OSError, match="cannot bind"):
+            await serve_logjam(config, context, tmp_path)
+
+
+# -- CURVE -----------------------------------------------------------------------------------
+
+
+@pytest.mark.trio
+async def test_curve_source_is_the_key_name_and_keys_are_checked_at_each_handshake(
+    tmp_path: Path,
+) -> None:
+    writer = StandInWriter()
+    async with logjam_service(tmp_path, writer=writer, curve=True) as service:
+        server_key = service.ports.server_public_key
+        assert server_key is not None
+        assert load_server_public_key(service.state_dir) == server_key
+        web1 = await service.add_key("web1")
+
+        dealer, outcome = await in_thread(
+            functools.partial(
+                monitored, zmq.DEALER, service.router, server_key=server_key, keypair=web1
+            )
+        )
+        assert outcome == "ok"
+        await in_thread(send, dealer, [b"", *message(1)])
+        await writer.wait_blocks(1)
+        assert writer.blocks[0].source == "web1"
+        writer.commit(0)
+        assert await in_thread(receive, dealer) == [b"", b"202 Accepted"]
+
+        # An unknown key, and a client without CURVE, are refused at the handshake.
+        stranger = tuple(k.encode() for k in generate_keypair())
+        refused, outcome = await in_thread(
+            functools.partial(
+                monitored, zmq.DEALER, service.router, server_key=server_key, keypair=stranger
+            )
+        )
+        assert outcome == "refused"
+        refused.close()
+        plain, outcome = await in_thread(functools.partial(monitored, zmq.DEALER, service.router))
+        assert outcome == "refused"
+        plain.close()
+
+        # Revocation applies to the next connection, without a restart.
+        await service.revoke("web1")
+        again, outcome = await in_thread(
+            functools.partial(
+                monitored, zmq.PUSH, service.pull, server_key=server_key, keypair=web1
+            )
+        )
+        assert outcome == "refused"
+        again.close()
+        assert len(writer.blocks) == 1
+        dealer.close()
+
+
+def test_server_keypair_is_created_once_with_private_modes(tmp_path: Path) -> None:
+    from auth.curve import ensure_server_keypair, server_key_paths
+
+    first = ensure_server_keypair(tmp_path)
+    public_file, secret_file = server_key_paths(tmp_path)
+    assert (public_file.name, secret_file.name) == ("server.key", "server.key_secret")
+    assert stat.S_IMODE(secret_file.stat().st_mode) == 0o600
+    assert stat.S_IMODE(public_file.parent.stat().st_mode) == 0o700
+    assert b"secret-key" not in public_file.read_bytes()
+    assert zmq.auth.load_certificate(secret_file) == (first.public, first.secret)
+    assert ensure_server_keypair(tmp_path) == first
+
+
+# -- rows ------------------------------------------------------------------------------------
+
+
+def decoded(record: dict[str, Any], **meta_fields: Any) -> Any:
+    frames = [APP_ENV, TOPIC, json.dumps(record).encode(), pack_meta(**meta_fields)]
+    return LogjamReceiver().receive_pull(frames)
+
+
+def test_message_block_maps_a_message_to_one_row() -> None:
+    event = decoded({"host": "web1", "started_ms": 1795341600123, "n": 1},
+                    created_ms=1795341600999, sequence=5, device=2)  # fmt: skip
+    block = message_block(event, source="web1-key", peer="10.0.0.7", received_at_ns=17)
+    assert (block.protocol, block.tag, block.host, block.source, block.peer) == (
+        "logjam", "logs.shop.production", "web1", "web1-key", "10.0.0.7"
+    )  # fmt: skip
+    assert block.times_ns == [1795341600123 * 1_000_000]
+    assert block.batch_id == event.batch_id
+    assert json.loads(block.records[0]) == {
+        "host": "web1", "started_ms": 1795341600123, "n": 1,
+        "_logjam": {"app_env": "shop-production", "device": 2, "sequence": 5,
+                    "created_ms": 1795341600999},
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("record", "created_ms", "expected_ms"),
+    [
+        ({}, 1795341600999, 1795341600999),
+        ({"started_ms": "1795341600123"}, 1795341600999, 1795341600999),
+        ({"started_ms": True}, 1795341600999, 1795341600999),
+        ({"started_ms": -5}, 1795341600999, 1795341600999),
+        ({}, 0, None),
+        ({}, 2**64 - 1, None),
+        ({"started_ms": 2**62}, 0, None),
+    ],
+)
+def test_event_time_is_started_ms_then_created_ms_then_receive_time(
+    record: dict[str, Any], created_ms: int, expected_ms: int | None
+) -> None:
+    block = message_block(decoded(record, created_ms=created_ms), source="s", peer="",
+                          received_at_ns=1)  # fmt: skip
+    assert block.times_ns == [None if expected_ms is None else expected_ms * 1_000_000]
+
+
+@pytest.mark.parametrize("host", [None, 7, "", ["a"]])
+def test_host_only_when_a_string(host: Any) -> None:
+    block = message_block(decoded({"host": host}), source="s", peer="", received_at_ns=1)
+    assert block.host is None
+
+
+# -- config ------------------------------------------------------------------------------------
+
+
+def test_logjam_listener_config_defaults_and_toml() -> None:
+    default = LogjamListenerConfig()
+    assert (default.bind, default.pull_bind, default.curve, default.tls) == (
+        "127.0.0.1:9604", "127.0.0.1:9605", True, False
+    )  # fmt: skip
+    config = parse_config(
+        '[[listeners]]\nprotocol = "logjam"\nbind = "0.0.0.0:19604"\npull_bind = ""\n'
+        "curve = false\nmax_body_bytes = 1000\nmax_message_bytes = 2000\nrcvhwm = 50\n"
+    )
+    listener = config.listeners[0]
+    assert isinstance(listener, LogjamListenerConfig)
+    assert (listener.pull_bind, listener.pull_port, listener.curve) == (None, None, False)
+    assert listener.limits().max_body_bytes == 1000
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ("tls = true", "tls does not apply"),
+        ('client_auth = "required"', "client_auth"),
+        ('pull_bind = "nowhere"', "pull_bind must be host:port"),
+        ('pull_bind = "127.0.0.1:9604"', "pull_bind must differ"),
+        ("max_body_bytes = 5000\nmax_message_bytes = 100", "max_message_bytes"),
+    ],
+)
+def test_logjam_listener_config_errors(body: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        parse_config(f'[[listeners]]\nprotocol = "logjam"\n{body}\n')
+
+
+# -- CLI ---------------------------------------------------------------------------------------
+
+
+def test_curve_cli_add_list_revoke_server_key(tmp_path: Path) -> None:
+    config = tmp_path / "appliance.toml"
+    config.write_text(f'state_dir = "{tmp_path / "state"}"\n')
+
+    def run(*args: str, ok: bool = True) -> subprocess.CompletedProcess[str]:
+        result = subprocess.run(
+            [sys.executable, "-m", "appliance", "curve", *args, "--config", str(config)],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert (result.returncode == 0) == ok, result.stderr
+        return result
+
+    server_key = run("server-key").stdout.strip()
+    assert len(server_key) == 40
+    assert json.loads(run("server-key", "--json").stdout)["public_key"] == server_key
+
+    public, _ = generate_keypair()
+    assert public in run("add", "web1", public).stdout
+    generated = json.loads(run("add", "web2", "--generate", "--json").stdout)
+    assert len(generated["secret_key"]) == 40
+    assert generated["status"] == "active"
+
+    assert "already registered as CURVE key 'web1'" in run("add", "web3", public, ok=False).stderr
+    assert "40 characters" in run("add", "bad", "not-a-key", ok=False).stderr
+    assert "--generate" in run("add", "nothing", ok=False).stderr
+
+    assert "refused" in run("revoke", "web1").stdout
+    assert "revoked already" in run("revoke", "web1", ok=False).stderr
+    assert "no CURVE key named 'ghost'" in run("revoke", "ghost", ok=False).stderr
+    listed = {k["name"]: k["status"] for k in json.loads(run("list", "--json").stdout)}
+    assert listed == {"web1": "revoked", "web2": "active"}
+    assert "revoked" in run("list").stdout
+    secret_file = tmp_path / "state" / "curve" / "server.key_secret"
+    assert stat.S_IMODE(os.stat(secret_file).st_mode) == 0o600
+    assert server_key not in run("list").stdout  # only client keys are listed
+    url = f"sqlite:///{tmp_path / 'state' / 'auth' / 'auth.db'}"
+    assert schema.status(url).up_to_date
