@@ -1,0 +1,1059 @@
+"""Forward-protocol benchmark: PackedForward over TLS with ack, into durable Delta commits.
+
+What it does, per case (a batch size and a number of outstanding chunks):
+
+1. starts ``appliance serve`` as a subprocess with a fresh state directory,
+   pinned to core 0 (``os.sched_setaffinity``); the load generator runs in
+   this process, pinned to core 1 (when the machine has 2+ cores);
+2. opens ``--connections`` TLS connections (plain ``ssl`` sockets, one thread
+   each), each sending PackedForward requests
+   ``["bench.tag", <bin entries>, {"chunk": <unique base64 id>, "size": n}]``
+   with EventTime entries and ~100-byte records, and waiting for the acks
+   (Fluentd out_forward with ``require_ack_response``: one chunk in flight per
+   connection, or ``pipeline`` chunks);
+3. measures over a window (after a warm-up): events/s, MB/s of request bytes,
+   p50/p99 send->ack latency, server and generator CPU, the server's CPU by
+   thread, and the server's peak RSS (VmHWM);
+4. stops sending, waits for every outstanding ack, SIGTERMs the server and
+   checks that the table holds exactly the acked events and chunks.
+
+Next to each case it prints in-process ceilings on the same bytes, on one core:
+``msgpack`` decode only; the appliance's codec (``ForwardServerConnection``
+plus ``record_json``); that plus ``forward_block``/``blocks_to_arrow``; and that
+plus the Delta commit (``EventsTable.commit``), i.e. everything but TLS and trio.
+
+``--profile`` runs one case (``--profile-case``) with the server under
+cProfile in every Python thread (``profile_server.py``) and prints the top
+functions by cumulative and by own time. ``--profile py-spy`` samples the
+running server with py-spy instead (``pip install -r bench/requirements.txt``):
+much less overhead, so the shares are closer to an unprofiled run.
+
+Nothing here asserts a time: it reports. It fails (exit 1) only when the
+table does not hold exactly what was acknowledged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import collections
+import dataclasses
+import importlib.metadata
+import json
+import os
+import platform
+import pstats
+import re
+import resource
+import selectors
+import shutil
+import signal
+import socket
+import ssl
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import msgpack
+
+ROOT = Path(__file__).resolve().parent.parent
+# Measure the tree this file lives in (a checkout or a snapshot), in this
+# process and in the server, whatever the venv's editable install points at.
+sys.path.insert(0, str(ROOT))
+VENV_BIN = Path(sys.executable).parent
+TAG = "bench.tag"
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+DEFAULT_CASES = "1:1,100:1,1000:1,100:32:8,1000:16"
+
+
+# -- machine -------------------------------------------------------------------
+
+
+def cpu_reference_ms(core: int | None) -> float:
+    """Milliseconds for ``sum(range(10**6))`` on ``core``: a rough speed yardstick."""
+    previous = os.sched_getaffinity(0)
+    if core is not None:
+        os.sched_setaffinity(0, {core})
+    try:
+        best = float("inf")
+        for _ in range(15):
+            start = time.perf_counter()
+            sum(range(10**6))
+            best = min(best, time.perf_counter() - start)
+        return best * 1000
+    finally:
+        os.sched_setaffinity(0, previous)
+
+
+def machine_info(usable: int) -> dict[str, str]:
+    """What the results were measured on."""
+    cpu = "unknown"
+    with open("/proc/cpuinfo", encoding="utf-8") as f:
+        for line in f:
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    mem_kb = 0
+    with open("/proc/meminfo", encoding="utf-8") as f:
+        for line in f:
+            if line.startswith("MemTotal:"):
+                mem_kb = int(line.split()[1])
+    versions = []
+    for name in ("trio", "msgpack", "deltalake", "pyarrow", "cryptography"):
+        try:
+            versions.append(f"{name} {importlib.metadata.version(name)}")
+        except importlib.metadata.PackageNotFoundError:
+            versions.append(f"{name} (not installed)")
+    try:
+        commit = subprocess.run(
+            ["git", "-C", str(ROOT), "describe", "--always", "--dirty"],
+            capture_output=True,
+            text=True,
+            check=False,
+        ).stdout.strip()
+    except OSError:
+        commit = "unknown"
+    return {
+        "cpus": f"{os.cpu_count()} (usable: {usable})",
+        "cpu_model": cpu,
+        "memory": f"{mem_kb / 1024 / 1024:.1f} GiB",
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "openssl": ssl.OPENSSL_VERSION,
+        "packages": ", ".join(versions),
+        "source": f"{ROOT} at {commit or 'unknown'}",
+    }
+
+
+# -- workload ------------------------------------------------------------------
+
+_FILLER = (
+    "GET /api/v1/items/{i} HTTP/1.1 status=200 bytes=5120 duration_ms={d} "
+    "ua=bench-agent/1.0 ref=https://example.test/page "
+)
+
+
+def make_record(i: int, target: int) -> dict[str, Any]:
+    """A log-like record whose msgpack encoding is about ``target`` bytes."""
+    record: dict[str, Any] = {
+        "host": f"web-{i % 16:02d}",
+        "level": ("info", "warn", "error", "debug")[i % 4],
+        "seq": i,
+        "msg": "",
+    }
+    text = (_FILLER.format(i=i, d=i % 997) * 4)[: max(target, 0)]
+    record["msg"] = text[: max(0, target - len(msgpack.packb(record)))]
+    while len(msgpack.packb(record)) > target and record["msg"]:
+        record["msg"] = record["msg"][:-1]
+    return record
+
+
+def event_time(seconds: int, nanoseconds: int) -> msgpack.ExtType:
+    """Fluentd EventTime: msgpack ext type 0 holding two big-endian u32."""
+    return msgpack.ExtType(0, struct.pack(">II", seconds, nanoseconds))
+
+
+@dataclasses.dataclass(frozen=True)
+class Workload:
+    """One pre-encoded PackedForward request; only the chunk id changes per send."""
+
+    batch: int
+    entries: bytes
+    record_bytes: float
+    prefix: bytes
+    suffix: bytes
+
+    @classmethod
+    def build(cls, batch: int, record_bytes: int) -> Workload:
+        now = int(time.time())
+        records = [make_record(i, record_bytes) for i in range(batch)]
+        entries = b"".join(
+            msgpack.packb([event_time(now, i * 1000), r], use_bin_type=True)
+            for i, r in enumerate(records)
+        )
+        prefix = (
+            b"\x93"
+            + msgpack.packb(TAG)
+            + msgpack.packb(entries, use_bin_type=True)
+            + b"\x82"
+            + msgpack.packb("chunk")
+        )
+        suffix = msgpack.packb("size") + msgpack.packb(batch)
+        avg = sum(len(msgpack.packb(r)) for r in records) / batch
+        return cls(batch, entries, avg, prefix, suffix)
+
+    def request(self, chunk: str) -> bytes:
+        return self.prefix + msgpack.packb(chunk) + self.suffix
+
+    @property
+    def request_bytes(self) -> int:
+        return len(self.request(chunk_id(0, 0, 0)))
+
+
+def chunk_id(nonce: int, connection: int, seq: int) -> str:
+    """A unique chunk id as Fluentd makes them: base64 of 16 bytes."""
+    return base64.b64encode(struct.pack(">QII", nonce, connection, seq)).decode("ascii")
+
+
+# -- in-process ceilings -------------------------------------------------------
+
+
+def _rate(fn: Callable[[], int], seconds: float, repeats: int = 3) -> float:
+    """Best events/s of ``fn`` (which returns the events it handled) over ``repeats`` runs.
+
+    Each run lasts at least ``seconds``. The best run is the one least disturbed
+    by neighbours on a shared machine.
+    """
+    fn()  # warm up
+    best = 0.0
+    for _ in range(repeats):
+        events = 0
+        start = time.perf_counter()
+        while True:
+            events += fn()
+            elapsed = time.perf_counter() - start
+            if elapsed >= seconds:
+                break
+        best = max(best, events / elapsed)
+    return best
+
+
+def measure_ceilings(
+    workload: Workload, seconds: float, core: int | None, with_commit: bool
+) -> dict[str, float]:
+    """Single-core in-process rates on the bytes the generator sends."""
+    from appliance.lake.rows import blocks_to_arrow
+    from appliance.protocols.forward import EventsReceived, ForwardServerConnection
+    from appliance.records import record_json
+    from appliance.server.forward_driver import forward_block
+    from appliance.server.listener import ConnectionInfo
+
+    previous = os.sched_getaffinity(0)
+    if core is not None:
+        os.sched_setaffinity(0, {core})
+    try:
+        request = workload.request(chunk_id(1, 0, 0))
+        # Requests per call: about one commit group's worth of rows.
+        group = max(1, 25_000 // workload.batch)
+        info = ConnectionInfo("forward", "127.0.0.1:50000", True)
+
+        def decode_only() -> int:
+            n = 0
+            for _ in range(group):
+                _tag, entries, _option = msgpack.unpackb(request, raw=False)
+                unpacker = msgpack.Unpacker(raw=False)
+                unpacker.feed(entries)
+                for _entry in unpacker:
+                    n += 1
+            return n
+
+        def codec_events() -> list[EventsReceived]:
+            conn = ForwardServerConnection()
+            out = []
+            for _ in range(group):
+                for event in conn.receive_data(request):
+                    assert isinstance(event, EventsReceived)
+                    out.append(event)
+            return out
+
+        def codec() -> int:
+            n = 0
+            for event in codec_events():
+                n += len([record_json(r) for r in event.records])
+            return n
+
+        def codec_arrow_table() -> tuple[int, Any]:
+            now = time.time_ns()
+            blocks = [forward_block(e, info, now) for e in codec_events()]
+            table = blocks_to_arrow(blocks)
+            return table.num_rows, table
+
+        def codec_arrow() -> int:
+            return int(codec_arrow_table()[0])
+
+        result = {
+            "decode": _rate(decode_only, seconds),
+            "codec": _rate(codec, seconds),
+            "arrow": _rate(codec_arrow, seconds),
+        }
+        if with_commit:
+            from appliance.lake.table import EventsTable
+
+            tmp = tempfile.mkdtemp(prefix="forward-bench-ceiling-")
+            try:
+                table = EventsTable(str(Path(tmp) / "events"))
+                table.open_or_create()
+                version = [0]
+
+                def pipeline() -> int:
+                    rows, data = codec_arrow_table()
+                    version[0] += 1
+                    table.commit(data, "bench-ceiling", version[0])
+                    return int(rows)
+
+                result["commit"] = _rate(pipeline, seconds)
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
+        return result
+    finally:
+        os.sched_setaffinity(0, previous)
+
+
+# -- server --------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def proc_cpu_seconds(pid: int) -> float:
+    """utime + stime of a whole process (all its threads, dead ones included)."""
+    with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def thread_cpu_seconds(pid: int) -> dict[int, tuple[str, float]]:
+    """CPU seconds of each live thread of ``pid``, with its OS thread name."""
+    out: dict[int, tuple[str, float]] = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat", encoding="utf-8") as f:
+                raw = f.read()
+        except OSError:
+            continue
+        comm = raw[raw.index("(") + 1 : raw.rindex(")")]
+        fields = raw.rsplit(")", 1)[1].split()
+        out[int(tid)] = (comm, (int(fields[11]) + int(fields[12])) / CLK_TCK)
+    return out
+
+
+def thread_groups(
+    pid: int, before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]]
+) -> dict[str, float]:
+    """CPU seconds between two samples, grouped by thread kind."""
+    groups: dict[str, float] = collections.defaultdict(float)
+    for tid, (comm, cpu) in after.items():
+        spent = cpu - before.get(tid, (comm, 0.0))[1]
+        if tid == pid:
+            name = "main (trio loop)"
+        elif comm.startswith("tokio"):
+            name = "tokio (deltalake)"
+        elif comm.startswith("jemalloc"):
+            name = "jemalloc"
+        else:
+            # trio.to_thread workers take the name of their job (truncated to 15).
+            name = "python worker threads"
+        groups[name] += spent
+    return dict(groups)
+
+
+def system_cpu_seconds() -> tuple[float, float]:
+    """(busy, steal) CPU seconds of the whole machine since boot, from /proc/stat."""
+    with open("/proc/stat", encoding="utf-8") as f:
+        values = [int(v) for v in f.readline().split()[1:]]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (values + [0] * 8)[:8]
+    return (user + nice + system + irq + softirq) / CLK_TCK, steal / CLK_TCK
+
+
+def vm_hwm_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status", encoding="utf-8") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+@dataclasses.dataclass
+class Server:
+    proc: subprocess.Popen[bytes]
+    state_dir: Path
+    port: int
+    ca_file: Path
+    stderr_path: Path
+
+    def stderr_tail(self, lines: int = 30) -> str:
+        try:
+            text = self.stderr_path.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+
+def start_server(
+    state_dir: Path,
+    args: argparse.Namespace,
+    server_core: int | None,
+    profile_dir: Path | None,
+) -> Server:
+    port = free_port()
+    config = state_dir / "bench.toml"
+    config.write_text(
+        f'state_dir = "{state_dir / "var"}"\n'
+        "[log]\n"
+        'level = "info"\n'
+        "[lake]\n"
+        f"commit_max_delay_seconds = {args.commit_delay}\n"
+        f"commit_max_rows = {args.commit_max_rows}\n"
+        "[[listeners]]\n"
+        'name = "forward"\n'
+        f'bind = "127.0.0.1:{port}"\n',
+        encoding="utf-8",
+    )
+    if profile_dir is None:
+        cmd = [sys.executable, "-m", "appliance", "serve", "--config", str(config)]
+    else:
+        cmd = [
+            sys.executable,
+            str(Path(__file__).with_name("profile_server.py")),
+            str(profile_dir),
+            "--timer",
+            args.profile_timer,
+            "serve",
+            "--config",
+            str(config),
+        ]
+
+    def pin() -> None:
+        if server_core is not None:
+            os.sched_setaffinity(0, {server_core})
+
+    stderr_path = state_dir / "server.log"
+    with open(stderr_path, "wb") as stderr:
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+        proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=stderr, preexec_fn=pin, cwd=state_dir, env=env
+        )
+    server = Server(proc, state_dir, port, Path(), stderr_path)
+    assert proc.stdout is not None
+    deadline = time.monotonic() + 60
+    buffer = b""
+    with selectors.DefaultSelector() as sel:
+        sel.register(proc.stdout, selectors.EVENT_READ)
+        while b"\n" not in buffer or b"CA certificate for clients:" not in buffer:
+            left = deadline - time.monotonic()
+            if left <= 0 or proc.poll() is not None:
+                proc.kill()
+                raise RuntimeError(f"server did not become ready:\n{server.stderr_tail()}")
+            if sel.select(timeout=min(left, 0.5)):
+                piece = os.read(proc.stdout.fileno(), 4096)
+                if not piece:
+                    continue
+                buffer += piece
+    line = next(x for x in buffer.decode().splitlines() if "CA certificate for clients:" in x)
+    server.ca_file = Path(line.split(":", 1)[1].strip())
+    return server
+
+
+def stop_server(server: Server, timeout: float = 120) -> tuple[int, dict[str, str]]:
+    """SIGTERM, wait, and the fields of its ``service.stopped`` log line."""
+    server.proc.send_signal(signal.SIGTERM)
+    try:
+        code = server.proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        server.proc.kill()
+        code = server.proc.wait()
+    if server.proc.stdout is not None:
+        server.proc.stdout.close()
+    stopped: dict[str, str] = {}
+    for line in server.stderr_path.read_text(encoding="utf-8", errors="replace").splitlines():
+        if "event=service.stopped" in line:
+            stopped = dict(re.findall(r"(\w+)=(\S+)", line))
+    return code, stopped
+
+
+# -- load generator ------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class ConnectionResult:
+    ack_times: list[float] = dataclasses.field(default_factory=list)
+    latencies: list[float] = dataclasses.field(default_factory=list)
+    chunks_acked: int = 0
+    error: BaseException | None = None
+
+
+def run_connection(
+    index: int,
+    context: ssl.SSLContext,
+    port: int,
+    workload: Workload,
+    pipeline: int,
+    nonce: int,
+    start: threading.Event,
+    stop_at: list[float],
+    result: ConnectionResult,
+) -> None:
+    """One Fluentd-like sender: up to ``pipeline`` chunks in flight, acks checked in order."""
+    try:
+        raw = socket.create_connection(("127.0.0.1", port), timeout=60)
+        raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        with context.wrap_socket(raw, server_hostname="localhost") as tls:
+            tls.settimeout(120)
+            acks = msgpack.Unpacker(raw=False)
+            inflight: collections.deque[tuple[str, float]] = collections.deque()
+            seq = 0
+            start.wait()
+            while True:
+                while len(inflight) < pipeline and time.perf_counter() < stop_at[0]:
+                    chunk = chunk_id(nonce, index, seq)
+                    seq += 1
+                    request = workload.request(chunk)
+                    inflight.append((chunk, time.perf_counter()))
+                    tls.sendall(request)
+                if not inflight:
+                    break
+                data = tls.recv(65536)
+                if not data:
+                    raise ConnectionError("server closed the connection")
+                acks.feed(data)
+                for ack in acks:
+                    now = time.perf_counter()
+                    chunk, sent = inflight.popleft()
+                    if ack != {"ack": chunk}:
+                        raise ValueError(f"unexpected ack {ack!r}, waiting for {chunk!r}")
+                    result.ack_times.append(now)
+                    result.latencies.append(now - sent)
+                    result.chunks_acked += 1
+    except BaseException as exc:
+        result.error = exc
+
+
+def quantile(sorted_values: list[float], q: float) -> float:
+    if not sorted_values:
+        return float("nan")
+    rank = max(0, min(len(sorted_values) - 1, int(q * len(sorted_values) + 0.5) - 1))
+    return sorted_values[rank]
+
+
+# -- one case ------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class CaseResult:
+    batch: int
+    pipeline: int
+    connections: int
+    window_seconds: float
+    events_per_second: float
+    mb_per_second: float
+    p50_ms: float
+    p99_ms: float
+    server_cpu_pct: float
+    events_per_server_cpu_second: float
+    generator_cpu_pct: float
+    #: CPU used by every other process (and py-spy) in the window: disturbance.
+    other_cpu_pct: float
+    #: CPU stolen by the hypervisor in the window.
+    steal_pct: float
+    server_peak_rss_mb: float
+    acked_events: int
+    acked_chunks: int
+    table_rows: int
+    table_chunks: int
+    commits: str
+    server_exit: int
+    server_threads: dict[str, float]
+    request_bytes: int
+    record_bytes: float
+    ceilings: dict[str, float]
+    ok: bool
+
+    @property
+    def label(self) -> str:
+        return f"{self.batch}/req, {self.connections} conn x {self.pipeline} in flight"
+
+
+def run_case(
+    batch: int,
+    pipeline: int,
+    connections: int,
+    args: argparse.Namespace,
+    cores: tuple[int | None, int | None],
+    ceilings: dict[str, float],
+    profiler: str | None = None,
+    profile_dir: Path | None = None,
+) -> CaseResult:
+    """One case: a fresh server, the load, the window, the stop and the check."""
+    server_core, client_core = cores
+    workload = Workload.build(batch, args.record_bytes)
+    state_dir = Path(tempfile.mkdtemp(prefix=f"forward-bench-{batch}x{pipeline}-"))
+    cprofile_dir = profile_dir if profiler == "cprofile" else None
+    server = start_server(state_dir, args, server_core, cprofile_dir)
+    pid = server.proc.pid
+    sampler: subprocess.Popen[bytes] | None = None
+    try:
+        context = ssl.create_default_context(cafile=str(server.ca_file))
+        start = threading.Event()
+        stop_at = [float("inf")]
+        results = [ConnectionResult() for _ in range(connections)]
+        nonce = int.from_bytes(os.urandom(8), "big")
+        threads = [
+            threading.Thread(
+                target=run_connection,
+                args=(i, context, server.port, workload, pipeline, nonce, start, stop_at, r),
+                name=f"conn-{i}",
+                daemon=True,
+            )
+            for i, r in enumerate(results)
+        ]
+        for t in threads:
+            t.start()
+        time.sleep(0.2)  # let the TLS handshakes finish
+        begin = time.perf_counter()
+        window_start = begin + args.warmup
+        window_end = window_start + args.duration
+        stop_at[0] = window_end
+        start.set()
+        time.sleep(max(0.0, window_start - time.perf_counter()))
+        if profiler == "py-spy":
+            assert profile_dir is not None
+            sampler = start_py_spy(
+                pid, profile_dir / "py-spy.txt", client_core, args.spy_rate, args.spy_args.split()
+            )
+        cpu0, threads0 = proc_cpu_seconds(pid), thread_cpu_seconds(pid)
+        gen0 = resource.getrusage(resource.RUSAGE_SELF)
+        sys0 = system_cpu_seconds()
+        w0 = time.perf_counter()
+        time.sleep(max(0.0, window_end - time.perf_counter()))
+        w1 = time.perf_counter()
+        cpu1, threads1 = proc_cpu_seconds(pid), thread_cpu_seconds(pid)
+        gen1 = resource.getrusage(resource.RUSAGE_SELF)
+        sys1 = system_cpu_seconds()
+        if sampler is not None:
+            sampler.send_signal(signal.SIGINT)  # py-spy writes its output on Ctrl-C
+            sampler.wait(timeout=120)
+        for t in threads:
+            t.join(timeout=300)
+        errors = [r.error for r in results if r.error is not None]
+        if errors:
+            raise RuntimeError(f"load generator failed: {errors[0]!r}") from errors[0]
+        peak_rss = vm_hwm_mb(pid)
+    except BaseException:
+        if sampler is not None and sampler.poll() is None:
+            sampler.kill()
+        server.proc.kill()
+        server.proc.wait()
+        print(server.stderr_tail(), file=sys.stderr)
+        raise
+    code, stopped = stop_server(server)
+
+    window = w1 - w0
+    in_window = [
+        lat
+        for r in results
+        for t, lat in zip(r.ack_times, r.latencies, strict=True)
+        if w0 <= t <= w1
+    ]
+    events = len(in_window) * batch
+    latencies = sorted(in_window)
+    acked_chunks = sum(r.chunks_acked for r in results)
+    acked_events = acked_chunks * batch
+    table_rows, table_chunks = count_table(state_dir / "var" / "lake" / "events")
+    server_cpu = cpu1 - cpu0
+    gen_cpu = (gen1.ru_utime + gen1.ru_stime) - (gen0.ru_utime + gen0.ru_stime)
+    # Everything else on the machine, py-spy included when it samples.
+    other_cpu = (sys1[0] - sys0[0]) - server_cpu - gen_cpu
+    ok = table_rows == acked_events and table_chunks == acked_chunks and code == 0
+    result = CaseResult(
+        batch=batch,
+        pipeline=pipeline,
+        connections=connections,
+        window_seconds=window,
+        events_per_second=events / window,
+        mb_per_second=len(in_window) * workload.request_bytes / window / 1e6,
+        p50_ms=quantile(latencies, 0.50) * 1000,
+        p99_ms=quantile(latencies, 0.99) * 1000,
+        server_cpu_pct=100 * server_cpu / window,
+        events_per_server_cpu_second=events / server_cpu if server_cpu else float("nan"),
+        generator_cpu_pct=100 * gen_cpu / window,
+        other_cpu_pct=max(0.0, 100 * other_cpu / window),
+        steal_pct=100 * (sys1[1] - sys0[1]) / window,
+        server_peak_rss_mb=peak_rss,
+        acked_events=acked_events,
+        acked_chunks=acked_chunks,
+        table_rows=table_rows,
+        table_chunks=table_chunks,
+        commits=stopped.get("commits", "?"),
+        server_exit=code,
+        server_threads=thread_groups(pid, threads0, threads1),
+        request_bytes=workload.request_bytes,
+        record_bytes=workload.record_bytes,
+        ceilings=ceilings,
+        ok=ok,
+    )
+    if not args.keep:
+        shutil.rmtree(state_dir, ignore_errors=True)
+    else:
+        print(f"  state kept in {state_dir}")
+    return result
+
+
+def py_spy_path() -> str | None:
+    candidate = VENV_BIN / "py-spy"
+    return str(candidate) if candidate.exists() else shutil.which("py-spy")
+
+
+def start_py_spy(
+    pid: int, output: Path, core: int | None, rate: int, extra: list[str]
+) -> subprocess.Popen[bytes]:
+    """Sample the Python threads of ``pid`` until SIGINT (py-spy then writes ``output``)."""
+    exe = py_spy_path()
+    if exe is None:
+        raise RuntimeError("py-spy is not installed: pip install -r bench/requirements.txt")
+
+    def pin() -> None:
+        if core is not None:
+            os.sched_setaffinity(0, {core})
+
+    cmd = [exe, "record", "--pid", str(pid), "--rate", str(rate), *extra]
+    cmd += ["--format", "raw", "--output", str(output)]
+    return subprocess.Popen(
+        cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=pin
+    )
+
+
+def count_table(path: Path) -> tuple[int, int]:
+    """Rows and distinct batch ids in the table, read from its data files."""
+    import pyarrow.compute as pc
+    from deltalake import DeltaTable
+
+    table = DeltaTable(str(path)).to_pyarrow_table(columns=["batch_id"])
+    return table.num_rows, int(pc.count_distinct(table.column("batch_id")).as_py())
+
+
+# -- reporting -----------------------------------------------------------------
+
+
+def fmt_rate(value: float) -> str:
+    return f"{value:,.0f}" if value == value else "n/a"
+
+
+def print_case(r: CaseResult) -> None:
+    threads = ", ".join(f"{k} {v:.2f}s" for k, v in sorted(r.server_threads.items(), key=_neg))
+    verdict = "OK" if r.ok else "MISMATCH"
+    print(
+        f"  {r.label}: {fmt_rate(r.events_per_second)} events/s, "
+        f"{r.mb_per_second:.1f} MB/s, p50 {r.p50_ms:.1f} ms, p99 {r.p99_ms:.1f} ms\n"
+        f"    server CPU {r.server_cpu_pct:.0f}% of a core "
+        f"({fmt_rate(r.events_per_server_cpu_second)} events per CPU-second), "
+        f"generator CPU {r.generator_cpu_pct:.0f}%, server peak RSS "
+        f"{r.server_peak_rss_mb:.0f} MB, commits {r.commits}\n"
+        f"    server CPU by thread over {r.window_seconds:.1f}s: {threads}\n"
+        f"    other processes used {r.other_cpu_pct:.0f}% of a core in the window, "
+        f"hypervisor steal {r.steal_pct:.0f}%\n"
+        f"    verify: acked {r.acked_events:,} events in {r.acked_chunks:,} chunks; "
+        f"table has {r.table_rows:,} rows in {r.table_chunks:,} batch ids; "
+        f"server exit {r.server_exit}: {verdict}",
+        flush=True,
+    )
+
+
+def _neg(item: tuple[str, float]) -> float:
+    return -item[1]
+
+
+def results_table(results: list[CaseResult]) -> str:
+    head = (
+        "| batch | conns x in flight | events/s | MB/s | p50 ms | p99 ms | server CPU | "
+        "events/server CPU-s | gen CPU | other CPU | server peak RSS MB | rows = acked | "
+        "ceiling: msgpack decode | ceiling: codec + record_json | ceiling: + Arrow | "
+        "ceiling: + Delta commit |\n"
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|"
+    )
+    lines = [head]
+    for r in results:
+        c = r.ceilings
+        lines.append(
+            f"| {r.batch} | {r.connections} x {r.pipeline} | {fmt_rate(r.events_per_second)} "
+            f"| {r.mb_per_second:.1f} | {r.p50_ms:.1f} | {r.p99_ms:.1f} "
+            f"| {r.server_cpu_pct:.0f}% | {fmt_rate(r.events_per_server_cpu_second)} "
+            f"| {r.generator_cpu_pct:.0f}% | {r.other_cpu_pct:.0f}% | {r.server_peak_rss_mb:.0f} "
+            f"| {'yes' if r.ok else 'NO'} ({r.table_rows:,}) "
+            f"| {fmt_rate(c.get('decode', float('nan')))} "
+            f"| {fmt_rate(c.get('codec', float('nan')))} "
+            f"| {fmt_rate(c.get('arrow', float('nan')))} "
+            f"| {fmt_rate(c.get('commit', float('nan')))} |"
+        )
+    return "\n".join(lines)
+
+
+def _short(filename: str) -> str:
+    for marker in ("site-packages/", str(ROOT) + "/", "/lib/python3"):
+        if marker in filename:
+            return filename.split(marker, 1)[1]
+    return filename
+
+
+def top_functions(stats: pstats.Stats, key: str, n: int) -> str:
+    """The top ``n`` functions by ``key`` ("cumulative" or "tottime"), one line each."""
+    raw: dict[Any, Any] = stats.stats  # type: ignore[attr-defined]
+    total = sum(v[2] for v in raw.values())
+    index = 3 if key == "cumulative" else 2
+    rows = sorted(raw.items(), key=lambda item: item[1][index], reverse=True)[:n]
+    out = [f"{'calls':>10} {'tottime':>9} {'cumtime':>9} {'%tot':>6}  function"]
+    for (filename, line, name), (_cc, nc, tt, ct, _callers) in rows:
+        where = name if filename == "~" else f"{_short(filename)}:{line}({name})"
+        share = 100 * tt / total if total else 0.0
+        out.append(f"{nc:>10} {tt:>9.3f} {ct:>9.3f} {share:>5.1f}%  {where}")
+    return "\n".join(out)
+
+
+def print_profile(profile_dir: Path, n: int = 25) -> None:
+    main = pstats.Stats(str(profile_dir / "main.prof"))
+    workers = sorted(profile_dir.glob("worker-*.prof"))
+    sections = [("main thread (trio event loop)", main)]
+    if workers:
+        sections.append(
+            (f"worker threads ({len(workers)}: trio.to_thread)", pstats.Stats(*map(str, workers)))
+        )
+    notes = {
+        "main": "idle is <method 'poll' of 'select.epoll' objects> (trio waiting for I/O)",
+        "worker": "idle is <method 'acquire' of '_thread.lock' objects> (waiting for a job)",
+    }
+    for title, stats in sections:
+        raw = stats.stats  # type: ignore[attr-defined]
+        total = sum(v[2] for v in raw.values())
+        note = notes["main" if title.startswith("main") else "worker"]
+        print(f"\n### {title}: {total:.2f} s profiled; {note}\n")
+        print(f"Top {n} by cumulative time:\n")
+        print(top_functions(stats, "cumulative", n))
+        print(f"\nTop {n} by total (own) time:\n")
+        print(top_functions(stats, "tottime", n))
+
+
+_PY_FRAME = re.compile(r"^(?P<name>.*) \((?P<file>[^()]*?)(?::\d+)?\)$")
+
+
+def _spy_frame(frame: str) -> tuple[str, str]:
+    """(function, where) of a py-spy frame, line numbers and raw addresses dropped."""
+    match = _PY_FRAME.match(frame)
+    if match is None:
+        return frame, ""
+    name, where = match["name"], match["file"]
+    if name.startswith("0x"):
+        name = "[native]"
+    return name, where
+
+
+def _spy_library(where: str) -> str:
+    """What a leaf frame's time is charged to, in the by-library summary."""
+    if not where:
+        return "?"
+    if ".so" in where:
+        return where
+    if where.endswith((".c", ".h")):
+        return f"C: {where}"
+    return f"python: {where.split('/', 1)[0].removesuffix('.py')}"
+
+
+def print_py_spy(path: Path, n: int) -> None:
+    """Top functions of a py-spy raw profile: own samples and samples on the stack."""
+    own: collections.Counter[str] = collections.Counter()
+    inclusive: collections.Counter[str] = collections.Counter()
+    libraries: collections.Counter[str] = collections.Counter()
+    total = 0
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        stack, _, count_text = line.rpartition(" ")
+        if not stack or not count_text.isdigit():
+            continue
+        count = int(count_text)
+        total += count
+        frames = [_spy_frame(f) for f in stack.split(";")]
+        labels = [f"{name} ({where})" if where else name for name, where in frames]
+        own[labels[-1]] += count
+        libraries[_spy_library(frames[-1][1])] += count
+        for label in set(labels):
+            inclusive[label] += count
+    if not total:
+        print("py-spy recorded no samples")
+        return
+    print(f"\n### py-spy: {total} samples of busy Python threads (idle waits excluded)\n")
+    print(
+        "Own samples by Python package (without --native, time in C code counts for the\n"
+        "Python function that called it) or native library (with --native):\n"
+    )
+    for name, count in libraries.most_common(15):
+        print(f"{100 * count / total:>6.1f}%  {name}")
+    for title, counter in (("on the stack (inclusive)", inclusive), ("own (self)", own)):
+        print(f"\nTop {n} functions, samples {title}:\n")
+        for name, count in counter.most_common(n):
+            print(f"{100 * count / total:>6.1f}%  {name}")
+
+
+# -- main ----------------------------------------------------------------------
+
+
+def parse_cases(text: str, connections: int) -> list[tuple[int, int, int]]:
+    """``BATCH[:IN_FLIGHT[:CONNECTIONS]]`` items -> (batch, in flight, connections)."""
+    cases = []
+    for item in text.split(","):
+        parts = [int(p) for p in item.strip().split(":")]
+        batch = parts[0]
+        pipeline = parts[1] if len(parts) > 1 else 1
+        conns = parts[2] if len(parts) > 2 else connections
+        cases.append((batch, pipeline, conns))
+    return cases
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--cases",
+        default=DEFAULT_CASES,
+        help="comma-separated BATCH[:IN_FLIGHT[:CONNECTIONS]]: records per request, chunks in "
+        f"flight per connection (1), connections (--connections); default {DEFAULT_CASES}",
+    )
+    parser.add_argument(
+        "--connections", type=int, default=4, help="TLS connections of a case that names none (4)"
+    )
+    parser.add_argument("--duration", type=float, default=8.0, help="measured seconds (8)")
+    parser.add_argument("--warmup", type=float, default=1.5, help="unmeasured seconds (1.5)")
+    parser.add_argument("--record-bytes", type=int, default=100, help="msgpack bytes/record")
+    parser.add_argument("--commit-delay", type=float, default=0.25, help="[lake] max delay")
+    parser.add_argument("--commit-max-rows", type=int, default=100_000, help="[lake] max rows")
+    parser.add_argument(
+        "--ceiling-seconds", type=float, default=0.4, help="per ceiling run, best of 3 (0.4)"
+    )
+    parser.add_argument(
+        "--no-commit-ceiling", action="store_true", help="skip the in-process Delta commit ceiling"
+    )
+    parser.add_argument("--no-pin", action="store_true", help="do not pin server and generator")
+    parser.add_argument("--keep", action="store_true", help="keep the state directories")
+    parser.add_argument("--json", type=Path, help="also write the results as JSON here")
+    parser.add_argument(
+        "--profile",
+        nargs="?",
+        const="cprofile",
+        choices=("cprofile", "py-spy"),
+        help="run only --profile-case, the server under cProfile (default) or sampled by "
+        "py-spy, and print the top functions",
+    )
+    parser.add_argument(
+        "--profile-case", default="1000:16", help="BATCH[:IN_FLIGHT[:CONNECTIONS]] (1000:16)"
+    )
+    parser.add_argument("--profile-out", type=Path, help="directory for the profile files")
+    parser.add_argument(
+        "--profile-timer",
+        choices=("cpu", "wall"),
+        default="wall",
+        help="cProfile clock: wall (default, least overhead) or per-thread CPU time",
+    )
+    parser.add_argument("--profile-top", type=int, default=25)
+    parser.add_argument("--spy-rate", type=int, default=100, help="py-spy samples/s (100)")
+    parser.add_argument(
+        "--spy-args", default="--nonblocking", help="more py-spy record flags (--nonblocking)"
+    )
+    args = parser.parse_args(argv)
+
+    cpus = sorted(os.sched_getaffinity(0))
+    if args.no_pin or len(cpus) < 2:
+        cores: tuple[int | None, int | None] = (None, None)
+        pinning = "not pinned" + (" (fewer than 2 cores)" if len(cpus) < 2 else "")
+    else:
+        cores = (cpus[0], cpus[1])
+        pinning = f"server pinned to core {cpus[0]}, load generator to core {cpus[1]}"
+        os.sched_setaffinity(0, {cpus[1]})
+
+    info = machine_info(len(cpus))
+    info["speed"] = (
+        f"sum(range(10**6)) takes {cpu_reference_ms(cores[0]):.1f} ms on the server core"
+    )
+    print("# forward bench")
+    print("command: " + " ".join([Path(sys.executable).name, *sys.argv]))
+    for key, value in info.items():
+        print(f"{key}: {value}")
+    print(f"pinning: {pinning}")
+    print(
+        f"settings: {args.record_bytes}-byte records, "
+        f"warm-up {args.warmup}s, window {args.duration}s, "
+        f"commit_max_delay_seconds={args.commit_delay}, commit_max_rows={args.commit_max_rows}"
+    )
+
+    cases = parse_cases(args.profile_case if args.profile else args.cases, args.connections)
+    ceilings_by_batch: dict[int, dict[str, float]] = {}
+    results: list[CaseResult] = []
+    for batch, pipeline, connections in cases:
+        if batch not in ceilings_by_batch:
+            ceilings_by_batch[batch] = measure_ceilings(
+                Workload.build(batch, args.record_bytes),
+                args.ceiling_seconds,
+                cores[0],
+                with_commit=not args.no_commit_ceiling,
+            )
+            c = ceilings_by_batch[batch]
+            print(
+                f"\nbatch {batch}: in-process ceilings on one core (events/s): "
+                + ", ".join(f"{k} {fmt_rate(v)}" for k, v in c.items()),
+                flush=True,
+            )
+        profile_dir = None
+        if args.profile:
+            profile_dir = args.profile_out or Path(tempfile.mkdtemp(prefix="forward-profile-"))
+            profile_dir.mkdir(parents=True, exist_ok=True)
+            for stale in [*profile_dir.glob("*.prof"), *profile_dir.glob("py-spy.txt")]:
+                stale.unlink()
+        print(f"case: batch {batch}, {connections} connections x {pipeline} in flight", flush=True)
+        result = run_case(
+            batch,
+            pipeline,
+            connections,
+            args,
+            cores,
+            ceilings_by_batch[batch],
+            args.profile,
+            profile_dir,
+        )
+        print_case(result)
+        results.append(result)
+        if profile_dir is not None and args.profile == "cprofile":
+            print(f"\ncProfile (timer: {args.profile_timer}) written to {profile_dir}")
+            print_profile(profile_dir, args.profile_top)
+        elif profile_dir is not None:
+            print(f"\npy-spy ({args.spy_rate}/s, measured window only) written to {profile_dir}")
+            print_py_spy(profile_dir / "py-spy.txt", args.profile_top)
+
+    workload = Workload.build(1, args.record_bytes)
+    print(
+        f"\nrecords: {workload.record_bytes:.0f} bytes of msgpack each "
+        f"(+11 bytes EventTime and array header per entry); MB/s counts request bytes "
+        "before TLS; latency is send() of a request to its ack; CPU % is of one core."
+    )
+    print()
+    print(results_table(results))
+    if args.json:
+        args.json.write_text(
+            json.dumps(
+                {
+                    "machine": info,
+                    "pinning": pinning,
+                    "results": [dataclasses.asdict(r) for r in results],
+                },
+                indent=2,
+            ),
+            encoding="utf-8",
+        )
+    failed = [r for r in results if not r.ok]
+    if failed:
+        for r in failed:
+            print(
+                f"\nFAIL: {r.label}: acked {r.acked_events} events in {r.acked_chunks} chunks, "
+                f"table has {r.table_rows} rows in {r.table_chunks} batch ids, "
+                f"server exit {r.server_exit}",
+                file=sys.stderr,
+            )
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
