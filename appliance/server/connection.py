@@ -21,6 +21,7 @@ task.
 
 from __future__ import annotations
 
+import ssl
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -205,6 +206,8 @@ class StreamDriver:
                     try:
                         data = await stream.receive_some(self._settings.read_size_bytes)
                     except trio.BrokenResourceError as exc:
+                        if isinstance(exc.__cause__, ssl.SSLEOFError):
+                            return "peer closed without TLS close_notify"
                         return f"broken: {exc.__cause__ or exc}"
                 if receiving.cancelled_caught:
                     return "shutdown"
