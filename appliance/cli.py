@@ -17,7 +17,7 @@ from pathlib import Path
 import trio
 
 from appliance import __version__
-from appliance.commands import auth, cert, curve, spark
+from appliance.commands import auth, cert, curve, spark, tail, tokens
 from appliance.config import Config, ConfigError, default_config, load_config
 from appliance.lake.errors import LakeError
 from appliance.logs import configure, get_logger
@@ -97,6 +97,8 @@ def _parser() -> argparse.ArgumentParser:
     cert.add_parser(commands, common)
     spark.add_parser(commands, common)
     curve.add_parser(commands, common)
+    tokens.add_parser(commands, common)
+    tail.add_parser(commands, common)
     auth.add_parser(commands, common)
     return parser
 

@@ -22,6 +22,7 @@ from appliance.lake import maintenance as lake_maintenance
 from appliance.lake import writer as lake_writer
 from appliance.protocols import forward as forward_codec
 from appliance.protocols import logjam as logjam_codec
+from appliance.protocols import websocket_messages as websocket_codec
 
 __all__ = [
     "AuthConfig",
@@ -37,6 +38,7 @@ __all__ = [
     "MaintenanceConfig",
     "SparkConfig",
     "TlsConfig",
+    "WebSocketListenerConfig",
     "default_config",
     "load_config",
 ]
@@ -368,11 +370,56 @@ class LogjamListenerConfig(ListenerConfig):
         )
 
 
+#: The WebSocket listener's port (the usual alternative HTTPS port).
+DEFAULT_WEBSOCKET_BIND: Final = "127.0.0.1:8443"
+#: Events a live-tail connection may have waiting before further ones are dropped.
+DEFAULT_TAIL_QUEUE_EVENTS: Final = 10_000
+#: Messages one ingest connection may send per second (a burst of that many is allowed).
+DEFAULT_MAX_MESSAGES_PER_SECOND: Final = 100
+
+
+@dataclass(frozen=True)
+class WebSocketListenerConfig(ListenerConfig):
+    """A ``[[listeners]]`` entry with ``protocol = "websocket"`` (docs/websocket.md).
+
+    ``/ingest`` takes JSON messages from browsers and JavaScript senders;
+    ``/tail`` streams committed events to admin tokens. ``tls_handshake_timeout_seconds``
+    also bounds the WebSocket (HTTP upgrade) handshake, ``idle_timeout_seconds``
+    an ingest connection that sends nothing, ``max_pending_acks`` the messages
+    of one connection waiting for their commit.
+    """
+
+    protocol: Literal["websocket"] = "websocket"
+    name: str = "websocket"
+    bind: str = DEFAULT_WEBSOCKET_BIND
+    #: Origin header values admitted (``https://app.example:8080``); ``"*"``
+    #: admits any. A request without Origin (not a browser) is not checked;
+    #: empty list: every browser origin is refused.
+    allowed_origins: list[str] = field(default_factory=list)
+    #: Largest message, in bytes (characters of a text message); a larger one
+    #: closes the connection with code 1009.
+    max_message_bytes: int = websocket_codec.DEFAULT_MAX_MESSAGE_BYTES
+    #: Events in one ingest message.
+    max_events_per_message: int = websocket_codec.DEFAULT_MAX_EVENTS_PER_MESSAGE
+    #: Messages per second per ingest connection; more get an error and are not written.
+    max_messages_per_second: int = DEFAULT_MAX_MESSAGES_PER_SECOND
+    #: Events a tail connection may have waiting; past it events are dropped and counted.
+    tail_queue_events: int = DEFAULT_TAIL_QUEUE_EVENTS
+
+    def limits(self) -> websocket_codec.MessageLimits:
+        """The codec limits of this listener."""
+        return websocket_codec.MessageLimits(
+            max_message_bytes=self.max_message_bytes,
+            max_events_per_message=self.max_events_per_message,
+        )
+
+
 _LISTENER_TYPES: Final[dict[str, type[Any]]] = {
     "forward": ForwardListenerConfig,
     "courier": CourierListenerConfig,
     "lumberjack": LumberjackListenerConfig,
     "logjam": LogjamListenerConfig,
+    "websocket": WebSocketListenerConfig,
 }
 
 

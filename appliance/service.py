@@ -34,6 +34,7 @@ from appliance.config import (
     ForwardListenerConfig,
     ListenerConfig,
     LogjamListenerConfig,
+    WebSocketListenerConfig,
 )
 from appliance.lake.maintenance import run_maintenance
 from appliance.lake.table import EventsTable
@@ -46,6 +47,7 @@ from appliance.server.listener import TcpService
 from appliance.server.logjam_driver import serve_logjam
 from appliance.server.registry import handler_for
 from appliance.server.tls import TlsManager
+from appliance.server.websocket_driver import open_token_verifier
 from auth.policy import CredentialStore
 
 __all__ = ["Running", "node_id", "prepare_state", "serve"]
@@ -148,6 +150,12 @@ async def serve(
     await writer.open()
     lifecycle = Lifecycle()
     context = ServiceContext(writer, lifecycle, credentials=_credentials(config))
+    close_tokens: Callable[[], None] | None = None
+    if any(isinstance(listener, WebSocketListenerConfig) for listener in config.listeners):
+        # Bearer tokens live in the auth database (only the embedded one upgrades itself).
+        context.tokens, close_tokens = await trio.to_thread.run_sync(
+            open_token_verifier, config.state_dir, config.auth.database_url
+        )
     running = Running(ca_file=ca_file, writer=writer, tls_manager=tls)
     stop_event = stop if stop is not None else trio.Event()
     shutdown = trio.CancelScope()
@@ -200,6 +208,8 @@ async def serve(
                 await lifecycle.wait_no_readers()
                 await writer.close_input()
     pid_file(config).unlink(missing_ok=True)
+    if close_tokens is not None:
+        close_tokens()
     if shutdown.cancelled_caught:
         log.error("service.stopped", reason="shutdown timeout: in-flight batches left unacked")
     else:

@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Final, TypeVar, TypeVarTuple, Unpack
 
@@ -39,7 +39,7 @@ from appliance.lake.rows import DedupeKey, RowBlock, blocks_to_arrow
 from appliance.lake.table import EventsTable
 from appliance.logs import get_logger
 
-__all__ = ["CommitTicket", "LakeWriter", "WriterSettings"]
+__all__ = ["CommitListener", "CommitTicket", "LakeWriter", "WriterSettings"]
 
 log = get_logger("lake")
 
@@ -60,6 +60,12 @@ DEFAULT_RETRY_MAX_SECONDS: Final = 30.0
 #: How long, and how many, committed batch ids are remembered for dedupe.
 DEFAULT_DEDUPE_WINDOW_SECONDS: Final = 3600.0
 DEFAULT_DEDUPE_MAX_KEYS: Final = 1_000_000
+
+
+#: Told the blocks of each successful commit (the WebSocket live tail). It runs in
+#: the committer task, so it must return at once and never raise: it may only
+#: hand the blocks on without waiting (``send_nowait``, dropping when full).
+CommitListener = Callable[[Sequence[RowBlock]], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,6 +150,8 @@ class LakeWriter:
         self.rows_committed = 0
         self.duplicates = 0
         self.failed_attempts = 0
+        #: Called after every successful commit with its blocks (see CommitListener).
+        self.commit_listeners: list[CommitListener] = []
 
     async def open(self) -> None:
         """Open or create the table, and recover the commit sequence and dedupe keys."""
@@ -317,3 +325,5 @@ class LakeWriter:
             self._remember(key, now)
             for ticket in self._pending.pop(key, []):
                 ticket._resolve(True)
+        for listener in self.commit_listeners:
+            listener(group.blocks)

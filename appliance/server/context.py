@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Any, Final
 
 import trio
 
@@ -26,6 +27,8 @@ class ServiceContext:
     lifecycle: Lifecycle
     #: The auth database, when any listener needs it.
     credentials: CredentialStore | None = None
+    #: Bearer-token look-up (WebSocket listeners): token -> grant, or None.
+    tokens: Callable[[str], Any] | None = None
     #: Failed authentications per source address, for listeners without a
     #: limiter of their own (each forward listener has its own settings).
     failure_limiter: FailureLimiter = field(default_factory=FailureLimiter)

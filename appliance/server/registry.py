@@ -10,12 +10,14 @@ from appliance.config import (
     ForwardListenerConfig,
     ListenerConfig,
     LumberjackListenerConfig,
+    WebSocketListenerConfig,
 )
 from appliance.server.context import ServiceContext
 from appliance.server.courier_driver import courier_driver
 from appliance.server.forward_driver import forward_driver
 from appliance.server.listener import Handler
 from appliance.server.lumberjack_driver import lumberjack_driver
+from appliance.server.websocket_driver import websocket_driver
 
 __all__ = ["handler_for"]
 
@@ -26,6 +28,7 @@ _HANDLERS: Final[dict[type[ListenerConfig], _Factory]] = {
     ForwardListenerConfig: forward_driver,
     LumberjackListenerConfig: lumberjack_driver,
     CourierListenerConfig: courier_driver,
+    WebSocketListenerConfig: websocket_driver,
 }
 
 

@@ -1,0 +1,550 @@
+"""The WebSocket listener: WSS ingest (``/ingest``) and the live tail (``/tail``).
+
+Transport: the shared :class:`~appliance.server.listener.TcpService` accepts
+and does TLS (so mutual TLS, the certificate subject as ``source``, CRLs and
+certificate reload work as for every listener); this handler then runs
+trio-websocket's server side over the TLS stream
+(:func:`trio_websocket.wrap_server_stream`), checks the request and accepts
+or rejects it. Parsing and the answers' JSON are the sans-IO
+:mod:`appliance.protocols.websocket_messages`.
+
+The HTTP upgrade, under ``tls_handshake_timeout_seconds``, is refused with:
+
+* 404 for a path other than ``/ingest`` and ``/tail``;
+* 403 for an Origin header outside ``allowed_origins`` (checked first);
+* 429 while the peer's address is throttled after failed authentications;
+* 401 without a bearer token (``Authorization: Bearer ...``, or the
+  subprotocol ``bearer.<token>`` beside ``appliance.v1`` for browsers) or a
+  verified client certificate, and for a token that is unknown or revoked;
+* 403 for ``/tail`` without an ``admin`` token.
+
+The body of a refusal is ``{"error": reason}``. Tokens are checked in the auth
+database (:class:`auth.tokens.TokenStore`) in a worker thread under the
+service's ``auth_threads`` limiter, afresh at every handshake, so a revoked
+token is refused from its next connection on.
+
+Ingest: messages are parsed as they arrive, their rows submitted to the
+writer, and answered strictly in order: ``{"ack": id}`` once the commit that
+holds them succeeded, ``{"error": reason, "id": id}`` when the message was
+refused and nothing of it written (invalid JSON, a bad field, too many
+events, a tag outside the token's prefixes, over ``max_messages_per_second``).
+A message larger than ``max_message_bytes`` closes the connection with 1009.
+At most ``max_pending_acks`` answers wait; then the driver stops reading.
+
+Tail: the writer calls :meth:`TailHub.publish` with the blocks of each commit;
+every tail connection has a queue of at most ``tail_queue_events`` events.
+A full queue drops the new events and counts them, so a slow tail client
+never slows a commit; once the client has caught up it gets ``{"dropped": n}``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Final
+
+import orjson
+import trio
+from trio_websocket import (
+    ConnectionClosed,
+    WebSocketConnection,
+    WebSocketRequest,
+    wrap_server_stream,
+)
+
+from appliance.config import WebSocketListenerConfig
+from appliance.lake.rows import RowBlock
+from appliance.lake.writer import CommitTicket
+from appliance.logs import get_logger
+from appliance.protocols.websocket_messages import (
+    INGEST_PATH,
+    TAIL_PATH,
+    MessageError,
+    MessageId,
+    MessageRate,
+    TailFilter,
+    ack_json,
+    bearer_token,
+    dropped_json,
+    error_json,
+    header,
+    origin_allowed,
+    parse_ingest,
+    parse_target,
+    tail_events_json,
+)
+from appliance.server.context import ServiceContext
+from appliance.server.listener import ANONYMOUS, ConnectionInfo
+from auth.errors import AuthError
+
+if TYPE_CHECKING:
+    from auth.tokens import TokenGrant
+
+__all__ = [
+    "SUBPROTOCOL",
+    "TailHub",
+    "TailSubscription",
+    "TokenVerifier",
+    "WebSocketHandler",
+    "open_token_verifier",
+    "websocket_driver",
+]
+
+log = get_logger("websocket")
+
+#: The subprotocol a browser offers beside ``bearer.<token>`` (browsers cannot set headers).
+SUBPROTOCOL: Final = "appliance.v1"
+_BEARER_SUBPROTOCOL: Final = "bearer."
+#: Messages trio-websocket buffers between its reader task and this driver.
+MESSAGE_QUEUE_MESSAGES: Final = 4
+#: Bytes asked of the TLS stream per read by trio-websocket's reader task.
+RECEIVE_BUFFER_BYTES: Final = 64 * 1024
+#: Seconds a polite close (close frame and its answer) may take.
+CLOSE_TIMEOUT_SECONDS: Final = 2.0
+#: WebSocket close codes (RFC 6455 §7.4.1).
+CLOSE_NORMAL: Final = 1000
+CLOSE_GOING_AWAY: Final = 1001
+CLOSE_POLICY: Final = 1008
+
+#: The token check: token text -> what it allows, or None (blocking; runs in a thread).
+TokenVerifier = Callable[[str], "TokenGrant | None"]
+
+
+def open_token_verifier(
+    state_dir: Path, auth_database_url: str | None
+) -> tuple[TokenVerifier, Callable[[], None]]:
+    """The token look-up of the auth database and its closer; prepares the schema (blocking).
+
+    The same rule as the service: only the embedded default (``auth_database_url``
+    None: SQLite under ``state_dir``) upgrades itself.
+
+    Raises:
+        auth.errors.AuthError: the database is unreachable or behind.
+    """
+    from auth import schema
+    from auth.tokens import TokenStore
+
+    url = auth_database_url or f"sqlite:///{state_dir / 'auth' / 'auth.db'}"
+    schema.prepare(url, upgrade_in_place=auth_database_url is None)
+    store = TokenStore(url)
+    return store.verify, store.close
+
+
+def _address(peer: str) -> str:
+    """The IP address of a ``host:port`` or ``[v6]:port`` peer name."""
+    return peer.rsplit(":", 1)[0].strip("[]")
+
+
+# -- the live tail --------------------------------------------------------------------
+
+
+class TailSubscription:
+    """One tail connection's bounded queue of committed rows.
+
+    Args:
+        tail_filter: which rows it wants.
+        max_events: rows that may wait; further ones are dropped and counted.
+    """
+
+    def __init__(self, tail_filter: TailFilter, max_events: int) -> None:
+        self.filter = tail_filter
+        self.max_events = max_events
+        self._queue: deque[tuple[RowBlock, list[int]]] = deque()
+        self._queued = 0
+        #: Rows dropped since the client was last told.
+        self.dropped = 0
+        #: Rows dropped over the connection's life.
+        self.dropped_total = 0
+        self._wake = trio.Event()
+
+    def offer(self, blocks: Sequence[RowBlock]) -> None:
+        """Queue the wanted rows of ``blocks``, dropping what does not fit (never waits)."""
+        added = False
+        for block in blocks:
+            rows = self.filter.rows(block)
+            if not rows:
+                continue
+            if self._queued + len(rows) > self.max_events:
+                self.dropped += len(rows)
+                self.dropped_total += len(rows)
+                added = True
+                continue
+            self._queue.append((block, rows))
+            self._queued += len(rows)
+            added = True
+        if added:
+            self._wake.set()
+
+    async def next(self) -> tuple[list[tuple[RowBlock, list[int]]], int]:
+        """Wait for rows or drops; returns the queued rows and the drops since last time."""
+        while not self._queue and not self.dropped:
+            self._wake = trio.Event()
+            await self._wake.wait()
+        items = list(self._queue)
+        self._queue.clear()
+        self._queued = 0
+        dropped, self.dropped = self.dropped, 0
+        return items, dropped
+
+
+class TailHub:
+    """Fans each commit's blocks out to the tail connections; a writer commit listener."""
+
+    def __init__(self) -> None:
+        self._subscriptions: set[TailSubscription] = set()
+
+    def publish(self, blocks: Sequence[RowBlock]) -> None:
+        """The writer's :data:`~appliance.lake.writer.CommitListener`: never waits."""
+        for subscription in self._subscriptions:
+            subscription.offer(blocks)
+
+    @contextmanager
+    def subscribe(self, tail_filter: TailFilter, max_events: int) -> Iterator[TailSubscription]:
+        """A subscription for the duration of the ``with`` block."""
+        subscription = TailSubscription(tail_filter, max_events)
+        self._subscriptions.add(subscription)
+        try:
+            yield subscription
+        finally:
+            self._subscriptions.discard(subscription)
+
+    @property
+    def subscribers(self) -> int:
+        """Tail connections open now."""
+        return len(self._subscriptions)
+
+    @property
+    def dropped_events(self) -> int:
+        """Events dropped so far by the tail connections open now."""
+        return sum(s.dropped_total for s in self._subscriptions)
+
+
+# -- the handshake ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Refusal:
+    status: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class _Admission:
+    path: str
+    source: str
+    grant: TokenGrant | None
+    tail_filter: TailFilter
+    subprotocol: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class _Answer:
+    message_id: MessageId | None
+    ticket: CommitTicket | None = None
+    error: str | None = None
+
+
+def _subprotocol_token(offered: Sequence[str]) -> tuple[str | None, str | None]:
+    """The token of a ``bearer.<token>`` subprotocol, and the subprotocol to select."""
+    token = next(
+        (p[len(_BEARER_SUBPROTOCOL) :] for p in offered if p.startswith(_BEARER_SUBPROTOCOL)),
+        None,
+    )
+    return token or None, SUBPROTOCOL if SUBPROTOCOL in offered else None
+
+
+class WebSocketHandler:
+    """The connection handler of one WebSocket listener.
+
+    Args:
+        settings: the listener's configuration.
+        context: the service's writer, lifecycle and auth limits.
+        tokens: the token check; None means no bearer token is accepted
+            (only client certificates authenticate). :attr:`tokens` may be set
+            later, before connections arrive.
+    """
+
+    def __init__(
+        self,
+        settings: WebSocketListenerConfig,
+        context: ServiceContext,
+        tokens: TokenVerifier | None = None,
+    ) -> None:
+        self.settings = settings
+        self.context = context
+        self.tokens = tokens
+        self.hub = TailHub()
+        context.writer.commit_listeners.append(self.hub.publish)
+        self._limits = settings.limits()
+
+    async def __call__(self, stream: trio.abc.Stream, info: ConnectionInfo) -> None:
+        async with trio.open_nursery() as nursery:
+            try:
+                await self._connection(nursery, stream, info)
+            finally:
+                # trio-websocket's reader task runs in this nursery.
+                nursery.cancel_scope.cancel()
+
+    async def _connection(
+        self, nursery: trio.Nursery, stream: trio.abc.Stream, info: ConnectionInfo
+    ) -> None:
+        settings = self.settings
+        ws: WebSocketConnection | None = None
+        decision: _Refusal | _Admission | None = None
+        with trio.move_on_after(settings.tls_handshake_timeout_seconds) as deadline:
+            request = await wrap_server_stream(
+                nursery,
+                stream,
+                message_queue_size=MESSAGE_QUEUE_MESSAGES,
+                max_message_size=settings.max_message_bytes,
+                receive_buffer_size=RECEIVE_BUFFER_BYTES,
+            )
+            decision = await self._decide(request, info)
+            if isinstance(decision, _Refusal):
+                log.warning(
+                    "websocket.refused",
+                    listener=info.listener,
+                    peer=info.peer,
+                    status=decision.status,
+                    reason=decision.reason,
+                )
+                body = orjson.dumps({"error": decision.reason})
+                headers = [(b"content-type", b"application/json")]
+                await request.reject(decision.status, extra_headers=headers, body=body)
+                return
+            ws = await request.accept(subprotocol=decision.subprotocol)
+        if deadline.cancelled_caught or ws is None or not isinstance(decision, _Admission):
+            log.warning(
+                "websocket.handshake_failed",
+                listener=info.listener,
+                peer=info.peer,
+                reason=f"no WebSocket handshake within {settings.tls_handshake_timeout_seconds}s",
+            )
+            return
+        log.info(
+            "websocket.open",
+            listener=info.listener,
+            peer=info.peer,
+            path=decision.path,
+            source=decision.source,
+        )
+        code, reason = CLOSE_NORMAL, ""
+        try:
+            if decision.path == TAIL_PATH:
+                code, reason = await self._tail(ws, info, decision)
+            else:
+                code, reason = await self._ingest(ws, info, decision)
+        finally:
+            with trio.CancelScope(shield=True), trio.move_on_after(CLOSE_TIMEOUT_SECONDS):
+                await ws.aclose(code, reason or None)
+        log.info("websocket.closed", listener=info.listener, peer=info.peer, code=code,
+                 reason=reason or None)  # fmt: skip
+
+    async def _decide(
+        self, request: WebSocketRequest, info: ConnectionInfo
+    ) -> _Refusal | _Admission:
+        headers = request.headers
+        try:
+            path, tail_filter = parse_target(request.path)
+        except MessageError as exc:
+            return _Refusal(400, exc.reason)
+        if path not in (INGEST_PATH, TAIL_PATH):
+            return _Refusal(404, f"no endpoint {path!r}: use {INGEST_PATH} or {TAIL_PATH}")
+        if not origin_allowed(header(headers, b"origin"), self.settings.allowed_origins):
+            return _Refusal(403, "origin not allowed")
+        token = bearer_token(headers)
+        sub_token, subprotocol = _subprotocol_token(request.proposed_subprotocols)
+        token = token or sub_token
+        grant: TokenGrant | None = None
+        if token is not None:
+            refusal_or_grant = await self._verify(token, info)
+            if isinstance(refusal_or_grant, _Refusal):
+                return refusal_or_grant
+            grant = refusal_or_grant
+            source = f"token:{grant.name}"
+        elif info.source != ANONYMOUS:
+            source = info.source  # the verified client certificate's subject
+        else:
+            return _Refusal(401, "authentication required: a bearer token or a client certificate")
+        if path == TAIL_PATH and (grant is None or grant.scope != "admin"):
+            return _Refusal(403, "the live tail needs an admin token")
+        return _Admission(path, source, grant, tail_filter, subprotocol)
+
+    async def _verify(self, token: str, info: ConnectionInfo) -> _Refusal | TokenGrant:
+        verifier = self.tokens
+        if verifier is None:
+            return _Refusal(401, "bearer tokens are not enabled on this listener")
+        limiter = self.context.failure_limiter
+        address = _address(info.peer)
+        wait = limiter.retry_after(address, time.monotonic())
+        if wait > 0:
+            return _Refusal(429, f"too many failed authentications; retry in {wait:.0f}s")
+        try:
+            grant = await trio.to_thread.run_sync(
+                verifier, token, limiter=self.context.auth_threads
+            )
+        except AuthError as exc:
+            log.error("websocket.auth_unavailable", peer=info.peer, reason=str(exc))
+            return _Refusal(503, "the auth database is unavailable; try again later")
+        if grant is None:
+            limiter.failure(address, time.monotonic())
+            return _Refusal(401, "invalid or revoked token")
+        limiter.success(address)
+        return grant
+
+    # -- ingest ---------------------------------------------------------------------
+
+    async def _ingest(
+        self, ws: WebSocketConnection, info: ConnectionInfo, admission: _Admission
+    ) -> tuple[int, str]:
+        send, receive = trio.open_memory_channel[_Answer](self.settings.max_pending_acks)
+        outcome = (CLOSE_NORMAL, "")
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._answer, ws, receive, nursery.cancel_scope)
+            async with send:
+                outcome = await self._read(ws, info, admission, send)
+        return outcome
+
+    async def _read(
+        self,
+        ws: WebSocketConnection,
+        info: ConnectionInfo,
+        admission: _Admission,
+        answers: trio.MemorySendChannel[_Answer],
+    ) -> tuple[int, str]:
+        settings = self.settings
+        lifecycle = self.context.lifecycle
+        rate = MessageRate(settings.max_messages_per_second, trio.current_time())
+        with lifecycle.reading():
+            while True:
+                data: str | bytes | None = None
+                with lifecycle.receiving() as stopping:
+                    with trio.move_on_after(settings.idle_timeout_seconds) as idle:
+                        try:
+                            data = await ws.get_message()
+                        except ConnectionClosed as exc:
+                            closed = exc.reason
+                            return (closed.code if closed else CLOSE_NORMAL), ""
+                if stopping.cancelled_caught:
+                    return CLOSE_GOING_AWAY, "the appliance is shutting down"
+                if idle.cancelled_caught or data is None:
+                    return CLOSE_NORMAL, f"idle for {settings.idle_timeout_seconds}s"
+                received_at_ns = time.time_ns()
+                answer = await self._message(data, info, admission, rate, received_at_ns)
+                await answers.send(answer)
+
+    async def _message(
+        self,
+        data: str | bytes,
+        info: ConnectionInfo,
+        admission: _Admission,
+        rate: MessageRate,
+        received_at_ns: int,
+    ) -> _Answer:
+        if not rate.allow(trio.current_time()):
+            reason = f"more than {self.settings.max_messages_per_second} messages per second"
+            return self._refused(MessageError(reason), info)
+        try:
+            message = parse_ingest(data, self._limits)
+        except MessageError as exc:
+            return self._refused(exc, info)
+        grant = admission.grant
+        if grant is not None and not grant.allows_tag(message.tag):
+            reason = f"tag {message.tag!r} is outside the token's tag prefixes"
+            return self._refused(MessageError(reason, message.id), info)
+        block = message.block(
+            source=admission.source, peer=info.peer, received_at_ns=received_at_ns
+        )
+        ticket = await self.context.writer.submit(block)
+        return _Answer(message.id, ticket=ticket)
+
+    @staticmethod
+    def _refused(error: MessageError, info: ConnectionInfo) -> _Answer:
+        log.warning("websocket.message_refused", peer=info.peer, id=error.message_id,
+                    reason=error.reason)  # fmt: skip
+        return _Answer(error.message_id, error=error.reason)
+
+    async def _answer(
+        self,
+        ws: WebSocketConnection,
+        answers: trio.MemoryReceiveChannel[_Answer],
+        connection: trio.CancelScope,
+    ) -> None:
+        async with answers:
+            async for answer in answers:
+                if answer.ticket is not None:
+                    assert answer.message_id is not None
+                    if await answer.ticket.wait():
+                        text = ack_json(answer.message_id)
+                    else:
+                        text = error_json(
+                            "not committed: the appliance stopped first; resend",
+                            answer.message_id,
+                        )
+                else:
+                    text = error_json(answer.error or "refused", answer.message_id)
+                try:
+                    await ws.send_message(text)
+                except ConnectionClosed:
+                    # The client is gone: stop reading too. Submitted rows still
+                    # commit; a client that resends them is deduplicated.
+                    connection.cancel()
+                    return
+
+    # -- tail -----------------------------------------------------------------------
+
+    async def _tail(
+        self, ws: WebSocketConnection, info: ConnectionInfo, admission: _Admission
+    ) -> tuple[int, str]:
+        settings = self.settings
+        outcome = (CLOSE_NORMAL, "")
+        with self.hub.subscribe(admission.tail_filter, settings.tail_queue_events) as sub:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._drain, ws, nursery.cancel_scope)
+                outcome = await self._push(ws, sub)
+                nursery.cancel_scope.cancel()
+        if sub.dropped_total:
+            log.info("websocket.tail_dropped", peer=info.peer, events=sub.dropped_total)
+        return outcome
+
+    async def _push(self, ws: WebSocketConnection, sub: TailSubscription) -> tuple[int, str]:
+        lifecycle = self.context.lifecycle
+        send_timeout = self.settings.idle_timeout_seconds
+        while True:
+            items: list[tuple[RowBlock, list[int]]] = []
+            dropped = 0
+            with lifecycle.receiving() as stopping:
+                items, dropped = await sub.next()
+            if stopping.cancelled_caught:
+                return CLOSE_GOING_AWAY, "the appliance is shutting down"
+            texts = [text for block, rows in items for text in tail_events_json(block, rows)]
+            if dropped:
+                texts.append(dropped_json(dropped))
+            with trio.move_on_after(send_timeout) as stalled:
+                try:
+                    for text in texts:
+                        await ws.send_message(text)
+                except ConnectionClosed:
+                    return CLOSE_NORMAL, ""
+            if stalled.cancelled_caught:
+                return CLOSE_POLICY, f"read nothing for {send_timeout}s"
+
+    @staticmethod
+    async def _drain(ws: WebSocketConnection, tail: trio.CancelScope) -> None:
+        """Read (and ignore) what a tail client sends, so its close frame is seen."""
+        try:
+            while True:
+                await ws.get_message()
+        except ConnectionClosed:
+            tail.cancel()
+
+
+def websocket_driver(
+    settings: WebSocketListenerConfig, context: ServiceContext
+) -> WebSocketHandler:
+    """The connection handler of one WebSocket listener (tokens from the service context)."""
+    return WebSocketHandler(settings, context, tokens=context.tokens)

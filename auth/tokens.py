@@ -1,0 +1,312 @@
+"""API tokens of the WebSocket listener (docs/websocket.md): bearer secrets, stored hashed.
+
+* :class:`ApiToken` - one token: a unique name, the SHA-256 of its secret,
+  a scope (``ingest`` sends events; ``admin`` may also watch the live tail),
+  the tag prefixes it may write under, and when it was created, revoked and
+  last used. On the same declarative :class:`~auth.models.Base` as the other
+  auth tables; created by Alembic revision ``0003``.
+* :class:`TokenStore` - ``appliance token add|list|revoke`` and the look-up
+  the WebSocket listener makes at every handshake (read afresh each time, so
+  a revocation applies to the next connection of a running service).
+
+Unlike forward passwords, which the handshake needs raw, a token is a bearer
+secret that never needs to be recovered: only its SHA-256 is stored, and a
+lost token is revoked and replaced. A token is 32 random bytes (so a plain
+hash, without salt or stretching, is enough: there is nothing to guess), in
+URL-safe base64 behind the ``apt_`` prefix that makes it easy to spot in a
+leaked file. Every method raises only :class:`auth.errors.AuthError`
+subclasses; no message, log or audit entry ever holds a token.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import hashlib
+import hmac
+import secrets
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Final, Literal, get_args
+
+from sqlalchemy import JSON, Engine, LargeBinary, String, select
+from sqlalchemy.exc import IntegrityError, SQLAlchemyError
+from sqlalchemy.orm import Mapped, Session, mapped_column
+
+from auth.db import DEFAULT_POOL_SIZE, IMMEDIATE, display_url, make_engine
+from auth.errors import ConflictError, DatabaseError, InvalidValueError, NotFoundError
+from auth.models import NAME_LENGTH, AuditEntry, Base, UtcDateTime, utc_now
+
+__all__ = [
+    "MAX_TAG_PREFIXES",
+    "TOKEN_PREFIX",
+    "ApiToken",
+    "Scope",
+    "TokenGrant",
+    "TokenInfo",
+    "TokenStore",
+    "generate_token",
+    "hash_token",
+]
+
+#: What a token may do: send events, or also read the live tail.
+Scope = Literal["ingest", "admin"]
+SCOPES: Final[tuple[str, ...]] = get_args(Scope)
+#: Random bytes in a token.
+TOKEN_BYTES: Final = 32
+#: The text every token starts with.
+TOKEN_PREFIX: Final = "apt_"  # noqa: S105 -- a marker, not a secret
+#: Longest token text accepted at all (longer input is refused unhashed).
+MAX_TOKEN_CHARS: Final = 256
+#: Tag prefixes one token may carry, and the longest one, in characters.
+MAX_TAG_PREFIXES: Final = 64
+MAX_TAG_PREFIX_CHARS: Final = 255
+#: Bytes of a SHA-256 digest.
+_HASH_BYTES: Final = 32
+
+
+class ApiToken(Base):
+    """A bearer token of the WebSocket listener, stored as its SHA-256 only."""
+
+    __tablename__ = "api_tokens"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(NAME_LENGTH), unique=True)
+    #: SHA-256 of the token text; the token itself is never stored.
+    token_hash: Mapped[bytes] = mapped_column(LargeBinary(_HASH_BYTES), unique=True)
+    #: "ingest" or "admin".
+    scope: Mapped[str] = mapped_column(String(16))
+    #: Tags the token may write under, as prefixes; empty: any tag.
+    tag_prefixes: Mapped[list[str]] = mapped_column(JSON, default=list)
+    created_at: Mapped[dt.datetime] = mapped_column(UtcDateTime, default=utc_now)
+    #: Set by ``appliance token revoke``; refused from the next handshake on.
+    revoked_at: Mapped[dt.datetime | None] = mapped_column(UtcDateTime)
+    #: The last handshake that presented it.
+    last_used_at: Mapped[dt.datetime | None] = mapped_column(UtcDateTime)
+
+
+@dataclass(frozen=True, slots=True)
+class TokenGrant:
+    """What a verified token allows: the listener's answer to a handshake."""
+
+    name: str
+    scope: str
+    tag_prefixes: tuple[str, ...]
+
+    def allows_tag(self, tag: str) -> bool:
+        """Whether events may be written under ``tag``."""
+        return not self.tag_prefixes or tag.startswith(self.tag_prefixes)
+
+
+@dataclass(frozen=True, slots=True)
+class TokenInfo:
+    """A token as the CLI shows it (never the secret)."""
+
+    name: str
+    scope: str
+    tag_prefixes: tuple[str, ...]
+    created_at: dt.datetime
+    revoked_at: dt.datetime | None
+    last_used_at: dt.datetime | None
+
+    @property
+    def status(self) -> str:
+        """``active`` or ``revoked``."""
+        return "revoked" if self.revoked_at is not None else "active"
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON form of ``--json``."""
+
+        def iso(value: dt.datetime | None) -> str | None:
+            return value.isoformat(timespec="seconds") if value is not None else None
+
+        return {
+            "name": self.name,
+            "scope": self.scope,
+            "tag_prefixes": list(self.tag_prefixes),
+            "status": self.status,
+            "created_at": iso(self.created_at),
+            "revoked_at": iso(self.revoked_at),
+            "last_used_at": iso(self.last_used_at),
+        }
+
+
+def _info(row: ApiToken) -> TokenInfo:
+    return TokenInfo(
+        row.name,
+        row.scope,
+        tuple(row.tag_prefixes or ()),
+        row.created_at,
+        row.revoked_at,
+        row.last_used_at,
+    )
+
+
+def generate_token() -> str:
+    """A new random token text (``apt_`` + 43 characters of URL-safe base64)."""
+    raw = secrets.token_bytes(TOKEN_BYTES)
+    return TOKEN_PREFIX + base64.urlsafe_b64encode(raw).decode("ascii").rstrip("=")
+
+
+def hash_token(token: str) -> bytes:
+    """The SHA-256 of a token's text: what the database keeps."""
+    return hashlib.sha256(token.encode("utf-8", "surrogatepass")).digest()
+
+
+def _check_name(name: str) -> str:
+    if not name or len(name) > NAME_LENGTH:
+        raise InvalidValueError(f"a token name needs 1 to {NAME_LENGTH} characters")
+    if any(c.isspace() or not c.isprintable() for c in name):
+        raise InvalidValueError("a token name cannot hold spaces or control characters")
+    return name
+
+
+def _check_prefixes(prefixes: Sequence[str]) -> list[str]:
+    if len(prefixes) > MAX_TAG_PREFIXES:
+        raise InvalidValueError(f"a token takes at most {MAX_TAG_PREFIXES} tag prefixes")
+    cleaned: list[str] = []
+    for prefix in prefixes:
+        if not prefix or len(prefix) > MAX_TAG_PREFIX_CHARS or not prefix.isprintable():
+            raise InvalidValueError(
+                f"a tag prefix needs 1 to {MAX_TAG_PREFIX_CHARS} printable characters"
+            )
+        if prefix not in cleaned:
+            cleaned.append(prefix)
+    return cleaned
+
+
+def _first_line(exc: SQLAlchemyError) -> str:
+    cause = getattr(exc, "orig", None) or exc
+    text = str(cause).strip()
+    return text.splitlines()[0] if text else type(cause).__name__
+
+
+class TokenStore:
+    """The ``api_tokens`` table of the auth database.
+
+    Args:
+        url: SQLAlchemy URL of the auth database (schema at head: see
+            :func:`auth.schema.prepare`).
+        pool_size: connections kept open.
+    """
+
+    def __init__(self, url: str, *, pool_size: int = DEFAULT_POOL_SIZE) -> None:
+        self.url = url
+        self._engine: Engine = make_engine(url, pool_size=pool_size)
+
+    def close(self) -> None:
+        """Close the pooled connections."""
+        self._engine.dispose()
+
+    def __enter__(self) -> TokenStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @contextmanager
+    def _errors(self) -> Iterator[None]:
+        try:
+            yield
+        except IntegrityError as exc:
+            raise ConflictError(
+                f"the change conflicts with the database's contents: {_first_line(exc)}"
+            ) from None
+        except SQLAlchemyError as exc:
+            where = display_url(self.url)
+            raise DatabaseError(f"auth database {where}: {_first_line(exc)}") from None
+
+    @contextmanager
+    def _read(self) -> Iterator[Session]:
+        with self._errors(), Session(self._engine) as session, session.begin():
+            yield session
+
+    @contextmanager
+    def _write(self) -> Iterator[Session]:
+        with self._errors(), self._engine.connect() as connection:
+            connection = connection.execution_options(**{IMMEDIATE: True})
+            with Session(bind=connection) as session, session.begin():
+                yield session
+
+    @staticmethod
+    def _audit(session: Session, action: str, target: str, actor: str, detail: str = "") -> None:
+        session.add(
+            AuditEntry(
+                at=utc_now(), actor=actor[:NAME_LENGTH], action=action, target=target,
+                detail=detail,
+            )
+        )  # fmt: skip
+
+    def add(
+        self, name: str, scope: str, tag_prefixes: Sequence[str] = (), *, actor: str
+    ) -> tuple[TokenInfo, str]:
+        """Create a token; returns it with its secret text, which is never available again.
+
+        Raises:
+            InvalidValueError: a bad name, scope or tag prefix.
+            ConflictError: the name is taken (revoked tokens too).
+        """
+        name = _check_name(name)
+        if scope not in SCOPES:
+            raise InvalidValueError(f"scope must be one of {', '.join(SCOPES)}, not {scope!r}")
+        prefixes = _check_prefixes(tag_prefixes)
+        token = generate_token()
+        with self._write() as session:
+            taken = session.scalar(select(ApiToken).where(ApiToken.name == name))
+            if taken is not None:
+                state = "revoked" if taken.revoked_at else "active"
+                raise ConflictError(f"a token named {name!r} exists already ({state})")
+            row = ApiToken(
+                name=name,
+                token_hash=hash_token(token),
+                scope=scope,
+                tag_prefixes=prefixes,
+                created_at=utc_now(),
+            )
+            session.add(row)
+            detail = f"scope {scope}; tag prefixes {', '.join(prefixes) or '(any)'}"
+            self._audit(session, "token.add", name, actor, detail=detail)
+            session.flush()
+            return _info(row), token
+
+    def list(self) -> list[TokenInfo]:
+        """Every token, active and revoked, by name."""
+        with self._read() as session:
+            return [_info(t) for t in session.scalars(select(ApiToken).order_by(ApiToken.name))]
+
+    def revoke(self, name: str, *, actor: str) -> TokenInfo:
+        """Refuse ``name`` from the next handshake on.
+
+        Raises:
+            NotFoundError: no such token.
+            ConflictError: it is revoked already.
+        """
+        with self._write() as session:
+            row = session.scalar(select(ApiToken).where(ApiToken.name == name))
+            if row is None:
+                raise NotFoundError(f"no token named {name!r}")
+            if row.revoked_at is not None:
+                raise ConflictError(f"token {name!r} is revoked already")
+            row.revoked_at = utc_now()
+            self._audit(session, "token.revoke", name, actor)
+            session.flush()
+            return _info(row)
+
+    def verify(self, token: str) -> TokenGrant | None:
+        """What an active ``token`` allows, or None: the listener's question (blocking).
+
+        The row is found by the hash (unique index) and the hash compared again
+        with :func:`hmac.compare_digest`; a hit records ``last_used_at``.
+        """
+        if not token.startswith(TOKEN_PREFIX) or len(token) > MAX_TOKEN_CHARS:
+            return None
+        digest = hash_token(token)
+        with self._write() as session:
+            row = session.scalar(select(ApiToken).where(ApiToken.token_hash == digest))
+            if row is None or not hmac.compare_digest(row.token_hash, digest):
+                return None
+            if row.revoked_at is not None:
+                return None
+            row.last_used_at = utc_now()
+            return TokenGrant(row.name, row.scope, tuple(row.tag_prefixes or ()))
