@@ -57,7 +57,8 @@ package:
 	bash scripts/package-build.sh
 
 # Builds both packages and proves them: the deb in a fresh Debian root
-# (install without network, serve, TLS forward exchange with ack, upgrade,
-# remove, purge, systemd-analyze verify), the rpm with rpm --root. Needs root.
+# (install without network, serve, TLS forward exchange with ack, the unit
+# under systemd-nspawn, upgrade, remove, purge, systemd-analyze verify), the
+# rpm with rpm --root. Needs root.
 package-test: env
 	bash scripts/package-test.sh
