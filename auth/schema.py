@@ -8,10 +8,11 @@ database on purpose, once, with ``appliance db upgrade``.
 
 from __future__ import annotations
 
+import fcntl
 import io
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -150,10 +151,39 @@ def check_schema(url: str) -> None:
     )
 
 
+@contextmanager
+def _sqlite_file_lock(url: str) -> Iterator[None]:
+    """Serialize migrations of one SQLite file across processes.
+
+    SQLite answers "database is locked" at once, whatever the busy timeout,
+    when two connections that both read try to write: processes starting
+    together would race. An advisory lock beside the file orders them, as
+    pg_advisory_xact_lock does for PostgreSQL.
+    """
+    database = normalize_url(url).database
+    if not database or database == ":memory:":
+        yield
+        return
+    lock_path = Path(database).with_name(Path(database).name + ".migrate-lock")
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with lock_path.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 def _migrate(url: str, revision: str, *, up: bool) -> SchemaStatus:
     engine = make_engine(url, pool_size=1)
+    is_sqlite = normalize_url(url).get_backend_name() == "sqlite"
     try:
-        with _ALEMBIC_LOCK, _database_errors(url), engine.connect() as connection:
+        with (
+            _ALEMBIC_LOCK,
+            _sqlite_file_lock(url) if is_sqlite else nullcontext(),
+            _database_errors(url),
+            engine.connect() as connection,
+        ):
             connection = connection.execution_options(**{IMMEDIATE: True})
             with connection.begin():
                 if connection.dialect.name == "postgresql":

@@ -38,17 +38,12 @@ import argparse
 import base64
 import collections
 import dataclasses
-import importlib.metadata
-import json
+import functools
 import os
 import platform
 import pstats
 import re
-import resource
-import selectors
 import shutil
-import signal
-import socket
 import ssl
 import struct
 import subprocess
@@ -56,78 +51,59 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import msgpack
+from harness import (
+    ROOT,
+    VENV_BIN,
+    ConnectionResult,
+    Server,
+    add_arguments,
+    best_rate,
+    commit_rate,
+    cpu_model,
+    discard_state,
+    fmt_ceilings,
+    fmt_rate,
+    fmt_threads,
+    git_commit,
+    memory_gib,
+    package_versions,
+    parse_cases,
+    pin_cores,
+    pinned,
+    print_header,
+    run_window,
+    stop_server,
+    table_counts,
+    tls_connect,
+    write_json,
+)
+from harness import start_server as start_appliance
 
-ROOT = Path(__file__).resolve().parent.parent
 # Measure the tree this file lives in (a checkout or a snapshot), in this
 # process and in the server, whatever the venv's editable install points at.
 sys.path.insert(0, str(ROOT))
-VENV_BIN = Path(sys.executable).parent
 TAG = "bench.tag"
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 DEFAULT_CASES = "1:1,100:1,1000:1,100:32:8,1000:16"
 
 
 # -- machine -------------------------------------------------------------------
 
 
-def cpu_reference_ms(core: int | None) -> float:
-    """Milliseconds for ``sum(range(10**6))`` on ``core``: a rough speed yardstick."""
-    previous = os.sched_getaffinity(0)
-    if core is not None:
-        os.sched_setaffinity(0, {core})
-    try:
-        best = float("inf")
-        for _ in range(15):
-            start = time.perf_counter()
-            sum(range(10**6))
-            best = min(best, time.perf_counter() - start)
-        return best * 1000
-    finally:
-        os.sched_setaffinity(0, previous)
-
-
 def machine_info(usable: int) -> dict[str, str]:
     """What the results were measured on."""
-    cpu = "unknown"
-    with open("/proc/cpuinfo", encoding="utf-8") as f:
-        for line in f:
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    mem_kb = 0
-    with open("/proc/meminfo", encoding="utf-8") as f:
-        for line in f:
-            if line.startswith("MemTotal:"):
-                mem_kb = int(line.split()[1])
-    versions = []
-    for name in ("trio", "msgpack", "deltalake", "pyarrow", "cryptography"):
-        try:
-            versions.append(f"{name} {importlib.metadata.version(name)}")
-        except importlib.metadata.PackageNotFoundError:
-            versions.append(f"{name} (not installed)")
-    try:
-        commit = subprocess.run(
-            ["git", "-C", str(ROOT), "describe", "--always", "--dirty"],
-            capture_output=True,
-            text=True,
-            check=False,
-        ).stdout.strip()
-    except OSError:
-        commit = "unknown"
     return {
         "cpus": f"{os.cpu_count()} (usable: {usable})",
-        "cpu_model": cpu,
-        "memory": f"{mem_kb / 1024 / 1024:.1f} GiB",
+        "cpu_model": cpu_model(),
+        "memory": memory_gib(),
         "kernel": platform.release(),
         "python": platform.python_version(),
         "openssl": ssl.OPENSSL_VERSION,
-        "packages": ", ".join(versions),
-        "source": f"{ROOT} at {commit or 'unknown'}",
+        "packages": package_versions(("trio", "msgpack", "deltalake", "pyarrow", "cryptography")),
+        "source": f"{ROOT} at {git_commit()}",
     }
 
 
@@ -204,26 +180,6 @@ def chunk_id(nonce: int, connection: int, seq: int) -> str:
 # -- in-process ceilings -------------------------------------------------------
 
 
-def _rate(fn: Callable[[], int], seconds: float, repeats: int = 3) -> float:
-    """Best events/s of ``fn`` (which returns the events it handled) over ``repeats`` runs.
-
-    Each run lasts at least ``seconds``. The best run is the one least disturbed
-    by neighbours on a shared machine.
-    """
-    fn()  # warm up
-    best = 0.0
-    for _ in range(repeats):
-        events = 0
-        start = time.perf_counter()
-        while True:
-            events += fn()
-            elapsed = time.perf_counter() - start
-            if elapsed >= seconds:
-                break
-        best = max(best, events / elapsed)
-    return best
-
-
 def measure_ceilings(
     workload: Workload, seconds: float, core: int | None, with_commit: bool
 ) -> dict[str, float]:
@@ -234,10 +190,7 @@ def measure_ceilings(
     from appliance.server.forward_driver import forward_block
     from appliance.server.listener import ConnectionInfo
 
-    previous = os.sched_getaffinity(0)
-    if core is not None:
-        os.sched_setaffinity(0, {core})
-    try:
+    with pinned(core):
         request = workload.request(chunk_id(1, 0, 0))
         # Requests per call: about one commit group's worth of rows.
         group = max(1, 25_000 // workload.batch)
@@ -278,114 +231,18 @@ def measure_ceilings(
             return int(codec_arrow_table()[0])
 
         result = {
-            "decode": _rate(decode_only, seconds),
-            "codec": _rate(codec, seconds),
-            "arrow": _rate(codec_arrow, seconds),
+            "decode": best_rate(decode_only, seconds),
+            "codec": best_rate(codec, seconds),
+            "arrow": best_rate(codec_arrow, seconds),
         }
         if with_commit:
-            from appliance.lake.table import EventsTable
-
-            tmp = tempfile.mkdtemp(prefix="forward-bench-ceiling-")
-            try:
-                table = EventsTable(str(Path(tmp) / "events"))
-                table.open_or_create()
-                version = [0]
-
-                def pipeline() -> int:
-                    rows, data = codec_arrow_table()
-                    version[0] += 1
-                    table.commit(data, "bench-ceiling", version[0])
-                    return int(rows)
-
-                result["commit"] = _rate(pipeline, seconds)
-            finally:
-                shutil.rmtree(tmp, ignore_errors=True)
+            result["commit"] = commit_rate(
+                lambda: codec_arrow_table()[1], seconds, "forward-bench-ceiling-"
+            )
         return result
-    finally:
-        os.sched_setaffinity(0, previous)
 
 
 # -- server --------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def proc_cpu_seconds(pid: int) -> float:
-    """utime + stime of a whole process (all its threads, dead ones included)."""
-    with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
-
-
-def thread_cpu_seconds(pid: int) -> dict[int, tuple[str, float]]:
-    """CPU seconds of each live thread of ``pid``, with its OS thread name."""
-    out: dict[int, tuple[str, float]] = {}
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            with open(f"/proc/{pid}/task/{tid}/stat", encoding="utf-8") as f:
-                raw = f.read()
-        except OSError:
-            continue
-        comm = raw[raw.index("(") + 1 : raw.rindex(")")]
-        fields = raw.rsplit(")", 1)[1].split()
-        out[int(tid)] = (comm, (int(fields[11]) + int(fields[12])) / CLK_TCK)
-    return out
-
-
-def thread_groups(
-    pid: int, before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]]
-) -> dict[str, float]:
-    """CPU seconds between two samples, grouped by thread kind."""
-    groups: dict[str, float] = collections.defaultdict(float)
-    for tid, (comm, cpu) in after.items():
-        spent = cpu - before.get(tid, (comm, 0.0))[1]
-        if tid == pid:
-            name = "main (trio loop)"
-        elif comm.startswith("tokio"):
-            name = "tokio (deltalake)"
-        elif comm.startswith("jemalloc"):
-            name = "jemalloc"
-        else:
-            # trio.to_thread workers take the name of their job (truncated to 15).
-            name = "python worker threads"
-        groups[name] += spent
-    return dict(groups)
-
-
-def system_cpu_seconds() -> tuple[float, float]:
-    """(busy, steal) CPU seconds of the whole machine since boot, from /proc/stat."""
-    with open("/proc/stat", encoding="utf-8") as f:
-        values = [int(v) for v in f.readline().split()[1:]]
-    user, nice, system, _idle, _iowait, irq, softirq, steal = (values + [0] * 8)[:8]
-    return (user + nice + system + irq + softirq) / CLK_TCK, steal / CLK_TCK
-
-
-def vm_hwm_mb(pid: int) -> float:
-    with open(f"/proc/{pid}/status", encoding="utf-8") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    return float("nan")
-
-
-@dataclasses.dataclass
-class Server:
-    proc: subprocess.Popen[bytes]
-    state_dir: Path
-    port: int
-    ca_file: Path
-    stderr_path: Path
-
-    def stderr_tail(self, lines: int = 30) -> str:
-        try:
-            text = self.stderr_path.read_text(encoding="utf-8", errors="replace")
-        except OSError:
-            return ""
-        return "\n".join(text.splitlines()[-lines:])
 
 
 def start_server(
@@ -394,111 +251,54 @@ def start_server(
     server_core: int | None,
     profile_dir: Path | None,
 ) -> Server:
-    port = free_port()
-    config = state_dir / "bench.toml"
-    config.write_text(
-        f'state_dir = "{state_dir / "var"}"\n'
-        "[log]\n"
-        'level = "info"\n'
-        "[lake]\n"
-        f"commit_max_delay_seconds = {args.commit_delay}\n"
-        f"commit_max_rows = {args.commit_max_rows}\n"
-        "[[listeners]]\n"
-        'name = "forward"\n'
-        f'bind = "127.0.0.1:{port}"\n',
-        encoding="utf-8",
-    )
+    """``python -m appliance serve`` on this tree (or under ``profile_server.py``)."""
     if profile_dir is None:
-        cmd = [sys.executable, "-m", "appliance", "serve", "--config", str(config)]
+        command = [sys.executable, "-m", "appliance", "serve"]
     else:
-        cmd = [
+        command = [
             sys.executable,
             str(Path(__file__).with_name("profile_server.py")),
             str(profile_dir),
             "--timer",
             args.profile_timer,
             "serve",
-            "--config",
-            str(config),
         ]
-
-    def pin() -> None:
-        if server_core is not None:
-            os.sched_setaffinity(0, {server_core})
-
-    stderr_path = state_dir / "server.log"
-    with open(stderr_path, "wb") as stderr:
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-        proc = subprocess.Popen(
-            cmd, stdout=subprocess.PIPE, stderr=stderr, preexec_fn=pin, cwd=state_dir, env=env
-        )
-    server = Server(proc, state_dir, port, Path(), stderr_path)
-    assert proc.stdout is not None
-    deadline = time.monotonic() + 60
-    buffer = b""
-    with selectors.DefaultSelector() as sel:
-        sel.register(proc.stdout, selectors.EVENT_READ)
-        while b"\n" not in buffer or b"CA certificate for clients:" not in buffer:
-            left = deadline - time.monotonic()
-            if left <= 0 or proc.poll() is not None:
-                proc.kill()
-                raise RuntimeError(f"server did not become ready:\n{server.stderr_tail()}")
-            if sel.select(timeout=min(left, 0.5)):
-                piece = os.read(proc.stdout.fileno(), 4096)
-                if not piece:
-                    continue
-                buffer += piece
-    line = next(x for x in buffer.decode().splitlines() if "CA certificate for clients:" in x)
-    server.ca_file = Path(line.split(":", 1)[1].strip())
-    return server
-
-
-def stop_server(server: Server, timeout: float = 120) -> tuple[int, dict[str, str]]:
-    """SIGTERM, wait, and the fields of its ``service.stopped`` log line."""
-    server.proc.send_signal(signal.SIGTERM)
-    try:
-        code = server.proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        server.proc.kill()
-        code = server.proc.wait()
-    if server.proc.stdout is not None:
-        server.proc.stdout.close()
-    stopped: dict[str, str] = {}
-    for line in server.stderr_path.read_text(encoding="utf-8", errors="replace").splitlines():
-        if "event=service.stopped" in line:
-            stopped = dict(re.findall(r"(\w+)=(\S+)", line))
-    return code, stopped
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    return start_appliance(
+        state_dir,
+        args,
+        'name = "forward"\n',
+        server_core,
+        command=command,
+        env=env,
+        preamble='[log]\nlevel = "info"\n',
+    )
 
 
 # -- load generator ------------------------------------------------------------
 
 
 @dataclasses.dataclass
-class ConnectionResult:
-    ack_times: list[float] = dataclasses.field(default_factory=list)
-    latencies: list[float] = dataclasses.field(default_factory=list)
+class ForwardResult(ConnectionResult):
     chunks_acked: int = 0
-    error: BaseException | None = None
 
 
 def run_connection(
-    index: int,
     context: ssl.SSLContext,
+    start: threading.Event,
+    stop_at: list[float],
+    *,
+    index: int,
     port: int,
     workload: Workload,
     pipeline: int,
     nonce: int,
-    start: threading.Event,
-    stop_at: list[float],
-    result: ConnectionResult,
+    result: ForwardResult,
 ) -> None:
     """One Fluentd-like sender: up to ``pipeline`` chunks in flight, acks checked in order."""
     try:
-        raw = socket.create_connection(("127.0.0.1", port), timeout=60)
-        raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        with context.wrap_socket(raw, server_hostname="localhost") as tls:
-            tls.settimeout(120)
+        with tls_connect(context, port) as tls:
             acks = msgpack.Unpacker(raw=False)
             inflight: collections.deque[tuple[str, float]] = collections.deque()
             seq = 0
@@ -526,13 +326,6 @@ def run_connection(
                     result.chunks_acked += 1
     except BaseException as exc:
         result.error = exc
-
-
-def quantile(sorted_values: list[float], q: float) -> float:
-    if not sorted_values:
-        return float("nan")
-    rank = max(0, min(len(sorted_values) - 1, int(q * len(sorted_values) + 0.5) - 1))
-    return sorted_values[rank]
 
 
 # -- one case ------------------------------------------------------------------
@@ -589,112 +382,61 @@ def run_case(
     state_dir = Path(tempfile.mkdtemp(prefix=f"forward-bench-{batch}x{pipeline}-"))
     cprofile_dir = profile_dir if profiler == "cprofile" else None
     server = start_server(state_dir, args, server_core, cprofile_dir)
-    pid = server.proc.pid
-    sampler: subprocess.Popen[bytes] | None = None
-    try:
-        context = ssl.create_default_context(cafile=str(server.ca_file))
-        start = threading.Event()
-        stop_at = [float("inf")]
-        results = [ConnectionResult() for _ in range(connections)]
-        nonce = int.from_bytes(os.urandom(8), "big")
-        threads = [
-            threading.Thread(
-                target=run_connection,
-                args=(i, context, server.port, workload, pipeline, nonce, start, stop_at, r),
-                name=f"conn-{i}",
-                daemon=True,
-            )
-            for i, r in enumerate(results)
-        ]
-        for t in threads:
-            t.start()
-        time.sleep(0.2)  # let the TLS handshakes finish
-        begin = time.perf_counter()
-        window_start = begin + args.warmup
-        window_end = window_start + args.duration
-        stop_at[0] = window_end
-        start.set()
-        time.sleep(max(0.0, window_start - time.perf_counter()))
-        if profiler == "py-spy":
-            assert profile_dir is not None
-            sampler = start_py_spy(
-                pid, profile_dir / "py-spy.txt", client_core, args.spy_rate, args.spy_args.split()
-            )
-        cpu0, threads0 = proc_cpu_seconds(pid), thread_cpu_seconds(pid)
-        gen0 = resource.getrusage(resource.RUSAGE_SELF)
-        sys0 = system_cpu_seconds()
-        w0 = time.perf_counter()
-        time.sleep(max(0.0, window_end - time.perf_counter()))
-        w1 = time.perf_counter()
-        cpu1, threads1 = proc_cpu_seconds(pid), thread_cpu_seconds(pid)
-        gen1 = resource.getrusage(resource.RUSAGE_SELF)
-        sys1 = system_cpu_seconds()
-        if sampler is not None:
-            sampler.send_signal(signal.SIGINT)  # py-spy writes its output on Ctrl-C
-            sampler.wait(timeout=120)
-        for t in threads:
-            t.join(timeout=300)
-        errors = [r.error for r in results if r.error is not None]
-        if errors:
-            raise RuntimeError(f"load generator failed: {errors[0]!r}") from errors[0]
-        peak_rss = vm_hwm_mb(pid)
-    except BaseException:
-        if sampler is not None and sampler.poll() is None:
-            sampler.kill()
-        server.proc.kill()
-        server.proc.wait()
-        print(server.stderr_tail(), file=sys.stderr)
-        raise
+    results = [ForwardResult() for _ in range(connections)]
+    nonce = int.from_bytes(os.urandom(8), "big")
+    senders = [
+        functools.partial(
+            run_connection,
+            index=i,
+            port=server.port,
+            workload=workload,
+            pipeline=pipeline,
+            nonce=nonce,
+            result=r,
+        )
+        for i, r in enumerate(results)
+    ]
+    sampler = None
+    if profiler == "py-spy":
+        assert profile_dir is not None
+        sampler = functools.partial(
+            start_py_spy,
+            server.proc.pid,
+            profile_dir / "py-spy.txt",
+            client_core,
+            args.spy_rate,
+            args.spy_args.split(),
+        )
+    window = run_window(server, senders, results, args.warmup, args.duration, sampler)
     code, stopped = stop_server(server)
 
-    window = w1 - w0
-    in_window = [
-        lat
-        for r in results
-        for t, lat in zip(r.ack_times, r.latencies, strict=True)
-        if w0 <= t <= w1
-    ]
-    events = len(in_window) * batch
-    latencies = sorted(in_window)
+    latencies = window.latencies(results)
+    events = len(latencies) * batch
     acked_chunks = sum(r.chunks_acked for r in results)
     acked_events = acked_chunks * batch
-    table_rows, table_chunks = count_table(state_dir / "var" / "lake" / "events")
-    server_cpu = cpu1 - cpu0
-    gen_cpu = (gen1.ru_utime + gen1.ru_stime) - (gen0.ru_utime + gen0.ru_stime)
-    # Everything else on the machine, py-spy included when it samples.
-    other_cpu = (sys1[0] - sys0[0]) - server_cpu - gen_cpu
+    table_rows, table_chunks = table_counts(state_dir / "var" / "lake" / "events")
     ok = table_rows == acked_events and table_chunks == acked_chunks and code == 0
     result = CaseResult(
         batch=batch,
         pipeline=pipeline,
         connections=connections,
-        window_seconds=window,
-        events_per_second=events / window,
-        mb_per_second=len(in_window) * workload.request_bytes / window / 1e6,
-        p50_ms=quantile(latencies, 0.50) * 1000,
-        p99_ms=quantile(latencies, 0.99) * 1000,
-        server_cpu_pct=100 * server_cpu / window,
-        events_per_server_cpu_second=events / server_cpu if server_cpu else float("nan"),
-        generator_cpu_pct=100 * gen_cpu / window,
-        other_cpu_pct=max(0.0, 100 * other_cpu / window),
-        steal_pct=100 * (sys1[1] - sys0[1]) / window,
-        server_peak_rss_mb=peak_rss,
+        window_seconds=window.seconds,
+        mb_per_second=len(latencies) * workload.request_bytes / window.seconds / 1e6,
+        steal_pct=100 * window.steal / window.seconds,
         acked_events=acked_events,
         acked_chunks=acked_chunks,
         table_rows=table_rows,
         table_chunks=table_chunks,
         commits=stopped.get("commits", "?"),
         server_exit=code,
-        server_threads=thread_groups(pid, threads0, threads1),
+        server_threads=window.threads_by_kind(),
         request_bytes=workload.request_bytes,
         record_bytes=workload.record_bytes,
         ceilings=ceilings,
         ok=ok,
+        **window.metrics(events, latencies),
     )
-    if not args.keep:
-        shutil.rmtree(state_dir, ignore_errors=True)
-    else:
-        print(f"  state kept in {state_dir}")
+    discard_state(state_dir, args.keep)
     return result
 
 
@@ -722,24 +464,10 @@ def start_py_spy(
     )
 
 
-def count_table(path: Path) -> tuple[int, int]:
-    """Rows and distinct batch ids in the table, read from its data files."""
-    import pyarrow.compute as pc
-    from deltalake import DeltaTable
-
-    table = DeltaTable(str(path)).to_pyarrow_table(columns=["batch_id"])
-    return table.num_rows, int(pc.count_distinct(table.column("batch_id")).as_py())
-
-
 # -- reporting -----------------------------------------------------------------
 
 
-def fmt_rate(value: float) -> str:
-    return f"{value:,.0f}" if value == value else "n/a"
-
-
 def print_case(r: CaseResult) -> None:
-    threads = ", ".join(f"{k} {v:.2f}s" for k, v in sorted(r.server_threads.items(), key=_neg))
     verdict = "OK" if r.ok else "MISMATCH"
     print(
         f"  {r.label}: {fmt_rate(r.events_per_second)} events/s, "
@@ -748,7 +476,7 @@ def print_case(r: CaseResult) -> None:
         f"({fmt_rate(r.events_per_server_cpu_second)} events per CPU-second), "
         f"generator CPU {r.generator_cpu_pct:.0f}%, server peak RSS "
         f"{r.server_peak_rss_mb:.0f} MB, commits {r.commits}\n"
-        f"    server CPU by thread over {r.window_seconds:.1f}s: {threads}\n"
+        f"    server CPU by thread over {r.window_seconds:.1f}s: {fmt_threads(r.server_threads)}\n"
         f"    other processes used {r.other_cpu_pct:.0f}% of a core in the window, "
         f"hypervisor steal {r.steal_pct:.0f}%\n"
         f"    verify: acked {r.acked_events:,} events in {r.acked_chunks:,} chunks; "
@@ -756,10 +484,6 @@ def print_case(r: CaseResult) -> None:
         f"server exit {r.server_exit}: {verdict}",
         flush=True,
     )
-
-
-def _neg(item: tuple[str, float]) -> float:
-    return -item[1]
 
 
 def results_table(results: list[CaseResult]) -> str:
@@ -893,43 +617,15 @@ def print_py_spy(path: Path, n: int) -> None:
 # -- main ----------------------------------------------------------------------
 
 
-def parse_cases(text: str, connections: int) -> list[tuple[int, int, int]]:
-    """``BATCH[:IN_FLIGHT[:CONNECTIONS]]`` items -> (batch, in flight, connections)."""
-    cases = []
-    for item in text.split(","):
-        parts = [int(p) for p in item.strip().split(":")]
-        batch = parts[0]
-        pipeline = parts[1] if len(parts) > 1 else 1
-        conns = parts[2] if len(parts) > 2 else connections
-        cases.append((batch, pipeline, conns))
-    return cases
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument(
-        "--cases",
-        default=DEFAULT_CASES,
-        help="comma-separated BATCH[:IN_FLIGHT[:CONNECTIONS]]: records per request, chunks in "
+    add_arguments(
+        parser,
+        DEFAULT_CASES,
+        "comma-separated BATCH[:IN_FLIGHT[:CONNECTIONS]]: records per request, chunks in "
         f"flight per connection (1), connections (--connections); default {DEFAULT_CASES}",
     )
-    parser.add_argument(
-        "--connections", type=int, default=4, help="TLS connections of a case that names none (4)"
-    )
-    parser.add_argument("--duration", type=float, default=8.0, help="measured seconds (8)")
-    parser.add_argument("--warmup", type=float, default=1.5, help="unmeasured seconds (1.5)")
     parser.add_argument("--record-bytes", type=int, default=100, help="msgpack bytes/record")
-    parser.add_argument("--commit-delay", type=float, default=0.25, help="[lake] max delay")
-    parser.add_argument("--commit-max-rows", type=int, default=100_000, help="[lake] max rows")
-    parser.add_argument(
-        "--ceiling-seconds", type=float, default=0.4, help="per ceiling run, best of 3 (0.4)"
-    )
-    parser.add_argument(
-        "--no-commit-ceiling", action="store_true", help="skip the in-process Delta commit ceiling"
-    )
-    parser.add_argument("--no-pin", action="store_true", help="do not pin server and generator")
-    parser.add_argument("--keep", action="store_true", help="keep the state directories")
-    parser.add_argument("--json", type=Path, help="also write the results as JSON here")
     parser.add_argument(
         "--profile",
         nargs="?",
@@ -955,31 +651,16 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
 
-    cpus = sorted(os.sched_getaffinity(0))
-    if args.no_pin or len(cpus) < 2:
-        cores: tuple[int | None, int | None] = (None, None)
-        pinning = "not pinned" + (" (fewer than 2 cores)" if len(cpus) < 2 else "")
-    else:
-        cores = (cpus[0], cpus[1])
-        pinning = f"server pinned to core {cpus[0]}, load generator to core {cpus[1]}"
-        os.sched_setaffinity(0, {cpus[1]})
-
-    info = machine_info(len(cpus))
-    info["speed"] = (
-        f"sum(range(10**6)) takes {cpu_reference_ms(cores[0]):.1f} ms on the server core"
-    )
-    print("# forward bench")
-    print("command: " + " ".join([Path(sys.executable).name, *sys.argv]))
-    for key, value in info.items():
-        print(f"{key}: {value}")
-    print(f"pinning: {pinning}")
+    cores, pinning, usable = pin_cores(args.no_pin)
+    info = machine_info(usable)
+    print_header("forward bench", info, pinning, cores[0])
     print(
         f"settings: {args.record_bytes}-byte records, "
         f"warm-up {args.warmup}s, window {args.duration}s, "
         f"commit_max_delay_seconds={args.commit_delay}, commit_max_rows={args.commit_max_rows}"
     )
 
-    cases = parse_cases(args.profile_case if args.profile else args.cases, args.connections)
+    cases = parse_cases(args.profile_case if args.profile else args.cases, 1, args.connections)
     ceilings_by_batch: dict[int, dict[str, float]] = {}
     results: list[CaseResult] = []
     for batch, pipeline, connections in cases:
@@ -992,8 +673,7 @@ def main(argv: list[str] | None = None) -> int:
             )
             c = ceilings_by_batch[batch]
             print(
-                f"\nbatch {batch}: in-process ceilings on one core (events/s): "
-                + ", ".join(f"{k} {fmt_rate(v)}" for k, v in c.items()),
+                f"\nbatch {batch}: in-process ceilings on one core (events/s): " + fmt_ceilings(c),
                 flush=True,
             )
         profile_dir = None
@@ -1030,18 +710,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     print()
     print(results_table(results))
-    if args.json:
-        args.json.write_text(
-            json.dumps(
-                {
-                    "machine": info,
-                    "pinning": pinning,
-                    "results": [dataclasses.asdict(r) for r in results],
-                },
-                indent=2,
-            ),
-            encoding="utf-8",
-        )
+    write_json(args.json, machine=info, pinning=pinning, results=results)
     failed = [r for r in results if not r.ok]
     if failed:
         for r in failed:

@@ -47,7 +47,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+from harness import ROOT, proc_cpu_seconds, table_counts, vm_hwm_mb
+
 sys.path.insert(0, str(ROOT))
 
 DEFAULT_CASES = "none:plain,none:curve,snappy:curve,zlib:curve,lz4:curve"
@@ -169,18 +170,6 @@ def pin(core: int) -> str:
     return f"core {cores[core]}"
 
 
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def peak_rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
-
-
 def run_case(case: str, args: argparse.Namespace) -> dict[str, Any]:
     import zmq
 
@@ -221,7 +210,7 @@ def run_case(case: str, args: argparse.Namespace) -> dict[str, Any]:
             sock.send_multipart([b"bench-production", b"logs.bench.production", body, meta])
         sock.close()
 
-    cpu_before = cpu_seconds(server.pid)
+    cpu_before = proc_cpu_seconds(server.pid)
     started = time.time()
     threads = [threading.Thread(target=sender, args=(i,)) for i in range(args.senders)]
     for thread in threads:
@@ -238,8 +227,8 @@ def run_case(case: str, args: argparse.Namespace) -> dict[str, Any]:
             break
     for thread in threads:
         thread.join()
-    cpu = cpu_seconds(server.pid) - cpu_before
-    rss = peak_rss_mb(server.pid)
+    cpu = proc_cpu_seconds(server.pid) - cpu_before
+    rss = vm_hwm_mb(server.pid, missing=0.0)
     server.stdin.close()
     done = None
     for line in server.stdout:
@@ -247,11 +236,7 @@ def run_case(case: str, args: argparse.Namespace) -> dict[str, Any]:
         done = report.get("done", done)
     code = server.wait(timeout=120)
     context.term()
-    from deltalake import DeltaTable
-
-    rows = (
-        DeltaTable(str(state / "lake" / "events")).to_pyarrow_table(columns=["batch_id"]).num_rows
-    )
+    rows = table_counts(state / "lake" / "events")[0]
     elapsed = max(last_commit - started, 1e-9)
     return {
         "case": case,

@@ -1,7 +1,7 @@
 """``appliance user|key|client|db|audit ...``: the auth database from the command line.
 
 This module holds what the groups share (opening the store, reading a secret
-without argv, the audit actor, error handling) and the ``db`` and ``audit``
+without argv, the audit actor, error handling, ``--json`` or a table) and the ``db`` and ``audit``
 groups; ``users``, ``keys`` and ``networks`` hold the others. Secrets come
 from a prompt or stdin, never from argv, and are never printed, except a
 generated shared key, once. Errors exit 1 with one line on stderr.
@@ -15,9 +15,9 @@ import functools
 import getpass
 import os
 import sys
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, TypeAlias
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, contextmanager
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, TypeVar
 
 from appliance import console
 from appliance.config import Config
@@ -33,10 +33,15 @@ __all__ = [
     "Handler",
     "Subparsers",
     "add_command",
+    "add_group",
     "add_parser",
     "admin",
     "guarded",
     "open_store",
+    "prepared_store",
+    "print_fields",
+    "print_item",
+    "print_items",
     "print_json",
     "print_table",
     "read_secret",
@@ -64,20 +69,38 @@ def guarded(func: Handler) -> Handler:
     return run
 
 
+class _Closable(Protocol):
+    def close(self) -> None: ...
+
+
+_Store = TypeVar("_Store", bound=_Closable)
+
+
 @contextmanager
-def open_store(config: Config) -> Iterator[SqlCredentialStore]:
-    """The credential store of ``config``; the embedded default is brought to head first."""
+def prepared_store(config: Config, make: Callable[[str], _Store]) -> Iterator[_Store]:
+    """``make(url)`` on ``config``'s auth database; the embedded default is brought to head first.
+
+    The store is closed when the block ends.
+    """
     from auth import schema
-    from auth.store import SqlCredentialStore
 
     url = config.auth_database_url
     # The same rule as the service: only the embedded default upgrades itself.
     schema.prepare(url, upgrade_in_place=config.auth.database_url is None)
-    store = SqlCredentialStore(url, config.auth_secret_key_file, pool_size=1)
+    store = make(url)
     try:
         yield store
     finally:
         store.close()
+
+
+def open_store(config: Config) -> AbstractContextManager[SqlCredentialStore]:
+    """The credential store of ``config``; the embedded default is brought to head first."""
+    from auth.store import SqlCredentialStore
+
+    return prepared_store(
+        config, lambda url: SqlCredentialStore(url, config.auth_secret_key_file, pool_size=1)
+    )
 
 
 def admin() -> str:
@@ -122,6 +145,51 @@ def print_json(value: Any) -> None:
 def yes_no(value: bool) -> str:
     """``yes`` or ``no``."""
     return "yes" if value else "no"
+
+
+class _Document(Protocol):
+    def to_json(self) -> dict[str, Any]: ...
+
+
+_Item = TypeVar("_Item", bound=_Document)
+
+
+def print_item(
+    item: _Document, as_json: bool, *lines: str, extra: Mapping[str, Any] | None = None
+) -> None:
+    """``item``'s JSON document (plus the keys of ``extra``) for ``--json``, else ``lines``."""
+    if as_json:
+        print_json({**item.to_json(), **(extra or {})})
+        return
+    for line in lines:
+        print(line)
+
+
+def print_fields(item: _Document, as_json: bool, rows: Sequence[Sequence[Any]]) -> None:
+    """``item``'s JSON document for ``--json``, else a field/value table of ``rows``."""
+    if as_json:
+        print_json(item.to_json())
+    else:
+        print_table(["field", "value"], rows)
+
+
+def print_items(
+    items: Sequence[_Item],
+    as_json: bool,
+    headers: Sequence[str],
+    row: Callable[[_Item], Sequence[Any]],
+) -> None:
+    """A JSON list of ``items`` for ``--json``, else a table of ``row(item)`` under ``headers``."""
+    if as_json:
+        print_json([item.to_json() for item in items])
+    else:
+        print_table(headers, [row(item) for item in items])
+
+
+def add_group(commands: Subparsers, name: str, help_text: str) -> Subparsers:
+    """Add the command group ``name``; its subcommands go on what this returns."""
+    group = commands.add_parser(name, help=help_text)
+    return group.add_subparsers(dest=f"{name}_command", required=True, metavar="COMMAND")
 
 
 def add_command(
@@ -229,15 +297,11 @@ def _db_downgrade(args: argparse.Namespace, config: Config) -> int:
 def _audit_list(args: argparse.Namespace, config: Config) -> int:
     with open_store(config) as store:
         entries = store.audit_entries(limit=args.limit)
-    if args.json:
-        print_json([e.to_json() for e in entries])
-        return 0
-    print_table(
+    print_items(
+        entries,
+        args.json,
         ["time", "actor", "source", "action", "target", "detail"],
-        [
-            [when(e.at), e.actor or "", e.source_address or "", e.action, e.target, e.detail]
-            for e in entries
-        ],
+        lambda e: [when(e.at), e.actor or "", e.source_address or "", e.action, e.target, e.detail],
     )
     return 0
 
@@ -257,8 +321,7 @@ def add_parser(commands: Subparsers, common: argparse.ArgumentParser) -> None:
     keys.add_parser(commands, common)
     networks.add_parser(commands, common)
 
-    db = commands.add_parser("db", help="the auth database's schema (migrations)")
-    sub = db.add_subparsers(dest="db_command", required=True, metavar="COMMAND")
+    sub = add_group(commands, "db", "the auth database's schema (migrations)")
     current = add_command(
         sub, common, "current", _db_current, "show the schema revision", json_output=True
     )
@@ -275,8 +338,7 @@ def add_parser(commands: Subparsers, common: argparse.ArgumentParser) -> None:
     downgrade.add_argument("revision", metavar="REV", help="target revision ('base': empty)")
     downgrade.add_argument("--yes", action="store_true", help="confirm: tables are dropped")
 
-    audit = commands.add_parser("audit", help="the audit log of admin changes and failures")
-    sub = audit.add_subparsers(dest="audit_command", required=True, metavar="COMMAND")
+    sub = add_group(commands, "audit", "the audit log of admin changes and failures")
     listing = add_command(
         sub, common, "list", _audit_list, "newest audit entries first", json_output=True
     )

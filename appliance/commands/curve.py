@@ -13,13 +13,21 @@
 from __future__ import annotations
 
 import argparse
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING
 
-from appliance.commands.auth import Subparsers, add_command, admin, when
+from appliance.commands.auth import (
+    Subparsers,
+    add_command,
+    add_group,
+    admin,
+    prepared_store,
+    print_item,
+    print_items,
+    print_json,
+    when,
+)
 from appliance.config import Config
-from appliance.console import print_json, print_table
 
 if TYPE_CHECKING:
     from auth.curve import CurveKeyInfo, CurveKeyStore
@@ -27,20 +35,11 @@ if TYPE_CHECKING:
 __all__ = ["add_parser"]
 
 
-@contextmanager
-def _store(config: Config) -> Iterator[CurveKeyStore]:
+def _store(config: Config) -> AbstractContextManager[CurveKeyStore]:
     """The CURVE keys of ``config``'s auth database; the embedded default is brought to head."""
-    from auth import schema
     from auth.curve import CurveKeyStore
 
-    url = config.auth_database_url
-    # The same rule as the service: only the embedded default upgrades itself.
-    schema.prepare(url, upgrade_in_place=config.auth.database_url is None)
-    store = CurveKeyStore(url, pool_size=1)
-    try:
-        yield store
-    finally:
-        store.close()
+    return prepared_store(config, lambda url: CurveKeyStore(url, pool_size=1))
 
 
 def _add(args: argparse.Namespace, config: Config) -> int:
@@ -58,16 +57,11 @@ def _add(args: argparse.Namespace, config: Config) -> int:
         raise InvalidValueError("give the client's PUBLIC_KEY (Z85), or --generate")
     with _store(config) as store:
         key = store.add(args.name, public, actor=admin())
-    if args.json:
-        document = key.to_json()
-        if secret is not None:
-            document["secret_key"] = secret
-        print_json(document)
-        return 0
-    print(f"added CURVE key {key.name}: {key.public_key}")
+    lines = [f"added CURVE key {key.name}: {key.public_key}"]
     if secret is not None:
-        print(f"client secret key (shown only now; the client's curve_secretkey): {secret}")
-        print(f"client public key (its curve_publickey): {key.public_key}")
+        lines.append(f"client secret key (shown only now; the client's curve_secretkey): {secret}")
+        lines.append(f"client public key (its curve_publickey): {key.public_key}")
+    print_item(key, args.json, *lines, extra=None if secret is None else {"secret_key": secret})
     return 0
 
 
@@ -78,10 +72,7 @@ def _row(key: CurveKeyInfo) -> list[str]:
 def _list(args: argparse.Namespace, config: Config) -> int:
     with _store(config) as store:
         keys = store.list()
-    if args.json:
-        print_json([k.to_json() for k in keys])
-    else:
-        print_table(["name", "public key", "status", "created", "revoked"], [_row(k) for k in keys])
+    print_items(keys, args.json, ["name", "public key", "status", "created", "revoked"], _row)
     return 0
 
 
@@ -106,8 +97,7 @@ def _server_key(args: argparse.Namespace, config: Config) -> int:
 
 def add_parser(commands: Subparsers, common: argparse.ArgumentParser) -> None:
     """Add ``curve`` and its subcommands."""
-    curve = commands.add_parser("curve", help="CURVE keys of Logjam (ZeroMQ) producers")
-    sub = curve.add_subparsers(dest="curve_command", required=True, metavar="COMMAND")
+    sub = add_group(commands, "curve", "CURVE keys of Logjam (ZeroMQ) producers")
 
     add = add_command(sub, common, "add", _add, "authorise a client public key", json_output=True)
     add.add_argument("name", metavar="NAME", help="the key's name: the source of its events")

@@ -9,10 +9,13 @@ from typing import TYPE_CHECKING, Final
 from appliance.commands.auth import (
     Subparsers,
     add_command,
+    add_group,
     admin,
     open_store,
+    print_fields,
+    print_item,
+    print_items,
     print_json,
-    print_table,
     read_secret,
     when,
 )
@@ -35,15 +38,10 @@ def _create(args: argparse.Namespace, config: Config, generate: bool) -> int:
         secret = read_secret(args.secret_stdin, f"shared key {args.name}")
     with open_store(config) as store:
         key = store.add_key(args.name, secret, network=args.network, actor=admin())
-    if args.json:
-        document = key.to_json()
-        if generate:
-            document["secret"] = text
-        print_json(document)
-        return 0
-    print(f"added shared key {key.name} ({key.scope})")
+    lines = [f"added shared key {key.name} ({key.scope})"]
     if generate:
-        print(f"shared key (shown only now; set it as the clients' shared_key): {text}")
+        lines.append(f"shared key (shown only now; set it as the clients' shared_key): {text}")
+    print_item(key, args.json, *lines, extra={"secret": text} if generate else None)
     return 0
 
 
@@ -55,6 +53,9 @@ def _generate(args: argparse.Namespace, config: Config) -> int:
     return _create(args, config, generate=True)
 
 
+_HEADERS = ["name", "scope", "created", "updated"]
+
+
 def _row(key: KeyInfo) -> list[str]:
     return [key.name, key.scope, when(key.created_at), when(key.updated_at)]
 
@@ -62,21 +63,14 @@ def _row(key: KeyInfo) -> list[str]:
 def _list(args: argparse.Namespace, config: Config) -> int:
     with open_store(config) as store:
         keys = store.list_keys()
-    if args.json:
-        print_json([k.to_json() for k in keys])
-    else:
-        print_table(["name", "scope", "created", "updated"], [_row(k) for k in keys])
+    print_items(keys, args.json, _HEADERS, _row)
     return 0
 
 
 def _show(args: argparse.Namespace, config: Config) -> int:
     with open_store(config) as store:
         key = store.get_key(args.name)
-    if args.json:
-        print_json(key.to_json())
-    else:
-        fields = ["name", "scope", "created", "updated"]
-        print_table(["field", "value"], [list(p) for p in zip(fields, _row(key), strict=True)])
+    print_fields(key, args.json, [list(p) for p in zip(_HEADERS, _row(key), strict=True)])
     return 0
 
 
@@ -107,8 +101,7 @@ def _rotate_master(args: argparse.Namespace, config: Config) -> int:
 
 def add_parser(commands: Subparsers, common: argparse.ArgumentParser) -> None:
     """Add ``key`` and its subcommands."""
-    key = commands.add_parser("key", help="forward shared keys and the secret key file")
-    sub = key.add_subparsers(dest="key_command", required=True, metavar="COMMAND")
+    sub = add_group(commands, "key", "forward shared keys and the secret key file")
 
     def network(parser: argparse.ArgumentParser) -> None:
         parser.add_argument(

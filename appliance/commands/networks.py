@@ -8,10 +8,12 @@ from typing import TYPE_CHECKING
 from appliance.commands.auth import (
     Subparsers,
     add_command,
+    add_group,
     admin,
     open_store,
-    print_json,
-    print_table,
+    print_fields,
+    print_item,
+    print_items,
     when,
     yes_no,
 )
@@ -37,11 +39,9 @@ _HEADERS = ["network", "keys", "users", "anonymous", "created"]
 
 
 def _print(network: NetworkInfo, as_json: bool) -> None:
-    if as_json:
-        print_json(network.to_json())
-        return
-    print_table(
-        ["field", "value"],
+    print_fields(
+        network,
+        as_json,
         [
             *[list(p) for p in zip(_HEADERS, _row(network), strict=True)],
             ["updated", when(network.updated_at)],
@@ -58,20 +58,14 @@ def _add(args: argparse.Namespace, config: Config) -> int:
             allow_anonymous=args.allow_anonymous,
             actor=admin(),
         )
-    if args.json:
-        print_json(network.to_json())
-    else:
-        print(f"added client network {network.cidr}")
+    print_item(network, args.json, f"added client network {network.cidr}")
     return 0
 
 
 def _list(args: argparse.Namespace, config: Config) -> int:
     with open_store(config) as store:
         networks = store.list_networks()
-    if args.json:
-        print_json([n.to_json() for n in networks])
-    else:
-        print_table(_HEADERS, [_row(n) for n in networks])
+    print_items(networks, args.json, _HEADERS, _row)
     return 0
 
 
@@ -99,8 +93,7 @@ def _delete(args: argparse.Namespace, config: Config) -> int:
 
 def add_parser(commands: Subparsers, common: argparse.ArgumentParser) -> None:
     """Add ``client`` and its subcommands."""
-    client = commands.add_parser("client", help="client networks (CIDR): keys, users, anonymous")
-    sub = client.add_subparsers(dest="client_command", required=True, metavar="COMMAND")
+    sub = add_group(commands, "client", "client networks (CIDR): keys, users, anonymous")
 
     add = add_command(sub, common, "add", _add, "add a client network", json_output=True)
     add.add_argument("cidr", metavar="CIDR")

@@ -8,10 +8,12 @@ from typing import TYPE_CHECKING
 from appliance.commands.auth import (
     Subparsers,
     add_command,
+    add_group,
     admin,
     open_store,
-    print_json,
-    print_table,
+    print_fields,
+    print_item,
+    print_items,
     read_secret,
     when,
     yes_no,
@@ -25,11 +27,9 @@ __all__ = ["add_parser"]
 
 
 def _print_user(user: UserInfo, as_json: bool) -> None:
-    if as_json:
-        print_json(user.to_json())
-        return
-    print_table(
-        ["field", "value"],
+    print_fields(
+        user,
+        as_json,
         [
             ["name", user.name],
             ["enabled", yes_no(user.enabled)],
@@ -46,30 +46,23 @@ def _add(args: argparse.Namespace, config: Config) -> int:
     password = read_secret(args.password_stdin, f"password for {args.name}")
     with open_store(config) as store:
         user = store.add_user(args.name, password, actor=admin(), enabled=not args.disabled)
-    if args.json:
-        print_json(user.to_json())
-    else:
-        print(f"added user {user.name}{'' if user.enabled else ' (disabled)'}")
+    print_item(user, args.json, f"added user {user.name}{'' if user.enabled else ' (disabled)'}")
     return 0
 
 
 def _list(args: argparse.Namespace, config: Config) -> int:
     with open_store(config) as store:
         users = store.list_users()
-    if args.json:
-        print_json([u.to_json() for u in users])
-        return 0
-    print_table(
+    print_items(
+        users,
+        args.json,
         ["name", "enabled", "created", "last login", "from"],
-        [
-            [
-                u.name,
-                yes_no(u.enabled),
-                when(u.created_at),
-                when(u.last_login_at, "never"),
-                u.last_login_address or "",
-            ]
-            for u in users
+        lambda u: [
+            u.name,
+            yes_no(u.enabled),
+            when(u.created_at),
+            when(u.last_login_at, "never"),
+            u.last_login_address or "",
         ],
     )
     return 0
@@ -112,10 +105,7 @@ def _delete(args: argparse.Namespace, config: Config) -> int:
 
 
 def _print_network_users(network: NetworkInfo, as_json: bool) -> None:
-    if as_json:
-        print_json(network.to_json())
-    else:
-        print(f"users allowed from {network.cidr}: {network.users_text}")
+    print_item(network, as_json, f"users allowed from {network.cidr}: {network.users_text}")
 
 
 def _allow(args: argparse.Namespace, config: Config) -> int:
@@ -134,8 +124,7 @@ def _deny(args: argparse.Namespace, config: Config) -> int:
 
 def add_parser(commands: Subparsers, common: argparse.ArgumentParser) -> None:
     """Add ``user`` and its subcommands."""
-    user = commands.add_parser("user", help="forward-protocol users (username and password)")
-    sub = user.add_subparsers(dest="user_command", required=True, metavar="COMMAND")
+    sub = add_group(commands, "user", "forward-protocol users (username and password)")
 
     def password_stdin(parser: argparse.ArgumentParser) -> None:
         parser.add_argument(

@@ -1,10 +1,12 @@
-"""Bounded decoders for the compressed bodies Logjam producers send.
+"""Bounded decoders for the compressed bodies Logjam and Fluentd producers send.
 
 Pure Python on purpose: small enough to audit, and every decoder takes the
 largest output it may produce, checked *before* the output grows, so a
 decompression bomb costs at most that many bytes. docs/logjam.md says where
 each format comes from (skaes/logjam-tools ``src/logjam-util.c``, the agents).
 
+* :func:`gunzip` - concatenated gzip members (Fluentd's CompressedPackedForward,
+  through ``forward.gunzip_members``).
 * :func:`inflate` - Logjam's compression method 1. logjam-tools compresses
   with zlib's ``compress()`` (RFC 1950), but the Ruby agent sends
   ``ActiveSupport::Gzip.compress`` output (RFC 1952) under the same id, so a
@@ -31,6 +33,10 @@ from typing import Final
 __all__ = [
     "GZIP_MAGIC",
     "CompressionError",
+    "InvalidDataError",
+    "OutputLimitError",
+    "TruncatedError",
+    "gunzip",
     "inflate",
     "lz4_block_decompress",
     "lz4_prefixed_decompress",
@@ -39,6 +45,8 @@ __all__ = [
 
 #: The first two bytes of every gzip member (RFC 1952).
 GZIP_MAGIC: Final = b"\x1f\x8b"
+#: zlib's ``wbits`` for gzip (RFC 1952) framing.
+_GZIP_WBITS: Final = 16 + zlib.MAX_WBITS
 #: Snappy's length preamble is a varint of at most 32 bits: 5 bytes.
 _SNAPPY_MAX_VARINT_BYTES: Final = 5
 #: The LZ4 size prefix of Logjam's method 3.
@@ -53,6 +61,22 @@ class CompressionError(ValueError):
     """Compressed data that cannot be decoded, or whose output passes the limit."""
 
 
+class OutputLimitError(CompressionError):
+    """The output would pass the limit the caller gave."""
+
+
+class TruncatedError(CompressionError):
+    """The compressed data ends before the end of its stream."""
+
+
+class InvalidDataError(CompressionError):
+    """zlib refused the data; ``detail`` is its message."""
+
+    def __init__(self, message: str, detail: str) -> None:
+        super().__init__(message)
+        self.detail = detail
+
+
 def _check_limit(max_output: int) -> None:
     if max_output < 0:
         raise ValueError("max_output must not be negative")
@@ -61,8 +85,14 @@ def _check_limit(max_output: int) -> None:
 # -- zlib and gzip -----------------------------------------------------------------
 
 
-def _inflate_stream(data: bytes, max_output: int, wbits: int, *, members: bool) -> bytes:
-    """zlib (``members=False``) or one or more gzip members, at most ``max_output`` bytes."""
+def _inflate_stream(
+    data: bytes, max_output: int, wbits: int, *, members: bool, magic: bool = True
+) -> bytes:
+    """zlib (``members=False``) or one or more gzip members, at most ``max_output`` bytes.
+
+    With ``members``, bytes after a member are the next member: when they start
+    with the gzip magic, or always with ``magic=False`` (then zlib judges them).
+    """
     out = bytearray()
     pending = data
     decompressor = zlib.decompressobj(wbits=wbits)
@@ -71,12 +101,12 @@ def _inflate_stream(data: bytes, max_output: int, wbits: int, *, members: bool) 
             piece = decompressor.decompress(pending, max_output - len(out) + 1)
             out += piece
             if len(out) > max_output:
-                raise CompressionError(f"decompressed body exceeds {max_output} bytes")
+                raise OutputLimitError(f"decompressed body exceeds {max_output} bytes")
             if decompressor.eof:
                 rest = decompressor.unused_data
                 if not rest:
                     return bytes(out)
-                if not (members and rest.startswith(GZIP_MAGIC)):
+                if not (members and (rest.startswith(GZIP_MAGIC) or not magic)):
                     raise CompressionError(f"{len(rest)} bytes of garbage after the body")
                 pending = rest
                 decompressor = zlib.decompressobj(wbits=wbits)
@@ -85,9 +115,9 @@ def _inflate_stream(data: bytes, max_output: int, wbits: int, *, members: bool) 
             elif piece:
                 pending = b""  # zlib may still hold output for the input it took
             else:
-                raise CompressionError("the compressed body is truncated")
+                raise TruncatedError("the compressed body is truncated")
     except zlib.error as exc:
-        raise CompressionError(f"invalid compressed body: {exc}") from None
+        raise InvalidDataError(f"invalid compressed body: {exc}", str(exc)) from None
 
 
 def inflate(data: bytes, max_output: int) -> bytes:
@@ -99,8 +129,23 @@ def inflate(data: bytes, max_output: int) -> bytes:
     """
     _check_limit(max_output)
     if data.startswith(GZIP_MAGIC):
-        return _inflate_stream(data, max_output, 16 + zlib.MAX_WBITS, members=True)
+        return _inflate_stream(data, max_output, _GZIP_WBITS, members=True)
     return _inflate_stream(data, max_output, zlib.MAX_WBITS, members=False)
+
+
+def gunzip(data: bytes, max_output: int) -> bytes:
+    """One or more concatenated gzip members, at most ``max_output`` bytes out.
+
+    Whatever follows a member is read as the next member. Decompression is
+    streamed and stops as soon as the output would pass ``max_output``.
+
+    Raises:
+        OutputLimitError: more than ``max_output`` bytes of output.
+        TruncatedError: the data ends inside a member (or is empty).
+        InvalidDataError: data that is not gzip.
+    """
+    _check_limit(max_output)
+    return _inflate_stream(data, max_output, _GZIP_WBITS, members=True, magic=False)
 
 
 # -- Snappy ------------------------------------------------------------------------

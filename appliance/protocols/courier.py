@@ -46,6 +46,7 @@ from typing import Any, Final, Literal
 
 from appliance import __version__
 from appliance.protocols.errors import LocalProtocolError, RemoteProtocolError
+from appliance.protocols.limits import require_at_least_one
 
 __all__ = [
     "DEFAULT_MAX_DECOMPRESSED_BYTES",
@@ -130,9 +131,7 @@ class CourierLimits:
     max_events: int = DEFAULT_MAX_EVENTS
 
     def __post_init__(self) -> None:
-        for name in ("max_decompressed_bytes", "max_event_bytes", "max_events"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be at least 1")
+        require_at_least_one(self, "max_decompressed_bytes", "max_event_bytes", "max_events")
         if self.max_payload_bytes <= NONCE_BYTES:
             raise ValueError(f"max_payload_bytes must be more than {NONCE_BYTES}")
 

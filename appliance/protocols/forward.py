@@ -25,13 +25,18 @@ import enum
 import json
 import math
 import struct
-import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
 import msgpack
 
+from appliance.protocols.compression import (
+    InvalidDataError,
+    OutputLimitError,
+    TruncatedError,
+    gunzip,
+)
 from appliance.protocols.errors import LocalProtocolError, RemoteProtocolError
 from appliance.protocols.forward_handshake import (
     REASON_INVALID_PING,
@@ -42,6 +47,7 @@ from appliance.protocols.forward_handshake import (
     refusal_bytes,
     verify_ping,
 )
+from appliance.protocols.limits import require_at_least_one
 
 __all__ = [
     "DEFAULT_MAX_DECOMPRESSED_BYTES",
@@ -87,9 +93,9 @@ class ForwardLimits:
     max_events_per_request: int = DEFAULT_MAX_EVENTS_PER_REQUEST
 
     def __post_init__(self) -> None:
-        for name in ("max_request_bytes", "max_decompressed_bytes", "max_events_per_request"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be at least 1")
+        require_at_least_one(
+            self, "max_request_bytes", "max_decompressed_bytes", "max_events_per_request"
+        )
 
 
 class EventTime(int):
@@ -236,33 +242,16 @@ def gunzip_members(data: bytes, limit: int) -> bytes:
     Raises:
         RemoteProtocolError: invalid or truncated gzip data, or output over ``limit``.
     """
-    out: list[bytes] = []
-    total = 0
-    pending = data
-    decompressor = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
     try:
-        while True:
-            piece = decompressor.decompress(pending, limit - total + 1)
-            total += len(piece)
-            if total > limit:
-                raise RemoteProtocolError(
-                    f"decompressed entries exceed max_decompressed_bytes={limit}"
-                )
-            out.append(piece)
-            if decompressor.eof:
-                pending = decompressor.unused_data
-                if not pending:
-                    break
-                decompressor = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
-            elif decompressor.unconsumed_tail:
-                pending = decompressor.unconsumed_tail
-            elif piece:
-                pending = b""  # zlib may still hold output for the input it took
-            else:
-                raise RemoteProtocolError("gzip entries are truncated")
-    except zlib.error as exc:
-        raise RemoteProtocolError(f"gzip entries are invalid: {exc}") from None
-    return b"".join(out)
+        return gunzip(data, limit)
+    except OutputLimitError:
+        raise RemoteProtocolError(
+            f"decompressed entries exceed max_decompressed_bytes={limit}"
+        ) from None
+    except TruncatedError:
+        raise RemoteProtocolError("gzip entries are truncated") from None
+    except InvalidDataError as exc:
+        raise RemoteProtocolError(f"gzip entries are invalid: {exc.detail}") from None
 
 
 def _time_ns(value: Any) -> int | None:

@@ -46,6 +46,7 @@ from typing import Any, Final
 
 from appliance.protocols import compression
 from appliance.protocols.errors import RemoteProtocolError
+from appliance.protocols.limits import require_at_least_one
 
 __all__ = [
     "ACCEPTED",
@@ -133,9 +134,7 @@ class LogjamLimits:
     max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED_BYTES
 
     def __post_init__(self) -> None:
-        for name in ("max_body_bytes", "max_decompressed_bytes"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be at least 1")
+        require_at_least_one(self, "max_body_bytes", "max_decompressed_bytes")
 
 
 @dataclass(frozen=True, slots=True)

@@ -44,6 +44,7 @@ from typing import Any, Final
 import orjson
 
 from appliance.protocols.errors import LocalProtocolError, RemoteProtocolError
+from appliance.protocols.limits import require_at_least_one
 
 __all__ = [
     "DEFAULT_MAX_DECOMPRESSED_BYTES",
@@ -80,9 +81,7 @@ class LumberjackLimits:
     max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED_BYTES
 
     def __post_init__(self) -> None:
-        for name in ("max_window_size", "max_frame_bytes", "max_decompressed_bytes"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be at least 1")
+        require_at_least_one(self, "max_window_size", "max_frame_bytes", "max_decompressed_bytes")
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import ssl
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Final, Protocol
 
 import trio
@@ -41,6 +41,7 @@ __all__ = [
     "Action",
     "Await",
     "DriverSettings",
+    "ListenerBounds",
     "Reply",
     "Session",
     "StreamDriver",
@@ -117,6 +118,19 @@ class Session(Protocol):
         ...
 
 
+class ListenerBounds(Protocol):
+    """The connection bounds every stream listener's config has."""
+
+    @property
+    def idle_timeout_seconds(self) -> float: ...
+
+    @property
+    def max_pending_acks(self) -> int: ...
+
+    @property
+    def read_size_bytes(self) -> int: ...
+
+
 @dataclass(frozen=True, slots=True)
 class DriverSettings:
     """Deadlines and bounds of one listener's connections."""
@@ -128,6 +142,26 @@ class DriverSettings:
     send_timeout_seconds: float = SEND_TIMEOUT_SECONDS
     #: Seconds from connection to the end of the protocol's handshake.
     handshake_timeout_seconds: float = 10.0
+
+    @classmethod
+    def from_listener(
+        cls,
+        listener: ListenerBounds,
+        *,
+        keepalive_seconds: float | None = None,
+        handshake_timeout_seconds: float | None = None,
+    ) -> DriverSettings:
+        """The bounds of ``listener``'s config; the other settings as given or by default."""
+        settings = cls(
+            idle_timeout_seconds=listener.idle_timeout_seconds,
+            max_pending_acks=listener.max_pending_acks,
+            read_size_bytes=listener.read_size_bytes,
+        )
+        if keepalive_seconds is not None:
+            settings = replace(settings, keepalive_seconds=keepalive_seconds)
+        if handshake_timeout_seconds is not None:
+            settings = replace(settings, handshake_timeout_seconds=handshake_timeout_seconds)
+        return settings
 
 
 @dataclass(slots=True)

@@ -163,12 +163,7 @@ def courier_driver(settings: CourierListenerConfig, context: ServiceContext) -> 
     """The connection handler of one Log Courier listener."""
     return StreamDriver(
         lambda info: CourierSession(settings, info),
-        DriverSettings(
-            idle_timeout_seconds=settings.idle_timeout_seconds,
-            max_pending_acks=settings.max_pending_acks,
-            read_size_bytes=settings.read_size_bytes,
-            keepalive_seconds=settings.keepalive_seconds,
-        ),
+        DriverSettings.from_listener(settings, keepalive_seconds=settings.keepalive_seconds),
         context.writer,
         context.lifecycle,
         log,

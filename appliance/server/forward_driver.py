@@ -239,11 +239,8 @@ def forward_driver(settings: ForwardListenerConfig, context: ServiceContext) -> 
         )
     return StreamDriver(
         lambda info: ForwardSession(settings, info, security),
-        DriverSettings(
-            idle_timeout_seconds=settings.idle_timeout_seconds,
-            max_pending_acks=settings.max_pending_acks,
-            read_size_bytes=settings.read_size_bytes,
-            handshake_timeout_seconds=settings.handshake_timeout_seconds,
+        DriverSettings.from_listener(
+            settings, handshake_timeout_seconds=settings.handshake_timeout_seconds
         ),
         context.writer,
         context.lifecycle,

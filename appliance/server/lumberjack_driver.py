@@ -117,12 +117,7 @@ def lumberjack_driver(settings: LumberjackListenerConfig, context: ServiceContex
     """The connection handler of one Lumberjack listener."""
     return StreamDriver(
         lambda info: LumberjackSession(settings, info),
-        DriverSettings(
-            idle_timeout_seconds=settings.idle_timeout_seconds,
-            max_pending_acks=settings.max_pending_acks,
-            read_size_bytes=settings.read_size_bytes,
-            keepalive_seconds=settings.keepalive_seconds,
-        ),
+        DriverSettings.from_listener(settings, keepalive_seconds=settings.keepalive_seconds),
         context.writer,
         context.lifecycle,
         log,

@@ -5,46 +5,21 @@ from __future__ import annotations
 import socket
 import ssl
 import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from dataclasses import replace
 from pathlib import Path
 
 import msgpack
 import pytest
 import trio
-from deltalake import DeltaTable
 
-from appliance.config import Config, ForwardListenerConfig, LakeConfig
+from appliance.config import Config, ForwardListenerConfig
 from appliance.service import Running, serve
 from tests.faults import read_only_dir
-
-FAST_LAKE = LakeConfig(
-    commit_max_delay_seconds=0.05, retry_initial_seconds=0.05, retry_max_seconds=0.2
-)
+from tests.support_service import FAST_LAKE, running, service_config, table_rows
 
 
 def make_config(tmp_path: Path, **listener: object) -> Config:
-    settings: dict[str, object] = {"bind": "127.0.0.1:0", **listener}
-    return Config(
-        state_dir=tmp_path / "state",
-        lake=FAST_LAKE,
-        listeners=[ForwardListenerConfig(**settings)],  # type: ignore[arg-type]
-        shutdown_timeout_seconds=20,
-    )
-
-
-@asynccontextmanager
-async def running(config: Config) -> AsyncIterator[Running]:
-    stop = trio.Event()
-    async with trio.open_nursery() as nursery:
-        info: Running = await nursery.start(
-            lambda task_status: serve(config, stop=stop, task_status=task_status)
-        )
-        try:
-            yield info
-        finally:
-            stop.set()
+    return service_config(tmp_path, ForwardListenerConfig, **listener)
 
 
 async def tls_client(info: Running, name: str = "forward") -> trio.SSLStream[trio.SocketStream]:
@@ -95,10 +70,6 @@ async def refused(info: Running) -> bool:
     except (trio.BrokenResourceError, ssl.SSLError, OSError):
         return True
     return await read_ack(extra, seconds=5) is None
-
-
-def table_rows(config: Config) -> list[dict[str, object]]:
-    return DeltaTable(config.table_uri).to_pyarrow_table().to_pylist()
 
 
 @pytest.mark.trio

@@ -12,50 +12,27 @@ from __future__ import annotations
 import json
 import os
 import ssl
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
 import trio
-from deltalake import DeltaTable
 
-from appliance.config import Config, CourierListenerConfig, LakeConfig
-from appliance.service import Running, serve
+from appliance.config import Config, CourierListenerConfig
+from appliance.service import Running
 from pki.authority import CertificateAuthority, PkiPaths
 from tests.courier_client import CourierClient, CourierClientError, Pending
 from tests.faults import read_only_dir
+from tests.support_service import running, service_config, table_rows
 
 pytestmark = pytest.mark.interop
 
-FAST_LAKE = LakeConfig(
-    commit_max_delay_seconds=0.05, retry_initial_seconds=0.05, retry_max_seconds=0.2
-)
 T = TypeVar("T")
 
 
 def make_config(tmp_path: Path, **listener: Any) -> Config:
-    settings: dict[str, Any] = {"bind": "127.0.0.1:0", **listener}
-    return Config(
-        state_dir=tmp_path / "state",
-        lake=FAST_LAKE,
-        listeners=[CourierListenerConfig(**settings)],
-        shutdown_timeout_seconds=20,
-    )
-
-
-@asynccontextmanager
-async def running(config: Config) -> AsyncIterator[Running]:
-    stop = trio.Event()
-    async with trio.open_nursery() as nursery:
-        info: Running = await nursery.start(
-            lambda task_status: serve(config, stop=stop, task_status=task_status)
-        )
-        try:
-            yield info
-        finally:
-            stop.set()
+    return service_config(tmp_path, CourierListenerConfig, **listener)
 
 
 def client_for(info: Running, **kwargs: Any) -> CourierClient:
@@ -65,10 +42,6 @@ def client_for(info: Running, **kwargs: Any) -> CourierClient:
 
 async def in_thread(fn: Callable[[], T]) -> T:
     return await trio.to_thread.run_sync(fn)
-
-
-def table_rows(config: Config) -> list[dict[str, Any]]:
-    return DeltaTable(config.table_uri).to_pyarrow_table().to_pylist()
 
 
 def events(prefix: str, n: int, **extra: Any) -> list[dict[str, Any]]:

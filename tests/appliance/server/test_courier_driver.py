@@ -10,42 +10,28 @@ from __future__ import annotations
 
 import struct
 import zlib
-from typing import Any
 
 import pytest
 import trio
 import trio.testing
 
 from appliance.config import CourierListenerConfig
-from appliance.lake.rows import RowBlock
-from appliance.lake.writer import CommitTicket
-from appliance.server.context import ServiceContext
 from appliance.server.courier_driver import courier_driver
-from appliance.server.lifecycle import Lifecycle
 from appliance.server.listener import ConnectionInfo
+from tests.appliance.server.support import (
+    StandInWriter,
+    handler_factory,
+    receive_exactly,
+    receive_within,
+    seconds_until_closed,
+    serving,
+)
 
 INFO = ConnectionInfo(listener="test", peer="192.0.2.7:41000", tls=True, source="CN=shipper")
 
 HELO = b"HELO\x00\x00\x00\x20" + bytes(4) + struct.pack(">III", 2, 10, 0) + b"LCOR" + bytes(12)
 PING = b"PING\x00\x00\x00\x00"
 PONG = b"PONG\x00\x00\x00\x00"
-
-
-class StandInWriter:
-    """Records submitted blocks; the test commits them with :meth:`commit`."""
-
-    def __init__(self) -> None:
-        self.blocks: list[RowBlock] = []
-        self.tickets: list[CommitTicket] = []
-
-    async def submit(self, block: RowBlock) -> CommitTicket:
-        ticket = CommitTicket()
-        self.blocks.append(block)
-        self.tickets.append(ticket)
-        return ticket
-
-    def commit(self, index: int) -> None:
-        self.tickets[index]._resolve(True)
 
 
 def nonce(n: int) -> bytes:
@@ -69,28 +55,6 @@ def ackn(n: int, count: int) -> bytes:
     return b"ACKN\x00\x00\x00\x14" + nonce(n) + struct.pack(">I", count)
 
 
-async def receive_within(stream: trio.abc.ReceiveStream, seconds: float) -> bytes:
-    """Everything the server sends within ``seconds`` (of the autojump clock)."""
-    data = b""
-    with trio.move_on_after(seconds):
-        while True:
-            chunk = await stream.receive_some(65536)
-            if not chunk:
-                break
-            data += chunk
-    return data
-
-
-async def receive_exactly(stream: trio.abc.ReceiveStream, size: int) -> bytes:
-    data = b""
-    with trio.fail_after(60):
-        while len(data) < size:
-            chunk = await stream.receive_some(size - len(data))
-            assert chunk, f"closed after {len(data)} of {size} bytes"
-            data += chunk
-    return data
-
-
 def messages(data: bytes) -> list[bytes]:
     """Split server output into whole messages (all server messages carry a length)."""
     out = []
@@ -101,10 +65,7 @@ def messages(data: bytes) -> list[bytes]:
     return out
 
 
-def handler_for(writer: StandInWriter, lifecycle: Lifecycle | None = None, **settings: Any):
-    config = CourierListenerConfig(**settings)
-    context = ServiceContext(writer, lifecycle or Lifecycle())  # type: ignore[arg-type]
-    return courier_driver(config, context)
+handler_for = handler_factory(courier_driver, CourierListenerConfig)
 
 
 @pytest.mark.trio
@@ -112,9 +73,7 @@ async def test_helo_is_answered_with_vers_advertising_evnt(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     writer = StandInWriter()
-    client, server = trio.testing.memory_stream_pair()
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(handler_for(writer), server, INFO)
+    async with serving(handler_for(writer), INFO) as client:
         await client.send_all(HELO)
         vers = await receive_exactly(client, 40)
         assert vers[:8] == b"VERS\x00\x00\x00\x20"
@@ -126,9 +85,7 @@ async def test_helo_is_answered_with_vers_advertising_evnt(
 @pytest.mark.trio
 async def test_final_ackn_is_sent_only_after_commit(autojump_clock: trio.testing.MockClock) -> None:
     writer = StandInWriter()
-    client, server = trio.testing.memory_stream_pair()
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(handler_for(writer, keepalive_seconds=5.0), server, INFO)
+    async with serving(handler_for(writer, keepalive_seconds=5.0), INFO) as client:
         await client.send_all(HELO)
         await receive_exactly(client, 40)
         await client.send_all(jdat(1, b'{"a":1}', b'{"a":2}', b'{"a":3}'))
@@ -147,9 +104,7 @@ async def test_partial_ackns_go_out_every_keepalive_period_while_waiting(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     writer = StandInWriter()
-    client, server = trio.testing.memory_stream_pair()
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(handler_for(writer, keepalive_seconds=5.0), server, INFO)
+    async with serving(handler_for(writer, keepalive_seconds=5.0), INFO) as client:
         await client.send_all(evnt(9, b'{"x":1}', b'{"x":2}'))
         start = trio.current_time()
         stamps = []
@@ -170,9 +125,7 @@ async def test_keepalive_period_is_the_listener_setting(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     writer = StandInWriter()
-    client, server = trio.testing.memory_stream_pair()
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(handler_for(writer, keepalive_seconds=2.0), server, INFO)
+    async with serving(handler_for(writer, keepalive_seconds=2.0), INFO) as client:
         await client.send_all(jdat(4, b"{}"))
         waited = await receive_within(client, 9)
         assert messages(waited) == [ackn(4, 0)] * 4  # at 2, 4, 6 and 8 s
@@ -184,9 +137,7 @@ async def test_keepalive_period_is_the_listener_setting(
 @pytest.mark.trio
 async def test_ackns_go_out_in_arrival_order(autojump_clock: trio.testing.MockClock) -> None:
     writer = StandInWriter()
-    client, server = trio.testing.memory_stream_pair()
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(handler_for(writer, keepalive_seconds=5.0), server, INFO)
+    async with serving(handler_for(writer, keepalive_seconds=5.0), INFO) as client:
         await client.send_all(jdat(1, b"{}") + evnt(2, b"{}", b"{}") + jdat(3, b"{}"))
         await trio.sleep(1)
         assert [b.batch_id for b in writer.blocks] == [nonce(n).hex() for n in (1, 2, 3)]
@@ -209,9 +160,7 @@ async def test_ping_and_unknown_messages_are_answered_in_order_with_acks(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     writer = StandInWriter()
-    client, server = trio.testing.memory_stream_pair()
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(handler_for(writer, keepalive_seconds=50.0), server, INFO)
+    async with serving(handler_for(writer, keepalive_seconds=50.0), INFO) as client:
         await client.send_all(PING)
         assert await receive_exactly(client, 8) == PONG
         await client.send_all(jdat(5, b"{}") + PING + b"NEWT\x00\x00\x00\x02hi")
@@ -225,9 +174,7 @@ async def test_ping_and_unknown_messages_are_answered_in_order_with_acks(
 @pytest.mark.trio
 async def test_legacy_client_without_helo_is_served(autojump_clock: trio.testing.MockClock) -> None:
     writer = StandInWriter()
-    client, server = trio.testing.memory_stream_pair()
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(handler_for(writer), server, INFO)
+    async with serving(handler_for(writer), INFO) as client:
         await client.send_all(jdat(6, b'{"old":true}'))
         await trio.sleep(1)
         writer.commit(0)
@@ -241,11 +188,9 @@ async def test_bad_zlib_closes_the_connection_at_once(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     writer = StandInWriter()
-    client, server = trio.testing.memory_stream_pair()
     bad = b"JDAT" + struct.pack(">I", 16 + 500) + nonce(7) + b"\x00\x01not zlib"
     start = trio.current_time()
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(handler_for(writer), server, INFO)
+    async with serving(handler_for(writer), INFO) as client:
         # The declared body never arrives in full: the handler must not wait for it.
         await client.send_all(HELO + bad)
     # The handler returned (the listener then closes the socket) at once.
@@ -260,10 +205,8 @@ async def test_payload_before_bad_zlib_is_still_acked_then_closed(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     writer = StandInWriter()
-    client, server = trio.testing.memory_stream_pair()
     bad = b"EVNT\xff\xff\xff\xff" + nonce(8) + b"\xff\xfe"
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(handler_for(writer, keepalive_seconds=50.0), server, INFO)
+    async with serving(handler_for(writer, keepalive_seconds=50.0), INFO) as client:
         await client.send_all(jdat(2, b"{}") + bad + jdat(3, b"{}"))
         await trio.sleep(1)
         assert len(writer.blocks) == 1  # the bad one and what follows are not taken
@@ -278,7 +221,6 @@ async def test_rows_carry_type_host_time_source_peer_and_nonce(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     writer = StandInWriter()
-    client, server = trio.testing.memory_stream_pair()
     events = [
         b'{"@timestamp":"2024-05-06T07:08:09.123456789Z","host":"web1","type":"nginx",'
         b'"message":"GET /"}',
@@ -286,8 +228,7 @@ async def test_rows_carry_type_host_time_source_peer_and_nonce(
         b"not json at all",
         b"\xff\xfe raw",  # not JSON and not UTF-8 either
     ]
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(handler_for(writer, tag="shipped"), server, INFO)
+    async with serving(handler_for(writer, tag="shipped"), INFO) as client:
         await client.send_all(HELO + evnt(3, *events))
         await trio.sleep(1)
         await client.aclose()
@@ -312,9 +253,7 @@ async def test_rows_carry_type_host_time_source_peer_and_nonce(
 @pytest.mark.trio
 async def test_full_pending_queue_stops_reading(autojump_clock: trio.testing.MockClock) -> None:
     writer = StandInWriter()
-    client, server = trio.testing.memory_stream_pair()
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(handler_for(writer, max_pending_acks=2), server, INFO)
+    async with serving(handler_for(writer, max_pending_acks=2), INFO) as client:
         for n in range(6):
             await client.send_all(jdat(n, b"{}"))
         await trio.sleep(3)
@@ -333,12 +272,8 @@ async def test_full_pending_queue_stops_reading(autojump_clock: trio.testing.Moc
 
 @pytest.mark.trio
 async def test_idle_connection_is_closed(autojump_clock: trio.testing.MockClock) -> None:
-    writer = StandInWriter()
-    _client, server = trio.testing.memory_stream_pair()
-    handler = handler_for(writer, idle_timeout_seconds=30)
-    start = trio.current_time()
-    await handler(server, INFO)
-    assert trio.current_time() - start == pytest.approx(30)
+    handler = handler_for(StandInWriter(), idle_timeout_seconds=30)
+    assert await seconds_until_closed(handler, INFO) == pytest.approx(30)
 
 
 @pytest.mark.trio
@@ -346,9 +281,7 @@ async def test_empty_payload_is_acked_with_count_zero(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     writer = StandInWriter()
-    client, server = trio.testing.memory_stream_pair()
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(handler_for(writer), server, INFO)
+    async with serving(handler_for(writer), INFO) as client:
         await client.send_all(jdat(1))
         await trio.sleep(1)
         (block,) = writer.blocks

@@ -14,31 +14,17 @@ import trio
 import trio.testing
 
 from appliance.config import ForwardListenerConfig
-from appliance.lake.rows import RowBlock
-from appliance.lake.writer import CommitTicket
-from appliance.server.context import ServiceContext
 from appliance.server.forward_driver import forward_driver
 from appliance.server.lifecycle import Lifecycle
 from appliance.server.listener import ConnectionInfo
+from tests.appliance.server.support import (
+    StandInWriter,
+    handler_factory,
+    seconds_until_closed,
+    serving,
+)
 
 INFO = ConnectionInfo(listener="test", peer="192.0.2.1:5000", tls=True)
-
-
-class StandInWriter:
-    """Records submitted blocks; the test commits them with :meth:`commit`."""
-
-    def __init__(self) -> None:
-        self.blocks: list[RowBlock] = []
-        self.tickets: list[CommitTicket] = []
-
-    async def submit(self, block: RowBlock) -> CommitTicket:
-        ticket = CommitTicket()
-        self.blocks.append(block)
-        self.tickets.append(ticket)
-        return ticket
-
-    def commit(self, index: int) -> None:
-        self.tickets[index]._resolve(True)
 
 
 def request(chunk: str | None, n: int = 2, tag: str = "app") -> bytes:
@@ -52,23 +38,19 @@ def ack(chunk: str) -> bytes:
 
 
 async def receive_within(stream: trio.abc.ReceiveStream, seconds: float) -> bytes | None:
+    """The first piece that arrives within ``seconds``, or None."""
     with trio.move_on_after(seconds):
         return await stream.receive_some(65536)
     return None
 
 
-def handler_for(writer: StandInWriter, lifecycle: Lifecycle | None = None, **settings: object):
-    config = ForwardListenerConfig(**settings)  # type: ignore[arg-type]
-    context = ServiceContext(writer, lifecycle or Lifecycle())  # type: ignore[arg-type]
-    return forward_driver(config, context)
+handler_for = handler_factory(forward_driver, ForwardListenerConfig)
 
 
 @pytest.mark.trio
 async def test_ack_is_sent_only_after_commit(autojump_clock: trio.testing.MockClock) -> None:
     writer = StandInWriter()
-    client, server = trio.testing.memory_stream_pair()
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(handler_for(writer), server, INFO)
+    async with serving(handler_for(writer), INFO) as client:
         await client.send_all(request("c1"))
         assert await receive_within(client, 60) is None
         assert len(writer.blocks) == 1
@@ -81,9 +63,7 @@ async def test_ack_is_sent_only_after_commit(autojump_clock: trio.testing.MockCl
 @pytest.mark.trio
 async def test_acks_go_out_in_request_order(autojump_clock: trio.testing.MockClock) -> None:
     writer = StandInWriter()
-    client, server = trio.testing.memory_stream_pair()
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(handler_for(writer), server, INFO)
+    async with serving(handler_for(writer), INFO) as client:
         await client.send_all(request("first") + request("second"))
         await trio.sleep(1)
         writer.commit(1)
@@ -103,9 +83,7 @@ async def test_request_without_chunk_is_committed_but_not_acked(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     writer = StandInWriter()
-    client, server = trio.testing.memory_stream_pair()
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(handler_for(writer), server, INFO)
+    async with serving(handler_for(writer), INFO) as client:
         await client.send_all(msgpack.packb(None) + request(None) + request("c2"))
         await trio.sleep(1)
         assert [b.batch_id for b in writer.blocks] == [None, "c2"]
@@ -117,12 +95,8 @@ async def test_request_without_chunk_is_committed_but_not_acked(
 
 @pytest.mark.trio
 async def test_idle_connection_is_closed(autojump_clock: trio.testing.MockClock) -> None:
-    writer = StandInWriter()
-    _client, server = trio.testing.memory_stream_pair()
-    handler = handler_for(writer, idle_timeout_seconds=30)
-    start = trio.current_time()
-    await handler(server, INFO)
-    assert trio.current_time() - start == pytest.approx(30)
+    handler = handler_for(StandInWriter(), idle_timeout_seconds=30)
+    assert await seconds_until_closed(handler, INFO) == pytest.approx(30)
 
 
 @pytest.mark.trio
@@ -130,9 +104,7 @@ async def test_protocol_error_closes_after_acking_what_came_before(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     writer = StandInWriter()
-    client, server = trio.testing.memory_stream_pair()
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(handler_for(writer), server, INFO)
+    async with serving(handler_for(writer), INFO) as client:
         await client.send_all(request("good") + msgpack.packb({"not": "an array"}))
         await trio.sleep(1)
         writer.commit(0)
@@ -147,9 +119,7 @@ async def test_stop_reading_still_acks_in_flight_requests(
 ) -> None:
     writer = StandInWriter()
     lifecycle = Lifecycle()
-    client, server = trio.testing.memory_stream_pair()
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(handler_for(writer, lifecycle), server, INFO)
+    async with serving(handler_for(writer, lifecycle), INFO) as client:
         await client.send_all(request("inflight"))
         await trio.sleep(1)
         lifecycle.stop_reading()
@@ -165,9 +135,7 @@ async def test_stop_reading_still_acks_in_flight_requests(
 @pytest.mark.trio
 async def test_full_ack_queue_stops_reading(autojump_clock: trio.testing.MockClock) -> None:
     writer = StandInWriter()
-    client, server = trio.testing.memory_stream_pair()
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(handler_for(writer, max_pending_acks=2), server, INFO)
+    async with serving(handler_for(writer, max_pending_acks=2), INFO) as client:
         for i in range(6):
             await client.send_all(request(f"c{i}"))
         await trio.sleep(5)
@@ -187,9 +155,7 @@ async def test_rows_carry_tag_time_source_and_peer(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     writer = StandInWriter()
-    client, server = trio.testing.memory_stream_pair()
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(handler_for(writer), server, INFO)
+    async with serving(handler_for(writer), INFO) as client:
         await client.send_all(request("c", n=3, tag="web.access"))
         await trio.sleep(1)
         await client.aclose()

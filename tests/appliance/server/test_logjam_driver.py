@@ -28,9 +28,8 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from appliance.config import ConfigError, LogjamListenerConfig, parse_config
-from appliance.lake.rows import RowBlock
 from appliance.lake.table import EventsTable
-from appliance.lake.writer import CommitTicket, LakeWriter, WriterSettings
+from appliance.lake.writer import LakeWriter, WriterSettings
 from appliance.protocols.logjam import LogjamReceiver, pack_meta
 from appliance.server.context import ServiceContext
 from appliance.server.lifecycle import Lifecycle
@@ -42,6 +41,7 @@ from appliance.server.logjam_driver import (
 )
 from auth import schema
 from auth.curve import CurveKeyStore, generate_keypair, load_server_public_key
+from tests.appliance.server.support import StandInWriter
 
 T = TypeVar("T")
 
@@ -64,35 +64,6 @@ def meta(sequence: int = 1, **fields: Any) -> bytes:
 
 def message(sequence: int = 1, **fields: Any) -> list[bytes]:
     return [APP_ENV, TOPIC, body(seq=sequence, **fields), meta(sequence)]
-
-
-class StandInWriter:
-    """Records blocks; the test commits them. Unresolved tickets fail at :meth:`close`."""
-
-    def __init__(self) -> None:
-        self.blocks: list[RowBlock] = []
-        self.tickets: list[CommitTicket] = []
-        self.submitted = trio.Event()
-
-    async def submit(self, block: RowBlock) -> CommitTicket:
-        ticket = CommitTicket()
-        self.blocks.append(block)
-        self.tickets.append(ticket)
-        self.submitted.set()
-        self.submitted = trio.Event()
-        return ticket
-
-    def commit(self, index: int) -> None:
-        self.tickets[index]._resolve(True)
-
-    def close(self) -> None:
-        for ticket in self.tickets:
-            if not ticket.done:
-                ticket._resolve(False)
-
-    async def wait_blocks(self, count: int) -> None:
-        while len(self.blocks) < count:
-            await self.submitted.wait()
 
 
 @dataclass
@@ -189,6 +160,21 @@ async def logjam_service(
 # -- clients (blocking pyzmq, run in worker threads) ------------------------------------
 
 
+def _socket(
+    kind: int, linger: int, server_key: str | None, keypair: tuple[bytes, bytes] | None
+) -> zmq.Socket[bytes]:
+    """A socket with the test clients' receive deadline, a CURVE client with a server key."""
+    sock: zmq.Socket[bytes] = zmq.Context.instance().socket(kind)
+    sock.set(zmq.LINGER, linger)
+    sock.set(zmq.RCVTIMEO, REPLY_TIMEOUT_MS)
+    if server_key is not None:
+        public, secret = keypair or (b"", b"")
+        sock.set(zmq.CURVE_SERVERKEY, server_key.encode())
+        sock.set(zmq.CURVE_PUBLICKEY, public)
+        sock.set(zmq.CURVE_SECRETKEY, secret)
+    return sock
+
+
 def client(
     kind: int,
     endpoint: str,
@@ -196,14 +182,7 @@ def client(
     server_key: str | None = None,
     keypair: tuple[bytes, bytes] | None = None,
 ) -> zmq.Socket[bytes]:
-    sock: zmq.Socket[bytes] = zmq.Context.instance().socket(kind)
-    sock.set(zmq.LINGER, 2000)
-    sock.set(zmq.RCVTIMEO, REPLY_TIMEOUT_MS)
-    if server_key is not None:
-        public, secret = keypair or (b"", b"")
-        sock.set(zmq.CURVE_SERVERKEY, server_key.encode())
-        sock.set(zmq.CURVE_PUBLICKEY, public)
-        sock.set(zmq.CURVE_SECRETKEY, secret)
+    sock = _socket(kind, 2000, server_key, keypair)
     sock.connect(endpoint)
     return sock
 
@@ -232,14 +211,7 @@ async def request(sock: zmq.Socket[bytes], frames: list[bytes]) -> list[bytes]:
 
 def monitored(kind: int, endpoint: str, **keys: Any) -> tuple[zmq.Socket[bytes], str]:
     """Connect with a monitor attached before the handshake starts."""
-    sock: zmq.Socket[bytes] = zmq.Context.instance().socket(kind)
-    sock.set(zmq.LINGER, 0)
-    sock.set(zmq.RCVTIMEO, REPLY_TIMEOUT_MS)
-    if keys.get("server_key") is not None:
-        public, secret = keys.get("keypair") or (b"", b"")
-        sock.set(zmq.CURVE_SERVERKEY, keys["server_key"].encode())
-        sock.set(zmq.CURVE_PUBLICKEY, public)
-        sock.set(zmq.CURVE_SECRETKEY, secret)
+    sock = _socket(kind, 0, keys.get("server_key"), keys.get("keypair"))
     monitor = sock.get_monitor_socket()
     monitor.set(zmq.RCVTIMEO, REPLY_TIMEOUT_MS)
     sock.connect(endpoint)

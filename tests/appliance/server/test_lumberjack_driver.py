@@ -19,36 +19,16 @@ import trio.testing
 
 from appliance.config import LumberjackListenerConfig
 from appliance.lake.rows import RowBlock
-from appliance.lake.writer import CommitTicket
-from appliance.server.context import ServiceContext
-from appliance.server.lifecycle import Lifecycle
 from appliance.server.listener import ConnectionInfo
 from appliance.server.lumberjack_driver import lumberjack_driver
+from tests.appliance.server.support import (
+    StandInWriter,
+    handler_factory,
+    receive_within,
+    serving,
+)
 
 INFO = ConnectionInfo(listener="beats", peer="192.0.2.7:41000", tls=True, source="CN=shipper")
-
-
-class StandInWriter:
-    """Records submitted blocks; the test commits them with :meth:`commit`.
-
-    Like the real writer, a block with no rows resolves at once.
-    """
-
-    def __init__(self) -> None:
-        self.blocks: list[RowBlock] = []
-        self.tickets: list[CommitTicket] = []
-
-    async def submit(self, block: RowBlock) -> CommitTicket:
-        ticket = CommitTicket()
-        if block.rows == 0:
-            ticket._resolve(True)
-            return ticket
-        self.blocks.append(block)
-        self.tickets.append(ticket)
-        return ticket
-
-    def commit(self, index: int) -> None:
-        self.tickets[index]._resolve(True)
 
 
 def u32(n: int) -> bytes:
@@ -84,30 +64,18 @@ def ack(seq: int, v: int = 2) -> bytes:
 KEEPALIVE_V2 = ack(0)
 
 
-async def receive_within(stream: trio.abc.ReceiveStream, seconds: float) -> bytes:
-    """Every byte that arrives within ``seconds`` of virtual time."""
-    received = b""
-    with trio.move_on_after(seconds):
-        while True:
-            data = await stream.receive_some(65536)
-            if not data:
-                break
-            received += data
-    return received
+handler_for = handler_factory(lumberjack_driver, LumberjackListenerConfig)
 
 
-def handler_for(writer: StandInWriter, **settings: Any) -> Any:
-    config = LumberjackListenerConfig(**settings)
-    context = ServiceContext(writer, Lifecycle())  # type: ignore[arg-type]
-    return lumberjack_driver(config, context)
+def stand_in_writer() -> StandInWriter:
+    """Like the real writer, a block with no rows resolves at once."""
+    return StandInWriter(resolve_empty=True)
 
 
 @pytest.mark.trio
 async def test_ack_is_sent_only_after_commit(autojump_clock: trio.testing.MockClock) -> None:
-    writer = StandInWriter()
-    client, server = trio.testing.memory_stream_pair()
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(handler_for(writer, keepalive_seconds=600), server, INFO)
+    writer = stand_in_writer()
+    async with serving(handler_for(writer, keepalive_seconds=600), INFO) as client:
         await client.send_all(beats(1, 3))
         assert await receive_within(client, 300) == b""
         assert [block.rows for block in writer.blocks] == [3]
@@ -118,10 +86,8 @@ async def test_ack_is_sent_only_after_commit(autojump_clock: trio.testing.MockCl
 
 @pytest.mark.trio
 async def test_acks_go_out_in_window_order(autojump_clock: trio.testing.MockClock) -> None:
-    writer = StandInWriter()
-    client, server = trio.testing.memory_stream_pair()
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(handler_for(writer, keepalive_seconds=600), server, INFO)
+    writer = stand_in_writer()
+    async with serving(handler_for(writer, keepalive_seconds=600), INFO) as client:
         # Three pipelined windows in one write, numbered across windows.
         await client.send_all(beats(1, 2) + beats(3, 3) + beats(6, 1))
         await trio.sleep(1)
@@ -138,10 +104,8 @@ async def test_acks_go_out_in_window_order(autojump_clock: trio.testing.MockCloc
 async def test_keepalives_while_waiting_then_the_ack_carries_the_highest_sequence(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    writer = StandInWriter()
-    client, server = trio.testing.memory_stream_pair()
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(handler_for(writer, keepalive_seconds=5), server, INFO)
+    writer = stand_in_writer()
+    async with serving(handler_for(writer, keepalive_seconds=5), INFO) as client:
         await client.send_all(beats(1, 2))
         await trio.sleep(1)
         writer.commit(0)
@@ -158,10 +122,8 @@ async def test_keepalives_while_waiting_then_the_ack_carries_the_highest_sequenc
 async def test_keepalive_waits_for_the_first_pending_window_only(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    writer = StandInWriter()
-    client, server = trio.testing.memory_stream_pair()
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(handler_for(writer, keepalive_seconds=5), server, INFO)
+    writer = stand_in_writer()
+    async with serving(handler_for(writer, keepalive_seconds=5), INFO) as client:
         await client.send_all(beats(1, 1) + beats(2, 1))
         await trio.sleep(1)
         writer.commit(1)  # the second is committed, the first is not
@@ -175,10 +137,8 @@ async def test_keepalive_waits_for_the_first_pending_window_only(
 async def test_v1_acks_and_keepalives_are_1A_with_the_last_acked_sequence(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    writer = StandInWriter()
-    client, server = trio.testing.memory_stream_pair()
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(handler_for(writer, keepalive_seconds=5), server, INFO)
+    writer = stand_in_writer()
+    async with serving(handler_for(writer, keepalive_seconds=5), INFO) as client:
         # npm lumberjack-protocol: one W for the connection, then D frames only.
         await client.send_all(window(2, v=1) + b"".join(d(i, {"n": str(i)}) for i in (1, 2, 3, 4)))
         await trio.sleep(1)
@@ -196,10 +156,8 @@ async def test_v1_acks_and_keepalives_are_1A_with_the_last_acked_sequence(
 async def test_empty_window_is_acked_at_once_with_the_last_sequence(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    writer = StandInWriter()
-    client, server = trio.testing.memory_stream_pair()
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(handler_for(writer, keepalive_seconds=600), server, INFO)
+    writer = stand_in_writer()
+    async with serving(handler_for(writer, keepalive_seconds=600), INFO) as client:
         await client.send_all(window(0))
         assert await receive_within(client, 1) == ack(0)
         await client.send_all(beats(7, 2))
@@ -216,10 +174,8 @@ async def test_empty_window_is_acked_at_once_with_the_last_sequence(
 async def test_protocol_error_closes_after_acking_the_windows_before_it(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    writer = StandInWriter()
-    client, server = trio.testing.memory_stream_pair()
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(handler_for(writer, keepalive_seconds=600), server, INFO)
+    writer = stand_in_writer()
+    async with serving(handler_for(writer, keepalive_seconds=600), INFO) as client:
         await client.send_all(beats(1, 2) + b"2J" + u32(3) + u32(5) + b"{bad}")
         await trio.sleep(1)
         writer.commit(0)
@@ -232,10 +188,8 @@ async def test_protocol_error_closes_after_acking_the_windows_before_it(
 async def test_protocol_error_alone_closes_without_an_answer(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    writer = StandInWriter()
-    client, server = trio.testing.memory_stream_pair()
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(handler_for(writer), server, INFO)
+    writer = stand_in_writer()
+    async with serving(handler_for(writer), INFO) as client:
         await client.send_all(b"2J" + u32(1) + u32(2) + b"{}")  # data before any W
         assert await receive_within(client, 60) == b""
     assert writer.blocks == []
@@ -245,10 +199,8 @@ async def test_protocol_error_alone_closes_without_an_answer(
 
 
 async def rows_of(stream: bytes, **settings: Any) -> RowBlock:
-    writer = StandInWriter()
-    client, server = trio.testing.memory_stream_pair()
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(handler_for(writer, **settings), server, INFO)
+    writer = stand_in_writer()
+    async with serving(handler_for(writer, **settings), INFO) as client:
         await client.send_all(stream)
         await trio.sleep(1)
         writer.commit(0)

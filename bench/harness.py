@@ -1,0 +1,673 @@
+"""What the protocol benchmarks share: the machine, the server subprocess, /proc, the window.
+
+``forward_bench.py``, ``lumberjack_bench.py`` and ``courier_bench.py`` each
+start ``appliance serve`` with a fresh state directory (:func:`start_server`,
+:func:`stop_server`), drive it from client threads over a measured window
+(:func:`run_window`), read CPU and memory from ``/proc`` and check the table
+(:func:`table_counts`); ``logjam_bench.py`` uses the ``/proc`` readers and the
+table check. Each script keeps its own workload, client and report.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import dataclasses
+import importlib.metadata
+import json
+import os
+import platform
+import re
+import resource
+import selectors
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+VENV_BIN = Path(sys.executable).parent
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+#: What ``appliance serve`` prints once it listens; the rest of the line is a path.
+READY_LINE = b"CA certificate for clients:"
+
+#: One live thread: its OS name and its CPU seconds so far.
+ThreadSample = dict[int, tuple[str, float]]
+
+
+# -- machine -------------------------------------------------------------------
+
+
+@contextmanager
+def pinned(core: int | None) -> Iterator[None]:
+    """Run the block in this process on ``core`` (when not None), then as before."""
+    previous = os.sched_getaffinity(0)
+    if core is not None:
+        os.sched_setaffinity(0, {core})
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, previous)
+
+
+def pin_cores(no_pin: bool) -> tuple[tuple[int | None, int | None], str, int]:
+    """(server core, generator core), what was done and the usable cores before it.
+
+    This process moves to the generator core; nothing is pinned with
+    ``no_pin`` or on fewer than 2 usable cores.
+    """
+    cpus = sorted(os.sched_getaffinity(0))
+    if no_pin or len(cpus) < 2:
+        pinning = "not pinned" + (" (fewer than 2 cores)" if len(cpus) < 2 else "")
+        return (None, None), pinning, len(cpus)
+    os.sched_setaffinity(0, {cpus[1]})
+    pinning = f"server pinned to core {cpus[0]}, load generator to core {cpus[1]}"
+    return (cpus[0], cpus[1]), pinning, len(cpus)
+
+
+def cpu_reference_ms(core: int | None) -> float:
+    """Milliseconds for ``sum(range(10**6))`` on ``core``: a rough speed yardstick."""
+    with pinned(core):
+        best = float("inf")
+        for _ in range(15):
+            start = time.perf_counter()
+            sum(range(10**6))
+            best = min(best, time.perf_counter() - start)
+        return best * 1000
+
+
+def cpu_model() -> str:
+    with open("/proc/cpuinfo", encoding="utf-8") as f:
+        for line in f:
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return "unknown"
+
+
+def memory_gib() -> str:
+    mem_kb = 0
+    with open("/proc/meminfo", encoding="utf-8") as f:
+        for line in f:
+            if line.startswith("MemTotal:"):
+                mem_kb = int(line.split()[1])
+    return f"{mem_kb / 1024 / 1024:.1f} GiB"
+
+
+def package_versions(names: Sequence[str]) -> str:
+    versions = []
+    for name in names:
+        try:
+            versions.append(f"{name} {importlib.metadata.version(name)}")
+        except importlib.metadata.PackageNotFoundError:
+            versions.append(f"{name} (not installed)")
+    return ", ".join(versions)
+
+
+def git_commit() -> str:
+    """``git describe`` of the tree the benchmarks sit in, or ``unknown``."""
+    try:
+        commit = subprocess.run(
+            ["git", "-C", str(ROOT), "describe", "--always", "--dirty"],
+            capture_output=True,
+            text=True,
+            check=False,
+        ).stdout.strip()
+    except OSError:
+        commit = ""
+    return commit or "unknown"
+
+
+def machine_info(
+    usable: int, packages: Sequence[str], extra: dict[str, str] | None = None
+) -> dict[str, str]:
+    """What the results were measured on; ``extra`` comes right after ``openssl``."""
+    return {
+        "cpus": f"{os.cpu_count()} (usable: {usable})",
+        "cpu": cpu_model(),
+        "memory": memory_gib(),
+        "python": f"{platform.python_implementation()} {platform.python_version()}",
+        "openssl": ssl.OPENSSL_VERSION,
+        **(extra or {}),
+        "libraries": package_versions(packages),
+        "commit": git_commit(),
+    }
+
+
+def print_header(title: str, info: dict[str, str], pinning: str, core: int | None) -> None:
+    """Add the speed yardstick of the server core to ``info`` and print it all."""
+    info["speed"] = f"sum(range(10**6)) takes {cpu_reference_ms(core):.1f} ms on the server core"
+    print(f"# {title}")
+    print("command: " + " ".join([Path(sys.executable).name, *sys.argv]))
+    for key, value in info.items():
+        print(f"{key}: {value}")
+    print(f"pinning: {pinning}")
+
+
+def add_arguments(parser: argparse.ArgumentParser, default_cases: str, cases_help: str) -> None:
+    """``--cases`` (``cases_help``) and the options every TLS benchmark takes."""
+    parser.add_argument("--cases", default=default_cases, help=cases_help)
+    parser.add_argument(
+        "--connections", type=int, default=4, help="TLS connections of a case that names none (4)"
+    )
+    parser.add_argument("--duration", type=float, default=8.0, help="measured seconds (8)")
+    parser.add_argument("--warmup", type=float, default=1.5, help="unmeasured seconds (1.5)")
+    parser.add_argument("--commit-delay", type=float, default=0.25, help="[lake] max delay")
+    parser.add_argument("--commit-max-rows", type=int, default=100_000, help="[lake] max rows")
+    parser.add_argument(
+        "--ceiling-seconds", type=float, default=0.4, help="per ceiling run, best of 3 (0.4)"
+    )
+    parser.add_argument(
+        "--no-commit-ceiling", action="store_true", help="skip the in-process Delta commit ceiling"
+    )
+    parser.add_argument("--no-pin", action="store_true", help="do not pin server and generator")
+    parser.add_argument("--keep", action="store_true", help="keep the state directories")
+    parser.add_argument("--json", type=Path, help="also write the results as JSON here")
+
+
+# -- in-process ceilings -------------------------------------------------------
+
+
+def best_rate(fn: Callable[[], int], seconds: float, repeats: int = 3) -> float:
+    """Best events/s of ``fn`` (which returns the events it handled) over ``repeats`` runs.
+
+    Each run lasts at least ``seconds``. The best run is the one least disturbed
+    by neighbours on a shared machine.
+    """
+    fn()  # warm up
+    best = 0.0
+    for _ in range(repeats):
+        events = 0
+        start = time.perf_counter()
+        while True:
+            events += fn()
+            elapsed = time.perf_counter() - start
+            if elapsed >= seconds:
+                break
+        best = max(best, events / elapsed)
+    return best
+
+
+def commit_rate(build: Callable[[], Any], seconds: float, prefix: str) -> float:
+    """Best events/s of ``build`` (an Arrow table) plus its Delta commit, in a temporary table."""
+    from appliance.lake.table import EventsTable
+
+    tmp = tempfile.mkdtemp(prefix=prefix)
+    try:
+        table = EventsTable(str(Path(tmp) / "events"))
+        table.open_or_create()
+        version = [0]
+
+        def commit() -> int:
+            data = build()
+            version[0] += 1
+            table.commit(data, "bench-ceiling", version[0])
+            return int(data.num_rows)
+
+        return best_rate(commit, seconds)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def block_ceilings(
+    decode: Callable[[], list[Any]],
+    events: Callable[[Any], int],
+    to_block: Callable[[Any, int], Any],
+    seconds: float,
+    with_commit: bool,
+    prefix: str,
+) -> dict[str, float]:
+    """Rates of the codec (``decode``), then each decoded item ``to_block`` (given the time
+    in ns), then ``blocks_to_arrow``, then (``with_commit``) the Delta commit too."""
+    from appliance.lake.rows import blocks_to_arrow
+
+    def codec() -> int:
+        return sum(events(item) for item in decode())
+
+    def blocks() -> list[Any]:
+        now = time.time_ns()
+        return [to_block(item, now) for item in decode()]
+
+    def rows() -> int:
+        return sum(b.rows for b in blocks())
+
+    def arrow() -> int:
+        return int(blocks_to_arrow(blocks()).num_rows)
+
+    result = {"codec": best_rate(codec, seconds), "rows": best_rate(rows, seconds)}
+    result["arrow"] = best_rate(arrow, seconds)
+    if with_commit:
+        result["commit"] = commit_rate(lambda: blocks_to_arrow(blocks()), seconds, prefix)
+    return result
+
+
+# -- /proc ---------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _stat_cpu_seconds(stat: str) -> float:
+    """utime + stime from the text of a ``/proc/.../stat`` file."""
+    fields = stat.rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def proc_cpu_seconds(pid: int) -> float:
+    """utime + stime of a whole process (all its threads, dead ones included)."""
+    with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
+        return _stat_cpu_seconds(f.read())
+
+
+def thread_cpu_seconds(pid: int) -> ThreadSample:
+    """CPU seconds of each live thread of ``pid``, with its OS thread name."""
+    out: ThreadSample = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat", encoding="utf-8") as f:
+                raw = f.read()
+        except OSError:
+            continue
+        comm = raw[raw.index("(") + 1 : raw.rindex(")")]
+        out[int(tid)] = (comm, _stat_cpu_seconds(raw))
+    return out
+
+
+def thread_kind(pid: int, tid: int, comm: str, jemalloc: bool) -> str:
+    if tid == pid:
+        return "main (trio loop)"
+    if comm.startswith("tokio"):
+        return "tokio (deltalake)"
+    if jemalloc and comm.startswith("jemalloc"):
+        return "jemalloc"
+    # trio.to_thread workers take the name of their job (truncated to 15).
+    return "python worker threads"
+
+
+def thread_groups(pid: int, before: ThreadSample, after: ThreadSample) -> dict[str, float]:
+    """CPU seconds of each live thread between two samples, grouped by thread kind."""
+    groups: dict[str, float] = collections.defaultdict(float)
+    for tid, (comm, cpu) in after.items():
+        groups[thread_kind(pid, tid, comm, jemalloc=True)] += cpu - before.get(tid, (comm, 0.0))[1]
+    return dict(groups)
+
+
+def thread_totals(pid: int, sample: ThreadSample) -> dict[str, float]:
+    """CPU seconds so far of the threads in ``sample``, grouped by kind (jemalloc not apart)."""
+    groups: dict[str, float] = collections.defaultdict(float)
+    for tid, (comm, cpu) in sample.items():
+        groups[thread_kind(pid, tid, comm, jemalloc=False)] += cpu
+    return dict(groups)
+
+
+def system_cpu_seconds() -> tuple[float, float]:
+    """(busy, steal) CPU seconds of the whole machine since boot, from /proc/stat."""
+    with open("/proc/stat", encoding="utf-8") as f:
+        values = [int(v) for v in f.readline().split()[1:]]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (values + [0] * 8)[:8]
+    return (user + nice + system + irq + softirq) / CLK_TCK, steal / CLK_TCK
+
+
+def vm_hwm_mb(pid: int, missing: float = float("nan")) -> float:
+    """Peak RSS of ``pid`` in MB, or ``missing`` (a zombie has none)."""
+    with open(f"/proc/{pid}/status", encoding="utf-8") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return missing
+
+
+# -- server --------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Server:
+    proc: subprocess.Popen[bytes]
+    state_dir: Path
+    port: int
+    ca_file: Path
+    log_path: Path
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            text = self.log_path.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+
+def start_server(
+    state_dir: Path,
+    args: argparse.Namespace,
+    listener: str,
+    core: int | None,
+    *,
+    command: Sequence[str] = (str(VENV_BIN / "appliance"), "serve"),
+    env: dict[str, str] | None = None,
+    preamble: str = "",
+) -> Server:
+    """``command --config FILE`` in ``state_dir``, pinned to ``core``, once it is ready.
+
+    The config has the state directory, then ``preamble``, the ``[lake]``
+    settings of ``args`` (``commit_delay``, ``commit_max_rows``) and one
+    ``[[listeners]]`` entry: ``listener`` (TOML lines) bound to a free port.
+    The server's stderr goes to ``state_dir/server.log``.
+    """
+    port = free_port()
+    config = state_dir / "bench.toml"
+    config.write_text(
+        f'state_dir = "{state_dir / "var"}"\n'
+        f"{preamble}"
+        "[lake]\n"
+        f"commit_max_delay_seconds = {args.commit_delay}\n"
+        f"commit_max_rows = {args.commit_max_rows}\n"
+        "[[listeners]]\n"
+        f"{listener}"
+        f'bind = "127.0.0.1:{port}"\n',
+        encoding="utf-8",
+    )
+
+    def pin() -> None:
+        if core is not None:
+            os.sched_setaffinity(0, {core})
+
+    log_path = state_dir / "server.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            [*command, "--config", str(config)],
+            stdout=subprocess.PIPE, stderr=log, preexec_fn=pin, cwd=state_dir, env=env,
+        )  # fmt: skip
+    server = Server(proc, state_dir, port, Path(), log_path)
+    assert proc.stdout is not None
+    deadline = time.monotonic() + 60
+    buffer = b""
+    with selectors.DefaultSelector() as sel:
+        sel.register(proc.stdout, selectors.EVENT_READ)
+        while READY_LINE not in buffer or not buffer.endswith(b"\n"):
+            left = deadline - time.monotonic()
+            if left <= 0 or proc.poll() is not None:
+                proc.kill()
+                raise RuntimeError(f"server did not become ready:\n{server.log_tail()}")
+            if sel.select(timeout=min(left, 0.5)):
+                buffer += os.read(proc.stdout.fileno(), 4096)
+    line = next(x for x in buffer.decode().splitlines() if READY_LINE.decode() in x)
+    server.ca_file = Path(line.split(":", 1)[1].strip())
+    return server
+
+
+def stop_server(server: Server, timeout: float = 120) -> tuple[int, dict[str, str]]:
+    """SIGTERM, wait, and the fields of its ``service.stopped`` log line."""
+    server.proc.send_signal(signal.SIGTERM)
+    try:
+        code = server.proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        server.proc.kill()
+        code = server.proc.wait()
+    if server.proc.stdout is not None:
+        server.proc.stdout.close()
+    stopped: dict[str, str] = {}
+    for line in server.log_path.read_text(encoding="utf-8", errors="replace").splitlines():
+        if "event=service.stopped" in line:
+            stopped = dict(re.findall(r"(\w+)=(\S+)", line))
+    return code, stopped
+
+
+def table_counts(path: Path) -> tuple[int, int]:
+    """Rows and distinct batch ids in the table, read from its data files."""
+    import pyarrow.compute as pc
+    from deltalake import DeltaTable
+
+    table = DeltaTable(str(path)).to_pyarrow_table(columns=["batch_id"])
+    return table.num_rows, int(pc.count_distinct(table.column("batch_id")).as_py())
+
+
+def discard_state(state_dir: Path, keep: bool) -> None:
+    if keep:
+        print(f"  state kept in {state_dir}")
+    else:
+        shutil.rmtree(state_dir, ignore_errors=True)
+
+
+# -- load and window -----------------------------------------------------------
+
+
+@dataclasses.dataclass
+class ConnectionResult:
+    """What one client thread saw: when each ack came and how long it took."""
+
+    ack_times: list[float] = dataclasses.field(default_factory=list)
+    latencies: list[float] = dataclasses.field(default_factory=list)
+    error: BaseException | None = None
+
+
+#: One client thread's work: ``(context, start, stop_at)``. It connects with
+#: ``context`` (which trusts the server's CA), waits for ``start``, sends until
+#: ``time.perf_counter()`` passes ``stop_at[0]``, then waits for what is unacked.
+Sender = Callable[[ssl.SSLContext, threading.Event, list[float]], None]
+
+
+@dataclasses.dataclass
+class Window:
+    """The measured window of a case and what the server and the machine did in it."""
+
+    pid: int
+    start: float
+    end: float
+    server_cpu: float
+    generator_cpu: float
+    system_busy: float
+    steal: float
+    threads_before: ThreadSample
+    threads_after: ThreadSample
+    server_peak_rss_mb: float
+
+    @property
+    def seconds(self) -> float:
+        return self.end - self.start
+
+    def latencies(self, results: Sequence[ConnectionResult]) -> list[float]:
+        """Sorted latencies of the acks that came inside the window."""
+        return sorted(
+            lat
+            for r in results
+            for t, lat in zip(r.ack_times, r.latencies, strict=True)
+            if self.start <= t <= self.end
+        )
+
+    @property
+    def other_cpu(self) -> float:
+        """CPU of every other process in the window (py-spy included when it samples)."""
+        return self.system_busy - self.server_cpu - self.generator_cpu
+
+    def threads_by_kind(self) -> dict[str, float]:
+        """Server CPU by thread kind, per live thread (see :func:`thread_groups`)."""
+        return thread_groups(self.pid, self.threads_before, self.threads_after)
+
+    def thread_totals_delta(self) -> dict[str, float]:
+        """Server CPU by thread kind, the difference of the two grouped totals."""
+        before = thread_totals(self.pid, self.threads_before)
+        after = thread_totals(self.pid, self.threads_after)
+        return {k: v - before.get(k, 0.0) for k, v in after.items()}
+
+    def metrics(self, events: int, latencies: list[float]) -> dict[str, float]:
+        """The rates every case reports, given the events and sorted latencies in the window."""
+        seconds = self.seconds
+        return {
+            "events_per_second": events / seconds,
+            "p50_ms": quantile(latencies, 0.50) * 1000,
+            "p99_ms": quantile(latencies, 0.99) * 1000,
+            "server_cpu_pct": 100 * self.server_cpu / seconds,
+            "events_per_server_cpu_second": (
+                events / self.server_cpu if self.server_cpu else float("nan")
+            ),
+            "generator_cpu_pct": 100 * self.generator_cpu / seconds,
+            "other_cpu_pct": max(0.0, 100 * self.other_cpu / seconds),
+            "server_peak_rss_mb": self.server_peak_rss_mb,
+        }
+
+
+def run_window(
+    server: Server,
+    senders: Sequence[Sender],
+    results: Sequence[ConnectionResult],
+    warmup: float,
+    duration: float,
+    start_sampler: Callable[[], subprocess.Popen[bytes]] | None = None,
+) -> Window:
+    """Run ``senders`` (one thread each) through warm-up and window, and measure the window.
+
+    ``start_sampler`` starts a profiler at the window's start; it gets SIGINT at
+    its end. On any failure the server is killed and its log tail printed.
+    """
+    pid = server.proc.pid
+    sampler: subprocess.Popen[bytes] | None = None
+    try:
+        context = ssl.create_default_context(cafile=str(server.ca_file))
+        start = threading.Event()
+        stop_at = [float("inf")]
+        threads = [
+            threading.Thread(
+                target=send, args=(context, start, stop_at), name=f"conn-{i}", daemon=True
+            )
+            for i, send in enumerate(senders)
+        ]
+        for t in threads:
+            t.start()
+        time.sleep(0.2)  # let the TLS handshakes finish
+        window_start = time.perf_counter() + warmup
+        window_end = window_start + duration
+        stop_at[0] = window_end
+        start.set()
+        time.sleep(max(0.0, window_start - time.perf_counter()))
+        if start_sampler is not None:
+            sampler = start_sampler()
+        cpu0, threads0 = proc_cpu_seconds(pid), thread_cpu_seconds(pid)
+        gen0 = resource.getrusage(resource.RUSAGE_SELF)
+        sys0 = system_cpu_seconds()
+        w0 = time.perf_counter()
+        time.sleep(max(0.0, window_end - time.perf_counter()))
+        w1 = time.perf_counter()
+        cpu1, threads1 = proc_cpu_seconds(pid), thread_cpu_seconds(pid)
+        gen1 = resource.getrusage(resource.RUSAGE_SELF)
+        sys1 = system_cpu_seconds()
+        if sampler is not None:
+            sampler.send_signal(signal.SIGINT)  # py-spy writes its output on Ctrl-C
+            sampler.wait(timeout=120)
+        for t in threads:
+            t.join(timeout=300)
+        errors = [r.error for r in results if r.error is not None]
+        if errors:
+            raise RuntimeError(f"load generator failed: {errors[0]!r}") from errors[0]
+        peak_rss = vm_hwm_mb(pid)
+    except BaseException:
+        if sampler is not None and sampler.poll() is None:
+            sampler.kill()
+        server.proc.kill()
+        server.proc.wait()
+        print(server.log_tail(), file=sys.stderr)
+        raise
+    return Window(
+        pid=pid,
+        start=w0,
+        end=w1,
+        server_cpu=cpu1 - cpu0,
+        generator_cpu=(gen1.ru_utime + gen1.ru_stime) - (gen0.ru_utime + gen0.ru_stime),
+        system_busy=sys1[0] - sys0[0],
+        steal=sys1[1] - sys0[1],
+        threads_before=threads0,
+        threads_after=threads1,
+        server_peak_rss_mb=peak_rss,
+    )
+
+
+def tls_connect(context: ssl.SSLContext, port: int) -> ssl.SSLSocket:
+    """A TLS connection to the local server (name ``localhost``), no Nagle, 120 s timeout."""
+    raw = socket.create_connection(("127.0.0.1", port), timeout=60)
+    raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    tls = context.wrap_socket(raw, server_hostname="localhost")
+    tls.settimeout(120)
+    return tls
+
+
+# -- reporting -----------------------------------------------------------------
+
+
+def quantile(sorted_values: list[float], q: float) -> float:
+    if not sorted_values:
+        return float("nan")
+    rank = max(0, min(len(sorted_values) - 1, int(q * len(sorted_values) + 0.5) - 1))
+    return sorted_values[rank]
+
+
+def fmt_rate(value: float) -> str:
+    return f"{value:,.0f}" if value == value else "n/a"
+
+
+def fmt_threads(groups: dict[str, float]) -> str:
+    """``kind 1.23s, ...``, the busiest first."""
+    return ", ".join(f"{k} {v:.2f}s" for k, v in sorted(groups.items(), key=lambda kv: -kv[1]))
+
+
+def write_json(path: Path | None, **sections: Any) -> None:
+    """The results as one JSON object of ``sections`` (dataclasses as dicts), when asked."""
+    if path is None:
+        return
+    data = {
+        key: [dataclasses.asdict(v) for v in value]
+        if isinstance(value, list) and value and dataclasses.is_dataclass(value[0])
+        else value
+        for key, value in sections.items()
+    }
+    path.write_text(json.dumps(data, indent=2), encoding="utf-8")
+
+
+def fmt_ceilings(ceilings: dict[str, float]) -> str:
+    return ", ".join(f"{k} {fmt_rate(v)}" for k, v in ceilings.items())
+
+
+def cpu_lines(r: Any) -> str:
+    """The two report lines on CPU and memory of a case result with the common fields."""
+    return (
+        f"    server CPU {r.server_cpu_pct:.0f}% of a core "
+        f"({fmt_rate(r.events_per_server_cpu_second)} events per CPU-second), generator CPU "
+        f"{r.generator_cpu_pct:.0f}%, other processes {r.other_cpu_pct:.0f}%, "
+        f"server peak RSS {r.server_peak_rss_mb:.0f} MB, commits {r.commits}\n"
+        f"    server CPU by thread over {r.seconds:.1f}s: {fmt_threads(r.server_threads)}\n"
+    )
+
+
+def table_tail_cells(r: Any) -> str:
+    """The last cells of a results table row (after a cell with no closing ``|``)."""
+    return (
+        f" | {r.p50_ms:.0f} | {r.p99_ms:.0f} "
+        f"| {r.server_cpu_pct:.0f}% | {fmt_rate(r.events_per_server_cpu_second)} "
+        f"| {r.other_cpu_pct:.0f}% | {r.server_peak_rss_mb:.0f} "
+        f"| {'OK' if r.ok else 'MISMATCH'} |"
+    )
+
+
+#: The headings of :func:`table_tail_cells`.
+TABLE_TAIL = (
+    "| p50 ms | p99 ms | server CPU | events/server CPU-s | other CPU | peak RSS MB | check |"
+)
+
+
+def parse_cases(text: str, in_flight: int, connections: int) -> list[tuple[int, int, int]]:
+    """``SIZE[:IN_FLIGHT[:CONNECTIONS]]`` items -> (size, in flight, connections)."""
+    cases = []
+    for item in text.split(","):
+        parts = [int(p) for p in item.strip().split(":")]
+        size, flight, conns = (parts + [in_flight, connections][len(parts) - 1 :])[:3]
+        cases.append((size, flight, conns))
+    return cases
