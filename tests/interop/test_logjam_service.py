@@ -16,9 +16,11 @@ from appliance.protocols.logjam import Compression, pack_meta
 pytestmark = pytest.mark.interop
 
 
-def cli(config: Path, *args: str) -> str:
+def cli(config: Path, group: str, command: str, *args: str) -> str:
+    # Options first and "--" before the arguments: a Z85 key may begin with "-".
     result = subprocess.run(
-        [sys.executable, "-m", "appliance", *args, "--config", str(config)],
+        [sys.executable, "-m", "appliance", group, command, "--config", str(config)]
+        + (["--", *args] if args else []),
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr

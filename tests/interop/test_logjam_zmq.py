@@ -247,8 +247,13 @@ async def node_send(service: Harness, socket: str, *args: str, keys: bool = True
                "--endpoint", endpoint, *args]  # fmt: skip
     if service.ports.server_public_key is not None and keys:
         public, secret = await service.add_key(f"node-{socket}")
-        command += ["--server-key", service.ports.server_public_key,
-                    "--public-key", public.decode(), "--secret-key", secret.decode()]  # fmt: skip
+        # "--opt=value": a Z85 key may begin with "-", which parseArgs would
+        # take for an option.
+        command += [
+            f"--server-key={service.ports.server_public_key}",
+            f"--public-key={public.decode()}",
+            f"--secret-key={secret.decode()}",
+        ]
     return await trio.run_process(command, capture_stdout=True, capture_stderr=True, check=False)
 
 
@@ -286,8 +291,8 @@ async def test_npm_zeromq_with_an_unknown_key_gets_nothing_through(tmp_path: Pat
         public, secret = generate_keypair()
         command = ["node", str(NODE_DIR / "logjam_send.mjs"), "--socket", "dealer",
                    "--endpoint", service.router, "--count", "1", "--timeout-ms", "1500",
-                   "--server-key", str(service.ports.server_public_key),
-                   "--public-key", public, "--secret-key", secret]  # fmt: skip
+                   f"--server-key={service.ports.server_public_key}",
+                   f"--public-key={public}", f"--secret-key={secret}"]  # fmt: skip
         result = await trio.run_process(command, capture_stdout=True, capture_stderr=True,
                                         check=False)  # fmt: skip
         assert result.returncode == 1

@@ -536,9 +536,10 @@ def test_curve_cli_add_list_revoke_server_key(tmp_path: Path) -> None:
     config = tmp_path / "appliance.toml"
     config.write_text(f'state_dir = "{tmp_path / "state"}"\n')
 
-    def run(*args: str, ok: bool = True) -> subprocess.CompletedProcess[str]:
+    def run(command: str, *args: str, ok: bool = True) -> subprocess.CompletedProcess[str]:
+        # --config before the arguments, so a key can follow "--" (Z85 may begin with "-").
         result = subprocess.run(
-            [sys.executable, "-m", "appliance", "curve", *args, "--config", str(config)],
+            [sys.executable, "-m", "appliance", "curve", command, "--config", str(config), *args],
             capture_output=True, text=True, timeout=120,
         )  # fmt: skip
         assert (result.returncode == 0) == ok, result.stderr
@@ -549,12 +550,13 @@ def test_curve_cli_add_list_revoke_server_key(tmp_path: Path) -> None:
     assert json.loads(run("server-key", "--json").stdout)["public_key"] == server_key
 
     public, _ = generate_keypair()
-    assert public in run("add", "web1", public).stdout
+    assert public in run("add", "web1", "--", public).stdout
     generated = json.loads(run("add", "web2", "--generate", "--json").stdout)
     assert len(generated["secret_key"]) == 40
     assert generated["status"] == "active"
 
-    assert "already registered as CURVE key 'web1'" in run("add", "web3", public, ok=False).stderr
+    already = run("add", "web3", "--", public, ok=False).stderr
+    assert "already registered as CURVE key 'web1'" in already
     assert "40 characters" in run("add", "bad", "not-a-key", ok=False).stderr
     assert "--generate" in run("add", "nothing", ok=False).stderr
 
