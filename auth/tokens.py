@@ -25,18 +25,16 @@ import datetime as dt
 import hashlib
 import hmac
 import secrets
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal, get_args
 
-from sqlalchemy import JSON, Engine, LargeBinary, String, select
-from sqlalchemy.exc import IntegrityError, SQLAlchemyError
-from sqlalchemy.orm import Mapped, Session, mapped_column
+from sqlalchemy import JSON, LargeBinary, String, select
+from sqlalchemy.orm import Mapped, mapped_column
 
-from auth.db import DEFAULT_POOL_SIZE, IMMEDIATE, display_url, make_engine
-from auth.errors import ConflictError, DatabaseError, InvalidValueError, NotFoundError
-from auth.models import NAME_LENGTH, AuditEntry, Base, UtcDateTime, utc_now
+from auth.errors import ConflictError, InvalidValueError, NotFoundError
+from auth.models import NAME_LENGTH, Base, UtcDateTime, utc_now
+from auth.tablestore import TableStore
 
 __all__ = [
     "MAX_TAG_PREFIXES",
@@ -176,13 +174,7 @@ def _check_prefixes(prefixes: Sequence[str]) -> list[str]:
     return cleaned
 
 
-def _first_line(exc: SQLAlchemyError) -> str:
-    cause = getattr(exc, "orig", None) or exc
-    text = str(cause).strip()
-    return text.splitlines()[0] if text else type(cause).__name__
-
-
-class TokenStore:
+class TokenStore(TableStore):
     """The ``api_tokens`` table of the auth database.
 
     Args:
@@ -190,53 +182,6 @@ class TokenStore:
             :func:`auth.schema.prepare`).
         pool_size: connections kept open.
     """
-
-    def __init__(self, url: str, *, pool_size: int = DEFAULT_POOL_SIZE) -> None:
-        self.url = url
-        self._engine: Engine = make_engine(url, pool_size=pool_size)
-
-    def close(self) -> None:
-        """Close the pooled connections."""
-        self._engine.dispose()
-
-    def __enter__(self) -> TokenStore:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    @contextmanager
-    def _errors(self) -> Iterator[None]:
-        try:
-            yield
-        except IntegrityError as exc:
-            raise ConflictError(
-                f"the change conflicts with the database's contents: {_first_line(exc)}"
-            ) from None
-        except SQLAlchemyError as exc:
-            where = display_url(self.url)
-            raise DatabaseError(f"auth database {where}: {_first_line(exc)}") from None
-
-    @contextmanager
-    def _read(self) -> Iterator[Session]:
-        with self._errors(), Session(self._engine) as session, session.begin():
-            yield session
-
-    @contextmanager
-    def _write(self) -> Iterator[Session]:
-        with self._errors(), self._engine.connect() as connection:
-            connection = connection.execution_options(**{IMMEDIATE: True})
-            with Session(bind=connection) as session, session.begin():
-                yield session
-
-    @staticmethod
-    def _audit(session: Session, action: str, target: str, actor: str, detail: str = "") -> None:
-        session.add(
-            AuditEntry(
-                at=utc_now(), actor=actor[:NAME_LENGTH], action=action, target=target,
-                detail=detail,
-            )
-        )  # fmt: skip
 
     def add(
         self, name: str, scope: str, tag_prefixes: Sequence[str] = (), *, actor: str
