@@ -80,3 +80,26 @@ def test_node_client_over_tls_with_ack(shared_app, client: str, mode: str) -> No
 def test_fluent_logger_has_no_forward_mode(shared_app) -> None:
     result = node_send(shared_app, "fluent-logger", "forward", count=1)
     assert result.returncode == 3, "the client gained Forward mode: add it to CASES"
+
+
+@pytest.mark.parametrize("client", ["fluent-org", "fluent-logger"])
+def test_npm_clients_with_client_certificates(appliance, tmp_path, client: str) -> None:
+    """Mutual TLS required: a certificate from `appliance cert issue-client` is accepted
+    and names the source; without one the client is refused and nothing is written."""
+    import sys
+
+    app = appliance({"forward": 'client_auth = "required"'})
+    subprocess.run(
+        [sys.executable, "-m", "appliance", "cert", "issue-client", f"{client}-host",
+         "--out", str(tmp_path / "certs"), "--config", str(tmp_path / "appliance0.toml")],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    cert = tmp_path / "certs" / f"{client}-host.crt"
+    key = tmp_path / "certs" / f"{client}-host.key"
+    accepted = node_send(app, client, "packed", "--cert", str(cert), "--key", str(key), count=5)
+    assert accepted.returncode == 0, accepted.stderr
+    refused = node_send(app, client, "message", count=1)
+    assert refused.returncode != 0
+    rows = app.rows()
+    assert len(rows) == 5
+    assert {r["source"] for r in rows} == {f"CN={client}-host"}
