@@ -62,6 +62,8 @@ MAX_TAG_PREFIXES: Final = 64
 MAX_TAG_PREFIX_CHARS: Final = 255
 #: Bytes of a SHA-256 digest.
 _HASH_BYTES: Final = 32
+#: Characters of the token (after ``apt_``) that select its row: 72 random bits.
+SELECTOR_CHARS: Final = 12
 
 
 class ApiToken(Base):
@@ -71,8 +73,12 @@ class ApiToken(Base):
 
     id: Mapped[int] = mapped_column(primary_key=True)
     name: Mapped[str] = mapped_column(String(NAME_LENGTH), unique=True)
-    #: SHA-256 of the token text; the token itself is never stored.
-    token_hash: Mapped[bytes] = mapped_column(LargeBinary(_HASH_BYTES), unique=True)
+    #: The first characters of the token's random part: finds the row without
+    #: comparing anything secret in SQL (the split-token scheme).
+    token_selector: Mapped[str] = mapped_column(String(SELECTOR_CHARS), unique=True)
+    #: SHA-256 of the whole token text, compared only with hmac.compare_digest;
+    #: the token itself is never stored.
+    token_hash: Mapped[bytes] = mapped_column(LargeBinary(_HASH_BYTES))
     #: "ingest" or "admin".
     scope: Mapped[str] = mapped_column(String(16))
     #: Tags the token may write under, as prefixes; empty: any tag.
@@ -147,6 +153,11 @@ def generate_token() -> str:
     return TOKEN_PREFIX + base64.urlsafe_b64encode(raw).decode("ascii").rstrip("=")
 
 
+def token_selector(token: str) -> str:
+    """The non-secret part of a token that locates its row."""
+    return token[len(TOKEN_PREFIX) : len(TOKEN_PREFIX) + SELECTOR_CHARS]
+
+
 def hash_token(token: str) -> bytes:
     """The SHA-256 of a token's text: what the database keeps."""
     return hashlib.sha256(token.encode("utf-8", "surrogatepass")).digest()
@@ -204,6 +215,7 @@ class TokenStore(TableStore):
                 raise ConflictError(f"a token named {name!r} exists already ({state})")
             row = ApiToken(
                 name=name,
+                token_selector=token_selector(token),
                 token_hash=hash_token(token),
                 scope=scope,
                 tag_prefixes=prefixes,
@@ -241,14 +253,18 @@ class TokenStore(TableStore):
     def verify(self, token: str) -> TokenGrant | None:
         """What an active ``token`` allows, or None: the listener's question (blocking).
 
-        The row is found by the hash (unique index) and the hash compared again
-        with :func:`hmac.compare_digest`; a hit records ``last_used_at``.
+        The row is found by the token's selector (its first random characters,
+        not a secret on their own) and the whole token's SHA-256 is then
+        compared with :func:`hmac.compare_digest`, so no secret-derived value is
+        ever compared by SQL; a hit records ``last_used_at``.
         """
         if not token.startswith(TOKEN_PREFIX) or len(token) > MAX_TOKEN_CHARS:
             return None
         digest = hash_token(token)
         with self._write() as session:
-            row = session.scalar(select(ApiToken).where(ApiToken.token_hash == digest))
+            row = session.scalar(
+                select(ApiToken).where(ApiToken.token_selector == token_selector(token))
+            )
             if row is None or not hmac.compare_digest(row.token_hash, digest):
                 return None
             if row.revoked_at is not None:

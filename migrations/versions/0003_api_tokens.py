@@ -25,6 +25,7 @@ def upgrade() -> None:
         "api_tokens",
         sa.Column("id", sa.Integer(), nullable=False),
         sa.Column("name", sa.String(length=255), nullable=False),
+        sa.Column("token_selector", sa.String(length=12), nullable=False),
         sa.Column("token_hash", sa.LargeBinary(length=32), nullable=False),
         sa.Column("scope", sa.String(length=16), nullable=False),
         sa.Column("tag_prefixes", sa.JSON(), nullable=False),
@@ -33,7 +34,7 @@ def upgrade() -> None:
         sa.Column("last_used_at", sa.DateTime(timezone=True), nullable=True),
         sa.PrimaryKeyConstraint("id", name="pk_api_tokens"),
         sa.UniqueConstraint("name", name="uq_api_tokens_name"),
-        sa.UniqueConstraint("token_hash", name="uq_api_tokens_token_hash"),
+        sa.UniqueConstraint("token_selector", name="uq_api_tokens_token_selector"),
     )
 
 
