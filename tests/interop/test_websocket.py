@@ -7,6 +7,7 @@ import json
 import shutil
 import ssl
 import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -501,7 +502,7 @@ async def test_npm_ws_client_is_acked_after_commit(tmp_path: Path) -> None:
 def test_subprocess_cli_token_add_list_revoke(tmp_path: Path) -> None:
     config = tmp_path / "appliance.toml"
     config.write_text(f'state_dir = "{tmp_path / "state"}"\n')
-    cli = [".venv/bin/appliance"] if Path(".venv/bin/appliance").exists() else ["appliance"]
+    cli = [sys.executable, "-m", "appliance"]  # the interpreter running the tests
 
     def run(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
