@@ -20,6 +20,7 @@ from typing import Any, Final, Literal
 
 from appliance.lake import maintenance as lake_maintenance
 from appliance.lake import writer as lake_writer
+from appliance.protocols import courier as courier_codec
 from appliance.protocols import forward as forward_codec
 from appliance.protocols import logjam as logjam_codec
 from appliance.protocols import websocket_messages as websocket_codec
@@ -51,6 +52,11 @@ DEFAULT_TLS_HANDSHAKE_TIMEOUT_SECONDS: Final = 10.0
 DEFAULT_IDLE_TIMEOUT_SECONDS: Final = 300.0
 #: Open connections per listener; further ones are accepted and closed at once.
 DEFAULT_MAX_CONNECTIONS: Final = 1024
+#: Open connections per listener from one client IP address (behind a load
+#: balancer every client has its address: raise it there).
+DEFAULT_MAX_CONNECTIONS_PER_ADDRESS: Final = 64
+#: Seconds from a request's first byte to its last (slow senders).
+DEFAULT_REQUEST_TIMEOUT_SECONDS: Final = 60.0
 #: Requests of one connection that may wait for their commit before it stops reading.
 DEFAULT_MAX_PENDING_ACKS: Final = 32
 #: Bytes asked of the socket per read.
@@ -184,8 +190,10 @@ class ListenerConfig:
     #: Client certificates: "off", "optional" or "required" (mutual TLS).
     client_auth: Literal["off", "optional", "required"] = "off"
     max_connections: int = DEFAULT_MAX_CONNECTIONS
+    max_connections_per_address: int = DEFAULT_MAX_CONNECTIONS_PER_ADDRESS
     tls_handshake_timeout_seconds: float = DEFAULT_TLS_HANDSHAKE_TIMEOUT_SECONDS
     idle_timeout_seconds: float = DEFAULT_IDLE_TIMEOUT_SECONDS
+    request_timeout_seconds: float = DEFAULT_REQUEST_TIMEOUT_SECONDS
     max_pending_acks: int = DEFAULT_MAX_PENDING_ACKS
     read_size_bytes: int = DEFAULT_READ_SIZE_BYTES
 
@@ -259,6 +267,11 @@ class CourierListenerConfig(ListenerConfig):
     #: Largest single event inside a payload, in bytes. Log Courier's own
     #: "max line bytes" is 1 MiB; JSON escaping and fields go a little over.
     max_event_bytes: int = 2 * 1024 * 1024
+    #: Most events one payload may carry.
+    max_events: int = courier_codec.DEFAULT_MAX_EVENTS
+    #: Memory one payload's rows may hold as the codec counts it, in bytes
+    #: (records, tags and hosts as text, plus a per-row overhead).
+    max_payload_memory_bytes: int = courier_codec.DEFAULT_MAX_PAYLOAD_MEMORY_BYTES
     #: Seconds between partial ACKNs while a payload waits for its commit (spec: at most 5).
     keepalive_seconds: float = DEFAULT_KEEPALIVE_SECONDS
     #: Tag of the events (Log Courier has no tag; a "type" field overrides it when set).
@@ -318,6 +331,9 @@ class LogjamListenerConfig(ListenerConfig):
     max_body_bytes: int = logjam_codec.DEFAULT_MAX_BODY_BYTES
     #: Largest decompressed body, in bytes.
     max_decompressed_bytes: int = logjam_codec.DEFAULT_MAX_DECOMPRESSED_BYTES
+    #: Most JSON containers (``{`` and ``[`` bytes) in one body: parsing
+    #: ``[{},{},...]`` costs about 24 times its bytes as Python objects.
+    max_json_containers: int = logjam_codec.DEFAULT_MAX_JSON_CONTAINERS
     #: ZMQ_MAXMSGSIZE: a frame over this many bytes makes libzmq drop the peer
     #: before the appliance sees it (no reply). At least max_body_bytes.
     max_message_bytes: int = logjam_codec.DEFAULT_MAX_BODY_BYTES + 64 * 1024
@@ -367,6 +383,7 @@ class LogjamListenerConfig(ListenerConfig):
         return logjam_codec.LogjamLimits(
             max_body_bytes=self.max_body_bytes,
             max_decompressed_bytes=self.max_decompressed_bytes,
+            max_json_containers=self.max_json_containers,
         )
 
 

@@ -41,6 +41,7 @@ from appliance.lake.table import EventsTable
 from appliance.lake.writer import LakeWriter
 from appliance.logs import get_logger
 from appliance.server.context import ServiceContext
+from appliance.server.exposure import unauthenticated_listeners
 from appliance.server.heartbeat import serve_udp_heartbeat
 from appliance.server.lifecycle import Lifecycle
 from appliance.server.listener import TcpService
@@ -156,6 +157,12 @@ async def serve(
         context.tokens, close_tokens = await trio.to_thread.run_sync(
             open_token_verifier, config.state_dir, config.auth.database_url
         )
+    for exposed in unauthenticated_listeners(config):
+        log.warning(
+            "listener.unauthenticated", listener=exposed.name, bind=exposed.bind,
+            advice="anyone who reaches this address can write events: require client "
+            "certificates (client_auth), the forward handshake (security) or CURVE",
+        )  # fmt: skip
     running = Running(ca_file=ca_file, writer=writer, tls_manager=tls)
     stop_event = stop if stop is not None else trio.Event()
     shutdown = trio.CancelScope()
@@ -261,6 +268,7 @@ async def _start_listener(
         ssl_context=tls_context if listener.tls else None,
         tls_handshake_timeout=listener.tls_handshake_timeout_seconds,
         max_connections=listener.max_connections,
+        max_connections_per_address=listener.max_connections_per_address,
     )
     sockets = await trio.open_tcp_listeners(listener.port, host=listener.host)
     port = sockets[0].socket.getsockname()[1]

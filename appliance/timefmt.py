@@ -1,4 +1,12 @@
-"""Event times written as text (RFC 3339, as Beats and Log Courier send ``@timestamp``)."""
+"""Event times written as text (RFC 3339, as Beats and Log Courier send ``@timestamp``).
+
+Only ASCII digits count (``str.isdigit()`` and the ``\\d`` of a ``str`` regex
+also accept ``²`` or Arabic-Indic digits, which ``int()`` then refuses), and
+only instants that int64 epoch nanoseconds hold (1677-09-21 to 2262-04-11,
+the range of the ``event_time_ns`` column) are times: anything else is "no
+usable time", which the rows layer replaces by the receive time
+(docs/table.md, "Times").
+"""
 
 from __future__ import annotations
 
@@ -7,28 +15,45 @@ import functools
 import re
 from typing import Final
 
-__all__ = ["rfc3339_ns"]
+__all__ = ["MAX_TIME_NS", "MIN_TIME_NS", "ns_in_range", "rfc3339_ns"]
+
+#: The instants the ``event_time_ns`` column (int64 nanoseconds) can hold.
+MIN_TIME_NS: Final = -(2**63)
+MAX_TIME_NS: Final = 2**63 - 1
+#: The longest text taken for a time: 35 characters hold any RFC 3339 form
+#: with nine fraction digits; extra fraction digits are tolerated up to here.
+_MAX_TEXT: Final = 64
 
 _RFC3339: Final = re.compile(
-    r"(\d{4}-\d{2}-\d{2})[Tt ](\d{2}:\d{2}:\d{2})(?:\.(\d{1,9})\d*)?(Z|z|[+-]\d{2}:?\d{2})?\Z"
+    r"([0-9]{4}-[0-9]{2}-[0-9]{2})[Tt ]([0-9]{2}:[0-9]{2}:[0-9]{2})"
+    r"(?:\.([0-9]{1,9})[0-9]*)?(Z|z|[+-][0-9]{2}:?[0-9]{2})?\Z",
+    re.ASCII,
 )
 
 
-def rfc3339_ns(text: object) -> int | None:
-    """Epoch nanoseconds of an RFC 3339 timestamp, or None when it is not one.
+def ns_in_range(ns: int) -> bool:
+    """Whether ``ns`` fits the int64 nanoseconds of the ``event_time_ns`` column."""
+    return MIN_TIME_NS <= ns <= MAX_TIME_NS
 
-    Up to nine fraction digits are kept; a missing offset means UTC.
+
+def rfc3339_ns(text: object) -> int | None:
+    """Epoch nanoseconds of an RFC 3339 timestamp, or None when it is not a usable one.
+
+    Up to nine fraction digits are kept; a missing offset means UTC. None for
+    anything that is not ASCII RFC 3339 text, and for instants outside
+    :data:`MIN_TIME_NS` .. :data:`MAX_TIME_NS` (Go's zero time, year 1).
     """
-    if not isinstance(text, str):
+    if not isinstance(text, str) or len(text) > _MAX_TEXT or not text.isascii():
         return None
     # Fast path for what Beats send: "2026-11-22T10:00:07.123Z" (UTC, "Z").
     n = len(text)
     if 20 <= n <= 30 and text[-1] == "Z" and text[10] == "T" and (n == 20 or text[19] == "."):
         fraction = text[20:-1]
-        if fraction.isdigit() or not fraction:
+        if fraction.isdigit() or not fraction:  # ASCII: checked above
             seconds = _epoch_seconds(text[:10], text[11:19], None)
             if seconds is not None and text[4] == "-" and text[13] == ":":
-                return seconds * 1_000_000_000 + (int(fraction.ljust(9, "0")) if fraction else 0)
+                ns = seconds * 1_000_000_000 + (int(fraction.ljust(9, "0")) if fraction else 0)
+                return ns if ns_in_range(ns) else None
     match = _RFC3339.match(text)
     if match is None:
         return None
@@ -36,8 +61,8 @@ def rfc3339_ns(text: object) -> int | None:
     seconds = _epoch_seconds(date, clock, offset)
     if seconds is None:
         return None
-    nanos = int(fraction.ljust(9, "0")) if fraction else 0
-    return seconds * 1_000_000_000 + nanos
+    ns = seconds * 1_000_000_000 + (int(fraction.ljust(9, "0")) if fraction else 0)
+    return ns if ns_in_range(ns) else None
 
 
 @functools.lru_cache(maxsize=4096)
@@ -46,5 +71,6 @@ def _epoch_seconds(date: str, clock: str, offset: str | None) -> int | None:
     suffix = "+00:00" if offset in (None, "Z", "z") else offset
     try:
         return int(dt.datetime.fromisoformat(f"{date}T{clock}{suffix}").timestamp())
-    except ValueError:
+    except (ValueError, OverflowError):
+        # OverflowError: an offset that moves year 1 or 9999 off the calendar.
         return None

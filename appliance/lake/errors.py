@@ -13,3 +13,15 @@ class CommitError(LakeError):
 
 class TableSchemaError(LakeError):
     """An existing table does not have the schema or protocol the appliance writes."""
+
+
+class BlockRefused(LakeError):
+    """A block cannot be stored (a string that is not UTF-8, a time out of range, ...).
+
+    The fault is the sending peer's: its connection gets no ack and is closed
+    with ``reason``; the other connections' batches are not affected.
+    """
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason

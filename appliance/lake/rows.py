@@ -11,6 +11,13 @@ date of ``event_time`` when that time lies within
 an absurd client time (a clock at 1970, or years ahead) falls back to the
 receive date, so one broken client cannot scatter the table over thousands of
 partitions. ``event_time`` itself always keeps what the client sent.
+
+Validation (:func:`check_block`): a block is checked on its own before it
+joins a commit group, so a block that cannot be stored (a string Arrow
+refuses, a time no int64 holds, a value over its length limit) fails its own
+connection and never a commit group. The codecs already check these fields
+where they decode them (appliance/protocols/text.py); this is the last line,
+and the one place that knows the table's columns.
 """
 
 from __future__ import annotations
@@ -22,14 +29,31 @@ from typing import Final
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from appliance.lake.errors import BlockRefused
 from appliance.lake.schema import EVENTS_SCHEMA
+from appliance.protocols.text import (
+    MAX_BATCH_ID_BYTES,
+    MAX_HOST_BYTES,
+    MAX_TAG_BYTES,
+    InvalidText,
+    check_text,
+    is_utf8_text,
+)
+from appliance.timefmt import MAX_TIME_NS, MIN_TIME_NS
 
 __all__ = [
+    "MAX_PEER_BYTES",
+    "MAX_SOURCE_BYTES",
     "PLAUSIBLE_FUTURE_NS",
     "PLAUSIBLE_PAST_NS",
+    "ROW_OVERHEAD_BYTES",
     "DedupeKey",
     "RowBlock",
+    "block_to_arrow",
     "blocks_to_arrow",
+    "check_block",
+    "dedupe_scope",
+    "peer_address",
 ]
 
 _NS_PER_DAY: Final = 86_400 * 1_000_000_000
@@ -38,7 +62,44 @@ PLAUSIBLE_PAST_NS: Final = 366 * _NS_PER_DAY
 #: How far ahead an event time may lie (clock skew) and still pick its own partition.
 PLAUSIBLE_FUTURE_NS: Final = 1 * _NS_PER_DAY
 
+#: Longest ``source`` (a user name, certificate subject, CURVE key or token name), in bytes.
+MAX_SOURCE_BYTES: Final = 1024
+#: Longest ``peer`` (an address and port, or a ZeroMQ peer address), in bytes.
+MAX_PEER_BYTES: Final = 128
+#: Bytes a row costs in the writer beyond its strings (Arrow offsets, the
+#: fixed-width columns, list slots): the writer's byte limits count it.
+ROW_OVERHEAD_BYTES: Final = 96
+
 DedupeKey = tuple[str, str, str]
+
+#: The ``source`` of a peer nothing authenticated (appliance.server.listener.ANONYMOUS).
+_ANONYMOUS: Final = "anonymous"
+
+
+def dedupe_scope(source: str, peer: str) -> str:
+    """Whose batch ids a batch's id is unique among (DESIGN §2 step 5).
+
+    An authenticated principal is its own scope. Unauthenticated peers must
+    not share one (two clients that both number their chunks from 1 would
+    each get an ack while only the first is written), so an anonymous peer's
+    scope is its IP address: a resend after reconnecting from a new port is
+    still recognised.
+    """
+    if source != _ANONYMOUS:
+        return source
+    return f"{_ANONYMOUS}@{peer_address(peer)}"
+
+
+def peer_address(peer: str) -> str:
+    """The IP address of a ``peer``: ``host:port``, ``[v6]:port``, or a bare address.
+
+    ZeroMQ gives bare addresses (``2001:db8::5``): only one colon means a port.
+    """
+    if peer.startswith("["):
+        return peer[1:].split("]", 1)[0]
+    if peer.count(":") == 1:
+        return peer.split(":", 1)[0]
+    return peer
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,7 +133,75 @@ class RowBlock:
         """Identity of a batch whose id is globally unique (DESIGN §2 step 5)."""
         if self.batch_id is None:
             return None
-        return (self.protocol, self.source, self.batch_id)
+        return (self.protocol, dedupe_scope(self.source, self.peer), self.batch_id)
+
+
+def _text(value: str, what: str, limit: int) -> int:
+    try:
+        check_text(value, what, limit)
+    except InvalidText as exc:
+        raise BlockRefused(exc.reason) from None
+    return len(value)
+
+
+def _per_row_text(
+    values: str | Sequence[str | None] | None, rows: int, what: str, limit: int, nullable: bool
+) -> int:
+    """Checks a per-block or per-row string column; returns the bytes it costs."""
+    if values is None:
+        if not nullable:
+            raise BlockRefused(f"{what} is missing")
+        return 0
+    if isinstance(values, str):
+        return _text(values, what, limit) * rows
+    if len(values) != rows:
+        raise BlockRefused(f"{what} has {len(values)} values for {rows} rows")
+    total = 0
+    for value in values:
+        if value is None:
+            if not nullable:
+                raise BlockRefused(f"{what} is missing")
+            continue
+        total += _text(value, what, limit)
+    return total
+
+
+def check_block(block: RowBlock) -> int:
+    """Check that every value of ``block`` can be stored; returns the bytes it holds.
+
+    The byte count is what the writer's limits see: every string as copied
+    onto each row (a long tag counts once per row), plus
+    :data:`ROW_OVERHEAD_BYTES` per row.
+
+    Raises:
+        BlockRefused: naming the column and the rule: a string that is not
+            valid UTF-8 or is over its limit, a time outside int64
+            nanoseconds, or columns of different lengths.
+    """
+    rows = len(block.records)
+    if len(block.times_ns) != rows:
+        raise BlockRefused(f"{len(block.times_ns)} times for {rows} records")
+    if not MIN_TIME_NS <= block.received_at_ns <= MAX_TIME_NS:
+        raise BlockRefused("receive time out of range")
+    for ns in block.times_ns:
+        if ns is not None and not MIN_TIME_NS <= ns <= MAX_TIME_NS:
+            raise BlockRefused("event time outside int64 nanoseconds")
+    total = rows * ROW_OVERHEAD_BYTES
+    total += _text(block.protocol, "protocol", MAX_TAG_BYTES) * rows
+    total += _text(block.source, "source", MAX_SOURCE_BYTES) * rows
+    total += _text(block.peer, "peer", MAX_PEER_BYTES) * rows
+    if block.batch_id is not None:
+        if not block.batch_id:
+            raise BlockRefused("batch id is empty")
+        total += _text(block.batch_id, "batch id", MAX_BATCH_ID_BYTES) * rows
+    total += _per_row_text(block.tag, rows, "tag", MAX_TAG_BYTES, nullable=False)
+    total += _per_row_text(block.host, rows, "host", MAX_HOST_BYTES, nullable=True)
+    for record in block.records:
+        # record_json always returns valid UTF-8; this guards every other producer.
+        if not is_utf8_text(record):
+            raise BlockRefused("record is not valid UTF-8")
+        total += len(record)
+    return total
 
 
 def _per_block(values: list[object], typ: pa.DataType, index: pa.Array) -> pa.Array:
@@ -91,6 +220,11 @@ def _per_row(blocks: Sequence[RowBlock], attr: str, index: pa.Array) -> pa.Array
         else:
             flat.extend(value)
     return pa.array(flat, type=pa.string())
+
+
+def block_to_arrow(block: RowBlock) -> pa.Table:
+    """One block alone as an Arrow table (used to find a block a group could not convert)."""
+    return blocks_to_arrow([block])
 
 
 def blocks_to_arrow(blocks: Sequence[RowBlock]) -> pa.Table:

@@ -30,7 +30,7 @@ from deltalake import (
 from deltalake.exceptions import DeltaError
 
 from appliance.lake.errors import CommitError, LakeError, TableSchemaError
-from appliance.lake.rows import DedupeKey
+from appliance.lake.rows import DedupeKey, dedupe_scope
 from appliance.lake.schema import (
     EVENTS_SCHEMA,
     PARTITION_COLUMNS,
@@ -156,15 +156,15 @@ class EventsTable:
                 EVENTS_SCHEMA.field("received_at").type
             )
             table = dataset.to_table(
-                columns=["protocol", "source", "batch_id"],
+                columns=["protocol", "source", "peer", "batch_id"],
                 filter=(pc.field("received_at") >= cutoff) & pc.field("batch_id").is_valid(),
             )
         except (DeltaError, OSError) as exc:
             raise LakeError(f"cannot read recent batch ids: {exc}") from exc
         rows: list[dict[str, Any]] = (
-            table.group_by(["protocol", "source", "batch_id"]).aggregate([]).to_pylist()
+            table.group_by(["protocol", "source", "peer", "batch_id"]).aggregate([]).to_pylist()
         )
-        return {(r["protocol"], r["source"], r["batch_id"]) for r in rows}
+        return {(r["protocol"], dedupe_scope(r["source"], r["peer"]), r["batch_id"]) for r in rows}
 
     def row_count(self) -> int:
         """How many rows the table holds (for tests, the CLI and benchmarks)."""

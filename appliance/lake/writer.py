@@ -20,7 +20,20 @@ bounded and a slow disk fills the channel, which stops connections reading
 Deduplication: a batch with a globally unique id (Fluentd chunk, Courier
 nonce, ...) that was committed within ``dedupe_window_seconds`` is acked
 again without a second write; one that is still pending is attached to the
-pending commit.
+pending commit. Ids are unique within their sender's scope
+(:func:`~appliance.lake.rows.dedupe_scope`).
+
+The ticket contract, one for every driver: :meth:`CommitTicket.wait` returns
+only once the block is in a successful commit, and raises
+:class:`~appliance.lake.errors.BlockRefused` when the block cannot be stored.
+It has no "not committed" outcome: at shutdown the writer commits everything
+queued, and a driver that is cancelled first simply sends nothing.
+
+Data cannot stop the writer: :meth:`LakeWriter.submit` checks each block on
+its own (:func:`~appliance.lake.rows.check_block`) before it joins a group,
+and should a group still fail to convert or write for a reason in its data,
+the committer retries its blocks one by one and refuses only the blocks that
+fail, so one connection's bad block never costs another connection its ack.
 """
 
 from __future__ import annotations
@@ -32,10 +45,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Final, TypeVar, TypeVarTuple, Unpack
 
+import pyarrow as pa
 import trio
 
-from appliance.lake.errors import CommitError
-from appliance.lake.rows import DedupeKey, RowBlock, blocks_to_arrow
+from appliance.lake.errors import BlockRefused, CommitError
+from appliance.lake.rows import DedupeKey, RowBlock, blocks_to_arrow, check_block
 from appliance.lake.table import EventsTable
 from appliance.logs import get_logger
 
@@ -62,6 +76,11 @@ DEFAULT_DEDUPE_WINDOW_SECONDS: Final = 3600.0
 DEFAULT_DEDUPE_MAX_KEYS: Final = 1_000_000
 
 
+#: Errors that a block's data, not the table's storage, causes while a group
+#: is converted to Arrow or written: the blocks are then tried one by one.
+_DATA_ERRORS: Final = (pa.ArrowException, ValueError, TypeError, OverflowError, UnicodeError)
+
+
 #: Told the blocks of each successful commit (the WebSocket live tail). It runs in
 #: the committer task, so it must return at once and never raise: it may only
 #: hand the blocks on without waiting (``send_nowait``, dropping when full).
@@ -83,38 +102,47 @@ class WriterSettings:
 
 
 class CommitTicket:
-    """Resolves when a block's rows are committed, or the writer gives up (shutdown)."""
+    """Resolves when a block's rows are committed; refused when they cannot be stored."""
 
-    __slots__ = ("_done", "committed", "duplicate")
+    __slots__ = ("_done", "duplicate", "refused")
 
     def __init__(self) -> None:
         self._done = trio.Event()
-        #: True once the rows are in a successful commit.
-        self.committed = False
         #: True when the batch had been committed before and was not written again.
         self.duplicate = False
+        #: Why the block cannot be stored, once the writer refused it.
+        self.refused: BlockRefused | None = None
 
-    def _resolve(self, committed: bool, *, duplicate: bool = False) -> None:
-        self.committed = committed
+    def _resolve(self, *, duplicate: bool = False) -> None:
         self.duplicate = duplicate
+        self._done.set()
+
+    def _refuse(self, error: BlockRefused) -> None:
+        self.refused = error
         self._done.set()
 
     @property
     def done(self) -> bool:
-        """Whether the ticket has resolved."""
+        """Whether the ticket has resolved (committed or refused)."""
         return self._done.is_set()
 
-    async def wait(self) -> bool:
-        """Wait for the outcome; True means committed and safe to acknowledge."""
+    async def wait(self) -> None:
+        """Wait until the block is committed: then, and only then, acknowledge it.
+
+        Raises:
+            BlockRefused: the block cannot be stored; do not acknowledge it.
+        """
         await self._done.wait()
-        return self.committed
+        if self.refused is not None:
+            raise self.refused
 
 
 @dataclass(slots=True)
 class _Group:
     blocks: list[RowBlock] = field(default_factory=list)
-    tickets: list[CommitTicket] = field(default_factory=list)
-    keys: list[DedupeKey] = field(default_factory=list)
+    #: Per block: its ticket, or None when its dedupe key holds the tickets.
+    tickets: list[CommitTicket | None] = field(default_factory=list)
+    keys: list[DedupeKey | None] = field(default_factory=list)
     rows: int = 0
     nbytes: int = 0
     deadline: float = math.inf
@@ -135,7 +163,7 @@ class LakeWriter:
         self.table = table
         self.app_id = app_id
         self.settings = settings or WriterSettings()
-        self._send, self._receive = trio.open_memory_channel[tuple[RowBlock, CommitTicket]](
+        self._send, self._receive = trio.open_memory_channel[tuple[RowBlock, int, CommitTicket]](
             self.settings.queue_blocks
         )
         self._sealed_send, self._sealed_receive = trio.open_memory_channel[_Group](1)
@@ -150,6 +178,7 @@ class LakeWriter:
         self.rows_committed = 0
         self.duplicates = 0
         self.failed_attempts = 0
+        self.refused_blocks = 0
         #: Called after every successful commit with its blocks (see CommitListener).
         self.commit_listeners: list[CommitListener] = []
 
@@ -187,19 +216,22 @@ class LakeWriter:
         return await trio.to_thread.run_sync(fn, *args, limiter=self._limiter)
 
     async def submit(self, block: RowBlock) -> CommitTicket:
-        """Queue a block for commit; waits while the queue is full (backpressure).
+        """Check a block and queue it for commit; waits while the queue is full (backpressure).
 
         A block with no rows resolves at once: there is nothing to write, and
         its batch may be acknowledged.
 
         Raises:
+            BlockRefused: the block cannot be stored (checked before it joins
+                a commit group, so no other batch is affected).
             trio.ClosedResourceError: the writer no longer accepts blocks (shutdown).
         """
         ticket = CommitTicket()
+        nbytes = check_block(block)
         if block.rows == 0:
-            ticket._resolve(True)
+            ticket._resolve()
             return ticket
-        await self._send.send((block, ticket))
+        await self._send.send((block, nbytes, ticket))
         return ticket
 
     async def close_input(self) -> None:
@@ -229,14 +261,14 @@ class LakeWriter:
             return False
         return True
 
-    def _admit(self, group: _Group, block: RowBlock, ticket: CommitTicket) -> None:
+    def _admit(self, group: _Group, block: RowBlock, nbytes: int, ticket: CommitTicket) -> None:
         now = trio.current_time()
         key = block.dedupe_key
         if key is not None:
             if self._already_committed(key, now):
                 self.duplicates += 1
                 log.info("batch.duplicate", protocol=key[0], batch_id=key[2], state="committed")
-                ticket._resolve(True, duplicate=True)
+                ticket._resolve(duplicate=True)
                 return
             waiting = self._pending.get(key)
             if waiting is not None:
@@ -246,13 +278,15 @@ class LakeWriter:
                 return
             self._pending[key] = [ticket]
             group.keys.append(key)
+            group.tickets.append(None)
         else:
+            group.keys.append(None)
             group.tickets.append(ticket)
         if not group.blocks:
             group.deadline = now + self.settings.commit_max_delay_seconds
         group.blocks.append(block)
         group.rows += block.rows
-        group.nbytes += block.nbytes
+        group.nbytes += nbytes
 
     def _full(self, group: _Group) -> bool:
         return (
@@ -264,7 +298,7 @@ class LakeWriter:
         group = _Group()
         async with self._sealed_send:
             while True:
-                item: tuple[RowBlock, CommitTicket] | None = None
+                item: tuple[RowBlock, int, CommitTicket] | None = None
                 # Only the receive runs under the group's deadline, so a
                 # timeout can never cancel a hand-over half done.
                 with trio.move_on_at(group.deadline):
@@ -289,8 +323,40 @@ class LakeWriter:
             await self._commit(group)
 
     async def _commit(self, group: _Group) -> None:
+        try:
+            data = await trio.to_thread.run_sync(
+                blocks_to_arrow, group.blocks, limiter=self._limiter
+            )
+        except _DATA_ERRORS as exc:
+            # check_block lets nothing through that Arrow refuses; should a
+            # block still fail, it fails alone and the rest commit.
+            log.error("commit.data_error", rows=group.rows, error=type(exc).__name__)
+            await self._commit_one_by_one(group)
+            return
+        try:
+            await self._write(data, group.rows)
+        except _DATA_ERRORS as exc:
+            log.error("commit.data_error", rows=group.rows, error=type(exc).__name__)
+            await self._commit_one_by_one(group)
+            return
+        self._settle(group, range(len(group.blocks)))
+
+    async def _commit_one_by_one(self, group: _Group) -> None:
+        """Commit each block of a group alone; refuse the ones whose data cannot be stored."""
+        for i, block in enumerate(group.blocks):
+            try:
+                data = await trio.to_thread.run_sync(
+                    blocks_to_arrow, [block], limiter=self._limiter
+                )
+                await self._write(data, block.rows)
+            except _DATA_ERRORS as exc:
+                self._refuse(group, i, BlockRefused(f"cannot be stored: {type(exc).__name__}"))
+                continue
+            self._settle(group, [i])
+
+    async def _write(self, data: pa.Table, rows: int) -> None:
+        """Commit ``data`` as the next version, retrying storage failures until it succeeds."""
         version = self._next_version
-        data = await trio.to_thread.run_sync(blocks_to_arrow, group.blocks, limiter=self._limiter)
         backoff = self.settings.retry_initial_seconds
         while True:
             try:
@@ -304,7 +370,7 @@ class LakeWriter:
                 log.error(
                     "commit.failed",
                     commit=version,
-                    rows=group.rows,
+                    rows=rows,
                     retry_in_seconds=round(backoff, 3),
                     reason=str(exc).splitlines()[0][:500] if str(exc) else type(exc).__name__,
                 )
@@ -314,16 +380,35 @@ class LakeWriter:
             break
         self._next_version = version + 1
         self.commits += 1
-        self.rows_committed += group.rows
-        log.debug(
-            "commit.ok", commit=version, rows=group.rows, blocks=len(group.blocks), wrote=wrote
-        )
+        self.rows_committed += rows
+        log.debug("commit.ok", commit=version, rows=rows, wrote=wrote)
+
+    def _settle(self, group: _Group, indexes: Sequence[int] | range) -> None:
+        """Resolve the tickets of the committed blocks ``indexes`` and tell the listeners."""
         now = trio.current_time()
-        for ticket in group.tickets:
-            ticket._resolve(True)
-        for key in group.keys:
-            self._remember(key, now)
-            for ticket in self._pending.pop(key, []):
-                ticket._resolve(True)
+        committed: list[RowBlock] = []
+        for i in indexes:
+            committed.append(group.blocks[i])
+            ticket, key = group.tickets[i], group.keys[i]
+            if ticket is not None:
+                ticket._resolve()
+            if key is not None:
+                self._remember(key, now)
+                for waiting in self._pending.pop(key, []):
+                    waiting._resolve()
         for listener in self.commit_listeners:
-            listener(group.blocks)
+            listener(committed)
+
+    def _refuse(self, group: _Group, index: int, error: BlockRefused) -> None:
+        block = group.blocks[index]
+        self.refused_blocks += 1
+        log.warning(
+            "block.refused", protocol=block.protocol, peer=block.peer, rows=block.rows,
+            reason=error.reason,
+        )  # fmt: skip
+        ticket, key = group.tickets[index], group.keys[index]
+        if ticket is not None:
+            ticket._refuse(error)
+        if key is not None:
+            for waiting in self._pending.pop(key, []):
+                waiting._refuse(error)

@@ -8,7 +8,7 @@ EVNT message. ``docs/courier.md`` cites the code each rule comes from.
 Every message is ``type (4 bytes) | length (u32, big-endian) | body``:
 
 * ``HELO`` (client): up to 32 bytes of flags, version and client id; the
-  server answers ``VERS`` in the same layout, advertising EVNT;
+  server answers ``VERS`` in the Go layout, advertising EVNT;
 * ``PING`` (client, empty) -> ``PONG`` (server, empty);
 * ``JDAT`` (client): a 16-byte nonce, then a zlib stream of events, each a
   u32 length and that many bytes of JSON;
@@ -17,17 +17,70 @@ Every message is ``type (4 bytes) | length (u32, big-endian) | body``:
 * ``ACKN`` (server): the nonce and the count of events acknowledged so far;
 * ``????``: the answer to a message type the receiver does not know.
 
+HELO layouts (issue 13: every body length 0..32 is read, never a crash):
+0 and 9..32 bytes are the Go layout zero-padded to 32, as the Go receiver
+reads any body up to 32 bytes (``protocolhelo.go``; the Go client sends 32,
+the Ruby client since v2.7.2 sends 20 in the same layout); 1..8 bytes are the
+compact layout of the Ruby client v2.7.0/v2.7.1 (flags, major, minor, patch
+as single bytes, client id), zero-padded to 8. Over 32 bytes is refused.
+
+Events become rows here, one at a time (issue 13, bounded memory): as soon as
+an event's bytes are complete it is decoded, turned into its JSON record text
+(:func:`appliance.records.record_json`, valid UTF-8), and only that text and
+the three fields the rows need are kept; the decoded object is dropped. The
+rules for those fields (the *strict strings* rule, DESIGN §2):
+
+* ``type`` (the tag) and ``host`` (``host.name``, ``beat.hostname`` or
+  ``host``) are taken when they are non-empty strings that are valid UTF-8
+  (a JSON ``"\ud800"`` escape is not) within
+  :data:`~appliance.protocols.text.MAX_TAG_BYTES` /
+  :data:`~appliance.protocols.text.MAX_HOST_BYTES`. A value that breaks the
+  rule is not an error for the payload: that field alone falls back (the
+  listener's tag, a null host) and is counted in ``invalid_types`` /
+  ``invalid_hosts``; the record text keeps the value under the records
+  convention (a lone surrogate becomes ``{"$binary": ...}``). Log Courier
+  already keeps per-event fallbacks (not-JSON events), so one odd field never
+  costs the client its payload, and the client cannot fix it by resending.
+* ``@timestamp`` goes through :func:`appliance.timefmt.rfc3339_ns`: ASCII
+  digits only, int64 nanoseconds only; anything else (``²``, Arabic-Indic
+  digits, Go's zero time ``0001-01-01T00:00:00Z``) keeps the event with the
+  receive time (docs/table.md, "Times").
+* An event that is not a JSON object is kept as ``{"message": <raw>}`` and
+  counted in ``not_json``; raw bytes that are not UTF-8 become
+  ``{"$binary": ...}`` there (records convention), so every record text is
+  valid UTF-8.
+* The nonce is the batch id as 32 lowercase hex characters (16 raw bytes are
+  not text); the session checks it with the shared text rule.
+
 Invariants this module keeps (the h11 way):
 
 * :meth:`CourierServerConnection.receive_data` consumes every byte it is
   given and returns the events completed by them, in order. Input split at
   any byte gives the same events as the input in one piece.
-* Payload bodies are inflated as they arrive and never buffered compressed:
-  the codec holds at most one message header, a nonce, a HELO body, one
-  partial event (``limits.max_event_bytes``) and the events of the payload
-  in progress (``limits.max_decompressed_bytes``, ``limits.max_events``).
+* Payload bodies are inflated as they arrive and never buffered compressed.
+  The codec holds at most one message header, a nonce, a HELO body, one
+  partial event (``limits.max_event_bytes``), the Python objects of the one
+  event being decoded (briefly; at most about 25x that event's bytes, for a
+  JSON array of empty objects), and the kept rows of the payload in
+  progress. Those
+  rows are counted as they are made (:attr:`PayloadReceived.memory_bytes`:
+  ``sys.getsizeof`` of each record text plus :data:`ROW_OVERHEAD_BYTES` per
+  event and each distinct tag/host string once) and bounded by
+  ``limits.max_payload_memory_bytes`` and ``limits.max_events``. ASCII JSON
+  events hold their text plus about 130 bytes each: 1.1x the decompressed
+  bytes for 1 KiB events, 1.3x at 400 bytes, 1.6x at 200. What grows more is
+  hostile or broken (empty events, about 36x; raw control bytes that become
+  six-character escapes, times four once one character lies outside the BMP
+  and Python stores 4 bytes per character, about 24x), and the memory limit
+  (by default twice the decompressed cap) cuts it off. Each decompressed byte
+  is copied and decoded a bounded number of times: work is linear in what
+  zlib produces, and each event is decoded exactly once.
+* :attr:`CourierServerConnection.buffered_bytes` is 0 between messages and
+  positive while one is unfinished (for the driver's request deadline).
 * Any :class:`~appliance.protocols.errors.RemoteProtocolError` moves the
-  connection to ``CLOSED``; nothing is accepted afterwards.
+  connection to ``CLOSED``; nothing is accepted afterwards. No other
+  exception escapes :meth:`~CourierServerConnection.receive_data` for any
+  input.
 * The codec never acknowledges anything by itself: the driver asks for
   :meth:`CourierServerConnection.ack_bytes` once a payload is committed, and
   for :meth:`CourierServerConnection.keepalive_bytes` (an ACKN that
@@ -40,22 +93,30 @@ import enum
 import json
 import re
 import struct
+import sys
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
 from appliance import __version__
+from appliance.fields import HOST_PATHS, first_string
 from appliance.protocols.errors import LocalProtocolError, RemoteProtocolError
 from appliance.protocols.limits import require_at_least_one
+from appliance.protocols.text import MAX_HOST_BYTES, MAX_TAG_BYTES, InvalidText, check_text
+from appliance.records import record_json
+from appliance.timefmt import rfc3339_ns
 
 __all__ = [
     "DEFAULT_MAX_DECOMPRESSED_BYTES",
     "DEFAULT_MAX_EVENTS",
     "DEFAULT_MAX_EVENT_BYTES",
     "DEFAULT_MAX_PAYLOAD_BYTES",
+    "DEFAULT_MAX_PAYLOAD_MEMORY_BYTES",
     "FLAG_SUPPORTS_EVNT",
+    "MAX_COMPACT_HELLO_BYTES",
     "MAX_HELLO_BYTES",
     "NONCE_BYTES",
+    "ROW_OVERHEAD_BYTES",
     "SERVER_ID",
     "STREAMED_LENGTH",
     "CourierEvent",
@@ -79,8 +140,20 @@ DEFAULT_MAX_DECOMPRESSED_BYTES: Final = 64 * 1024 * 1024
 DEFAULT_MAX_EVENT_BYTES: Final = 1024 * 1024
 #: Most events one payload may carry. Log Courier spools 1,024 events by
 #: default; empty events cost 4 bytes of zlib output each, so this bounds the
-#: memory of a payload of tiny events, which the byte limits alone do not.
+#: work and per-event memory of a payload of tiny events, which the byte
+#: limits alone do not (64 MiB of 4-byte events would be 16 million rows).
 DEFAULT_MAX_EVENTS: Final = 250_000
+#: Most memory the kept rows of one payload may hold, in bytes (Python
+#: objects, as counted in :attr:`PayloadReceived.memory_bytes`): twice the
+#: decompressed cap. Real payloads stay near 1.2x their decompressed size (Log
+#: Courier spools at most 10 MiB); this cuts off what a hostile payload makes
+#: of the decompressed cap (JSON escapes that grow when re-encoded, a 4-bytes-
+#: per-character string, millions of tiny events).
+DEFAULT_MAX_PAYLOAD_MEMORY_BYTES: Final = 128 * 1024 * 1024
+#: Memory counted per kept event besides its record text, in bytes: four list
+#: slots (text, type, host, time; 8 bytes each, plus list growth slack) and an
+#: int of epoch nanoseconds (36 bytes).
+ROW_OVERHEAD_BYTES: Final = 80
 
 #: Bytes of the nonce that opens a JDAT or EVNT body and every ACKN.
 NONCE_BYTES: Final = 16
@@ -88,6 +161,10 @@ NONCE_BYTES: Final = 16
 STREAMED_LENGTH: Final = 0xFFFFFFFF
 #: Longest HELO body accepted (the Go receiver refuses more, ``protocolhelo.go``).
 MAX_HELLO_BYTES: Final = 32
+#: Longest HELO body read in the compact layout of the Ruby client v2.7.0 and
+#: v2.7.1 (8 bytes, ``client_tcp.rb`` ``pack('A4NCCCCA4')``); longer bodies
+#: are the Go layout (the Ruby client sends 20 bytes of it since v2.7.2).
+MAX_COMPACT_HELLO_BYTES: Final = 8
 #: Bit of the first flags byte of HELO/VERS: "I accept EVNT" (``protocolvers.go``).
 FLAG_SUPPORTS_EVNT: Final = 0x01
 #: The appliance's four-byte id in VERS (Log Courier's own are LCOR, LCVR, RYLC).
@@ -103,9 +180,7 @@ _HEADER: Final = struct.Struct(">4sI")
 _U32: Final = struct.Struct(">I")
 #: The Go layout of HELO/VERS: flags[4], major, minor, patch (u32), client[4], reserved[12].
 _WIDE_HELLO: Final = struct.Struct(">4sIII4s12x")
-#: Bodies shorter than flags, three u32 and a client id are in the Ruby layout.
-_WIDE_HELLO_MIN_BYTES: Final = 20
-#: The Ruby layout (``protocol.rb``): flags, major, minor, patch (u8), client[4].
+#: The compact layout (Ruby v2.7.0/v2.7.1): flags, major, minor, patch (u8), client[4].
 _COMPACT_HELLO: Final = struct.Struct(">BBBB4s")
 #: Output asked of zlib per call, in bytes: bounds the memory one call may take.
 _INFLATE_STEP_BYTES: Final = 256 * 1024
@@ -113,6 +188,11 @@ _INFLATE_STEP_BYTES: Final = 256 * 1024
 _json_decode: Final = json.JSONDecoder().decode
 #: Message types only a server may send; a client sending one is broken.
 _SERVER_TYPES: Final = frozenset({b"VERS", b"PONG", b"ACKN"})
+#: Where an event names its tag: Log Courier's ``fields: {type: ...}`` convention.
+_TYPE_PATH: Final = (("type",),)
+#: Memory counted for a tag/host string kept once per payload besides the
+#: string itself, in bytes: its slot in the payload's string table (a dict).
+_STRING_TABLE_ENTRY_BYTES: Final = 64
 
 
 def _server_version() -> tuple[int, int, int]:
@@ -129,9 +209,16 @@ class CourierLimits:
     max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED_BYTES
     max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES
     max_events: int = DEFAULT_MAX_EVENTS
+    max_payload_memory_bytes: int = DEFAULT_MAX_PAYLOAD_MEMORY_BYTES
 
     def __post_init__(self) -> None:
-        require_at_least_one(self, "max_decompressed_bytes", "max_event_bytes", "max_events")
+        require_at_least_one(
+            self,
+            "max_decompressed_bytes",
+            "max_event_bytes",
+            "max_events",
+            "max_payload_memory_bytes",
+        )
         if self.max_payload_bytes <= NONCE_BYTES:
             raise ValueError(f"max_payload_bytes must be more than {NONCE_BYTES}")
 
@@ -141,9 +228,10 @@ class Hello:
     """A client's HELO: protocol flags, version and four-byte client id.
 
     Two layouts exist: the Go one (32 bytes: flags[4], u32 major, minor,
-    patch, client[4], reserved) and the Ruby one (8 bytes: flags, major,
-    minor, patch as single bytes, client[4]). Short bodies are zero-padded,
-    as the Go receiver does.
+    patch, client[4], reserved; the Ruby client sends its first 20 bytes) and
+    the compact one of Ruby v2.7.0/v2.7.1 (8 bytes: flags, major, minor,
+    patch as single bytes, client[4]). Short bodies are zero-padded, as the
+    Go receiver does.
     """
 
     flags: bytes
@@ -160,7 +248,9 @@ class Hello:
         if self.client[:1] == b"\x00":
             name = "Unknown"
         else:
-            name = CLIENT_NAMES.get(self.client, self.client.decode("ascii", "replace"))
+            # Any four bytes may come: printable ASCII as is, the rest escaped.
+            printable = "".join(chr(b) if 0x20 < b < 0x7F else f"\\x{b:02x}" for b in self.client)
+            name = CLIENT_NAMES.get(self.client, printable)
         if self.version == (0, 0, 0):
             return name
         return f"{name} v{'.'.join(map(str, self.version))}"
@@ -189,21 +279,36 @@ class UnknownMessage:
 
 @dataclass(frozen=True, slots=True)
 class PayloadReceived:
-    """A complete JDAT or EVNT payload.
+    """A complete JDAT or EVNT payload, already in the shape of rows.
 
-    ``records`` holds one map per event, in order. An event that is not a
-    JSON object is kept as ``{"message": <its raw bytes>}`` (the Ruby
-    receiver's fallback) and counted in ``not_json``.
+    One entry per event, in order, in four parallel lists: ``records`` is the
+    event's JSON record text (valid UTF-8); ``types`` its ``type`` and
+    ``hosts`` its host name when they are usable strings (module docstring),
+    else None; ``times_ns`` its ``@timestamp`` in epoch nanoseconds within
+    int64, else None (the receive time). An event that is not a JSON object
+    is kept as ``{"message": <raw>}`` and counted in ``not_json``; a ``type``
+    or host string that is not valid UTF-8 or too long is counted in
+    ``invalid_types`` / ``invalid_hosts``.
     """
 
     nonce: bytes
-    records: list[dict[str, Any]]
     kind: Literal["JDAT", "EVNT"]
+    records: list[str]
+    types: list[str | None]
+    hosts: list[str | None]
+    times_ns: list[int | None]
     not_json: int = 0
+    invalid_types: int = 0
+    invalid_hosts: int = 0
+    #: What the rows hold in memory, in bytes, as the codec counts it.
+    memory_bytes: int = field(default=0, compare=False)
 
     def __post_init__(self) -> None:
         if len(self.nonce) != NONCE_BYTES:
             raise ValueError(f"a nonce is {NONCE_BYTES} bytes, not {len(self.nonce)}")
+        count = len(self.records)
+        if not len(self.types) == len(self.hosts) == len(self.times_ns) == count:
+            raise ValueError("records, types, hosts and times_ns differ in length")
 
     @property
     def count(self) -> int:
@@ -256,6 +361,78 @@ def encode_message(kind: bytes, body: bytes = b"") -> bytes:
     return _HEADER.pack(kind, len(body)) + body
 
 
+class _Rows:
+    """The kept rows of the payload in progress, and what they cost in memory."""
+
+    __slots__ = (
+        "hosts",
+        "invalid_hosts",
+        "invalid_types",
+        "memory_bytes",
+        "not_json",
+        "records",
+        "strings",
+        "times_ns",
+        "types",
+    )
+
+    def __init__(self) -> None:
+        self.records: list[str] = []
+        self.types: list[str | None] = []
+        self.hosts: list[str | None] = []
+        self.times_ns: list[int | None] = []
+        #: Each distinct tag/host string once: 1,000 events of ``"type":"nginx"``
+        #: share one str instead of holding 1,000 copies.
+        self.strings: dict[str, str] = {}
+        self.not_json = 0
+        self.invalid_types = 0
+        self.invalid_hosts = 0
+        self.memory_bytes = 0
+
+    def shared(self, value: str) -> str:
+        kept = self.strings.get(value)
+        if kept is None:
+            self.strings[value] = kept = value
+            self.memory_bytes += sys.getsizeof(value) + _STRING_TABLE_ENTRY_BYTES
+        return kept
+
+    def add(self, text: str, type_: str | None, host: str | None, time_ns: int | None) -> None:
+        self.records.append(text)
+        self.types.append(type_)
+        self.hosts.append(host)
+        self.times_ns.append(time_ns)
+        self.memory_bytes += sys.getsizeof(text) + ROW_OVERHEAD_BYTES
+
+    def payload(self, nonce: bytes, kind: Literal["JDAT", "EVNT"]) -> PayloadReceived:
+        return PayloadReceived(
+            nonce,
+            kind,
+            self.records,
+            self.types,
+            self.hosts,
+            self.times_ns,
+            not_json=self.not_json,
+            invalid_types=self.invalid_types,
+            invalid_hosts=self.invalid_hosts,
+            memory_bytes=self.memory_bytes,
+        )
+
+
+def _string_field(rows: _Rows, value: str | None, what: Literal["type", "host"]) -> str | None:
+    """``value`` when it is valid UTF-8 within its column's limit; else None, counted."""
+    if value is None:
+        return None
+    try:
+        check_text(value, what, MAX_TAG_BYTES if what == "type" else MAX_HOST_BYTES)
+    except InvalidText:
+        if what == "type":
+            rows.invalid_types += 1
+        else:
+            rows.invalid_hosts += 1
+        return None
+    return rows.shared(value)
+
+
 class CourierServerConnection:
     """The server side of one Log Courier connection, with no I/O.
 
@@ -288,19 +465,38 @@ class CourierServerConnection:
         self._kind = b""
         self._length = 0
         self._remaining = 0  # body bytes still to come (JDAT, TRAILER, SKIP)
+        self._message_bytes = 0  # wire bytes of the current message taken so far
         # The payload being received.
         self._nonce = b""
         self._inflater: Any = None  # zlib.Decompress; typeshed names it privately
         self._compressed = 0
         self._decompressed = 0
         self._pending = bytearray()  # decompressed bytes of an incomplete event
-        self._records: list[dict[str, Any]] = []
-        self._not_json = 0
+        self._rows = _Rows()
 
     @property
     def state(self) -> CourierState:
         """The connection's current state."""
         return self._state
+
+    @property
+    def buffered_bytes(self) -> int:
+        """Bytes of an unfinished message this codec holds; 0 between messages.
+
+        A partial header counts its bytes. Once a header is read, the
+        message's wire bytes taken so far count (header, nonce, HELO body,
+        compressed or skipped body), plus for a payload the bytes inflated so
+        far (its kept rows and partial event): so the count is positive until
+        the message ends, and a payload's count follows what it holds. 0 once
+        the connection is closed.
+        """
+        if self._state is CourierState.CLOSED:
+            return 0
+        if self._phase is _Phase.HEADER:
+            return len(self._small)
+        if self._phase is _Phase.INFLATE or self._phase is _Phase.TRAILER:
+            return self._message_bytes + self._decompressed
+        return self._message_bytes
 
     @property
     def supports_evnt(self) -> bool:
@@ -321,7 +517,7 @@ class CourierServerConnection:
             self._move(CourierState.CLOSED)
         self._inflater = None
         self._pending = bytearray()
-        self._records = []
+        self._rows = _Rows()
         return RemoteProtocolError(reason)
 
     # -- input -----------------------------------------------------------------
@@ -362,12 +558,14 @@ class CourierServerConnection:
                 take = min(self._remaining, len(view))
                 view = view[take:]
                 self._remaining -= take
+                self._message_bytes += take
                 if self._remaining == 0:
                     self._body_done(events)
             else:
                 take = min(self._need - len(self._small), len(view))
                 self._small += view[:take]
                 view = view[take:]
+                self._message_bytes += take  # ignored in the HEADER phase
                 if len(self._small) == self._need:
                     small = bytes(self._small)
                     self._small.clear()
@@ -389,6 +587,7 @@ class CourierServerConnection:
     def _header(self, data: bytes, events: list[CourierEvent]) -> None:
         kind, length = _HEADER.unpack(data)
         self._kind, self._length = kind, length
+        self._message_bytes = _HEADER.size  # counted from here if a body follows
         if kind == b"JDAT" or kind == b"EVNT":
             self._payload_header(kind, length)
         elif kind == b"PING":
@@ -418,10 +617,12 @@ class CourierServerConnection:
             raise self._fail(f"{name} must have an empty body, not {length} bytes")
 
     def _hello(self, body: bytes, events: list[CourierEvent]) -> None:
-        if 0 < len(body) < _WIDE_HELLO_MIN_BYTES:
-            flags, major, minor, patch, client = _COMPACT_HELLO.unpack(
-                body.ljust(_COMPACT_HELLO.size, b"\x00")
-            )
+        # Every length 0..MAX_HELLO_BYTES maps to one layout and is padded to
+        # its full size first, so unpacking cannot fail (issue 13: 9..19 bytes
+        # used to raise struct.error).
+        if 0 < len(body) <= MAX_COMPACT_HELLO_BYTES:
+            compact = body.ljust(_COMPACT_HELLO.size, b"\x00")
+            flags, major, minor, patch, client = _COMPACT_HELLO.unpack(compact)
             hello = Hello(bytes([flags, 0, 0, 0]), (major, minor, patch), client)
         else:
             wide = body.ljust(_WIDE_HELLO.size, b"\x00")
@@ -469,8 +670,7 @@ class CourierServerConnection:
         self._compressed = 0
         self._decompressed = 0
         self._pending = bytearray()
-        self._records = []
-        self._not_json = 0
+        self._rows = _Rows()
         self._phase = _Phase.INFLATE
 
     def _inflate_some(self, view: memoryview, events: list[CourierEvent]) -> memoryview:
@@ -490,10 +690,12 @@ class CourierServerConnection:
         self._compressed += used
         ended = bool(self._inflater.eof)
         if streamed:
+            self._message_bytes += used
             if ended:
                 self._payload_done(events)
             return view[used:]
         self._remaining -= len(chunk)
+        self._message_bytes += len(chunk)
         if ended:
             # The Go receiver stops reading a JDAT body where its zlib stream
             # ends; bytes after it, inside the declared length, are skipped.
@@ -551,21 +753,44 @@ class CourierServerConnection:
         del buffer[:offset]
 
     def _event(self, raw: bytes) -> None:
-        if len(self._records) >= self.limits.max_events:
+        """One complete event: keep its row, drop everything else (module docstring)."""
+        rows = self._rows
+        limits = self.limits
+        if len(rows.records) >= limits.max_events:
             raise self._fail(
                 f"payload {self._nonce.hex()} carries more than "
-                f"max_events={self.limits.max_events} events"
+                f"max_events={limits.max_events} events"
             )
+        text: str | None
+        record: object = None
         try:
-            record = _json_decode(raw.decode("utf-8"))
-        except (ValueError, RecursionError):
-            # ValueError covers invalid UTF-8 too (UnicodeDecodeError);
-            # RecursionError: nesting deeper than the interpreter allows.
-            record = None
-        if type(record) is not dict:
-            self._not_json += 1
-            record = {"message": raw}
-        self._records.append(record)
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            text = None
+        if text is not None:
+            try:
+                record = _json_decode(text)
+            except (ValueError, RecursionError):
+                # RecursionError: nesting deeper than the interpreter allows.
+                record = None
+        if type(record) is dict:
+            rows.add(
+                record_json(record),
+                _string_field(rows, first_string(record, _TYPE_PATH), "type"),
+                _string_field(rows, first_string(record, HOST_PATHS), "host"),
+                rfc3339_ns(record.get("@timestamp")),
+            )
+        else:
+            # Ruby's rule: kept as {"message": raw}; bytes that are not UTF-8
+            # become {"$binary": ...} under the records convention.
+            rows.not_json += 1
+            rows.add(record_json({"message": raw if text is None else text}), None, None, None)
+        del record  # the decoded object is not kept (bounded memory)
+        if rows.memory_bytes > limits.max_payload_memory_bytes:
+            raise self._fail(
+                f"payload {self._nonce.hex()} holds more than "
+                f"max_payload_memory_bytes={limits.max_payload_memory_bytes} as rows"
+            )
 
     def _payload_done(self, events: list[CourierEvent]) -> None:
         if self._pending:
@@ -574,9 +799,9 @@ class CourierServerConnection:
                 f"({len(self._pending)} bytes left over)"
             )
         kind: Literal["JDAT", "EVNT"] = "EVNT" if self._kind == b"EVNT" else "JDAT"
-        events.append(PayloadReceived(self._nonce, self._records, kind, self._not_json))
+        rows, self._rows = self._rows, _Rows()
+        events.append(rows.payload(self._nonce, kind))
         self._inflater = None
-        self._records = []
         self._expect(_Phase.HEADER, _HEADER.size)
 
     def _body_done(self, events: list[CourierEvent]) -> None:

@@ -8,22 +8,74 @@ Invariants this module keeps (the h11 way):
 * :meth:`ForwardServerConnection.receive_data` consumes every byte it is given
   and returns the events completed by them. A request split across reads at
   any byte gives the same events as the request in one read.
-* A partial request never holds more than ``limits.max_request_bytes`` bytes,
-  a decompressed ``entries`` stream never more than
-  ``limits.max_decompressed_bytes``, and a request never more than
-  ``limits.max_events_per_request`` events.
+* A partial request never holds more than ``limits.max_request_bytes`` bytes
+  (:data:`MAX_PING_BYTES` before the handshake's PONG), a decompressed
+  ``entries`` stream never more than ``limits.max_decompressed_bytes``, and a
+  request never more than ``limits.max_events_per_request`` events.
 * Any :class:`~appliance.protocols.errors.RemoteProtocolError` moves the
-  connection to ``CLOSED``; nothing is accepted afterwards.
+  connection to ``CLOSED``; nothing is accepted afterwards. It is the only
+  exception the peer's bytes can cause.
 * The codec never acknowledges anything by itself: the driver asks for
   :meth:`ForwardServerConnection.ack_bytes` once the events are committed
-  (DESIGN §2, "ack only what is committed").
+  (DESIGN §2, "ack only what is committed"). A request the codec cannot read
+  whole is a :class:`RemoteProtocolError`, so it is never acked.
+
+Strict strings (appliance/protocols/text.py; a violation is a
+``RemoteProtocolError`` for the request, which is then not acked):
+
+* ``tag``: valid UTF-8 (a msgpack str that is not, or a JSON ``"\\ud800"``,
+  is refused) of at most ``MAX_TAG_BYTES``.
+* ``chunk`` (str or bin; the ``batch_id`` column): 1 to ``MAX_BATCH_ID_BYTES``
+  bytes. The ack echoes the exact bytes with the msgpack type they came in.
+  :meth:`Chunk.text` is the chunk decoded as UTF-8, or, for a chunk that is
+  not valid UTF-8 (a random binary id), ``"hex:"`` and its lowercase hex: so
+  such a chunk may be at most :data:`MAX_BINARY_CHUNK_BYTES` bytes, and its
+  text always fits the column. (Real clients send base64 text, which never
+  holds ``:``, so the two forms cannot meet.) In the JSON form the chunk must
+  be a valid UTF-8 string.
+* the PING's ``client_hostname`` (the ``host`` column): see
+  :mod:`appliance.protocols.forward_handshake`.
+
+Reading whole requests: a request is framed with msgpack's skipping parser
+(no Python objects) and decoded only once complete. An ``entries`` stream
+(PackedForward, after gunzip for CompressedPackedForward) that is not valid
+msgpack, ends inside an entry, or is gzip data without ``compressed:
+"gzip"``, fails the request, as Fluentd and Fluent Bit close without an ack;
+single unusable entries inside a readable stream (record not a map, a bad
+time, an entry that is not ``[time, record]``) are dropped and counted.
+
+Memory per byte (measured in tests/appliance/protocols/test_forward_hardening.py):
+
+* a partial request is held as raw bytes only: in the framer's and the
+  decoder's buffers, so at most about four times its size (each buffer grows
+  by doubling; about 1.1 to 1.4 times with 64 to 256 KiB reads). The buffers
+  are replaced after a large request, so an idle connection does not keep
+  them. Before the PONG all this is bounded by :data:`MAX_PING_BYTES`.
+* decoding a complete request, or the entries of a PackedForward one, builds
+  at most about :data:`DECODE_MEMORY_FACTOR` bytes of Python objects per
+  msgpack byte (the worst case is chains of one-entry maps, a dict for every
+  two bytes; 112 measured); everyday records take 5 to 20. So one
+  connection's peak while it decodes is about
+  ``DECODE_MEMORY_FACTOR * max_request_bytes`` (1.9 GiB at the defaults), or
+  ``DECODE_MEMORY_FACTOR * max_decompressed_bytes`` (7.5 GiB) for
+  CompressedPackedForward, whatever its compressed size. Every msgpack
+  length a header claims is bounded by the bytes being decoded
+  (:func:`_decode_options`), and nothing is built before the bytes that hold
+  it have arrived. The JSON form builds at most about 50 bytes per byte
+  (chains of ``{"":...}``; ``json.loads`` refuses nesting past about 1000).
+
+CPU per byte is linear: the msgpack framer and the JSON framer look at each
+byte once, gunzip never copies the input after a member
+(:mod:`appliance.protocols.compression`), and each request is decoded once.
 """
 
 from __future__ import annotations
 
 import enum
+import io
 import json
 import math
+import re
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -32,6 +84,7 @@ from typing import Any, Final, Literal
 import msgpack
 
 from appliance.protocols.compression import (
+    GZIP_MAGIC,
     InvalidDataError,
     OutputLimitError,
     TruncatedError,
@@ -41,6 +94,7 @@ from appliance.protocols.errors import LocalProtocolError, RemoteProtocolError
 from appliance.protocols.forward_handshake import (
     REASON_INVALID_PING,
     Helo,
+    InvalidPing,
     Ping,
     Verdict,
     pong_bytes,
@@ -48,11 +102,16 @@ from appliance.protocols.forward_handshake import (
     verify_ping,
 )
 from appliance.protocols.limits import require_at_least_one
+from appliance.protocols.text import MAX_BATCH_ID_BYTES, MAX_TAG_BYTES, InvalidText, check_text
+from appliance.timefmt import ns_in_range
 
 __all__ = [
+    "DECODE_MEMORY_FACTOR",
     "DEFAULT_MAX_DECOMPRESSED_BYTES",
     "DEFAULT_MAX_EVENTS_PER_REQUEST",
     "DEFAULT_MAX_REQUEST_BYTES",
+    "MAX_BINARY_CHUNK_BYTES",
+    "MAX_PING_BYTES",
     "Chunk",
     "EventTime",
     "EventsReceived",
@@ -72,6 +131,19 @@ DEFAULT_MAX_REQUEST_BYTES: Final = 16 * 1024 * 1024
 DEFAULT_MAX_DECOMPRESSED_BYTES: Final = 64 * 1024 * 1024
 #: Most events one request may carry.
 DEFAULT_MAX_EVENTS_PER_REQUEST: Final = 250_000
+#: Bytes a connection may send before the handshake's PONG (security on): the
+#: PING, and anything sent after it while it is checked. A PING is six short
+#: strings (a 255-byte hostname, two 128-byte hex digests, a salt and a
+#: username), so an unauthenticated peer cannot make the server hold or
+#: decode more than this.
+MAX_PING_BYTES: Final = 4096
+#: Bytes of Python objects that decoding one msgpack byte may build, at worst
+#: (a chain of one-entry maps: a 224-byte dict per two bytes; measured).
+DECODE_MEMORY_FACTOR: Final = 120
+#: A chunk that is not valid UTF-8 is stored as ``"hex:" + hex``; this many
+#: bytes of it fit ``MAX_BATCH_ID_BYTES``.
+_CHUNK_HEX_PREFIX: Final = "hex:"
+MAX_BINARY_CHUNK_BYTES: Final = (MAX_BATCH_ID_BYTES - len(_CHUNK_HEX_PREFIX)) // 2
 
 _NS_PER_SECOND: Final = 1_000_000_000
 #: Seconds beyond which an epoch time no longer fits int64 nanoseconds (year 2262).
@@ -81,7 +153,8 @@ _EVENT_TIME_EXT_TYPE: Final = 0
 _EVENT_TIME: Final = struct.Struct(">II")
 #: The first byte of a JSON request ('[' or '{'); in_forward picks JSON by it.
 _JSON_FIRST_BYTES: Final = frozenset(b"[{")
-_JSON_WHITESPACE: Final = frozenset(b" \t\r\n")
+#: Unpacker buffers that grew past this many bytes are replaced once empty.
+_UNPACKER_KEEP_BYTES: Final = 64 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,15 +204,23 @@ class Chunk:
     """The ``chunk`` option exactly as the client sent it.
 
     The ack must echo the same bytes with the same msgpack type (spec:
-    "Response"), so both are kept.
+    "Response"), so both are kept. The codec only makes chunks of 1 to
+    ``MAX_BATCH_ID_BYTES`` bytes whose :meth:`text` fits that limit too.
     """
 
     raw: bytes
     kind: Literal["str", "bin"] = "str"
 
     def text(self) -> str:
-        """The chunk id as text, for the ``batch_id`` column and for logs."""
-        return self.raw.decode("utf-8", "backslashreplace")
+        """The chunk id as valid UTF-8 text, for the ``batch_id`` column and for logs.
+
+        The chunk decoded as UTF-8, or ``"hex:"`` and its lowercase hex when
+        it is not valid UTF-8 (module docstring).
+        """
+        try:
+            return self.raw.decode("utf-8")
+        except UnicodeDecodeError:
+            return _CHUNK_HEX_PREFIX + self.raw.hex()
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,6 +283,8 @@ _TRANSITIONS: Final[dict[ForwardState, frozenset[ForwardState]]] = {
     ForwardState.TRANSPORT_JSON: frozenset({ForwardState.CLOSED}),
     ForwardState.CLOSED: frozenset(),
 }
+#: The states before the PONG, where :data:`MAX_PING_BYTES` is the limit.
+_BEFORE_PONG: Final = frozenset({ForwardState.AWAITING_PING, ForwardState.AUTHENTICATING})
 
 
 class _InvalidEvent(Exception):
@@ -218,18 +301,41 @@ def _ext_hook(code: int, data: bytes) -> Any:
     return msgpack.ExtType(code, data)
 
 
-def _new_unpacker(max_buffer_size: int) -> msgpack.Unpacker:
-    # raw=False with surrogateescape keeps str values that are not UTF-8
-    # (out_forward packs the binary entries stream as str, spec "PackedForward"):
-    # their original bytes come back with .encode("utf-8", "surrogateescape").
-    # strict_map_key=False: records may have integer keys.
-    return msgpack.Unpacker(
-        raw=False,
-        unicode_errors="surrogateescape",
-        strict_map_key=False,
-        ext_hook=_ext_hook,
-        max_buffer_size=max(max_buffer_size, 1),
-    )
+def _decode_options(max_bytes: int) -> dict[str, Any]:
+    """msgpack decoding options for at most ``max_bytes`` of input.
+
+    Every length a header may claim is bounded by the bytes that must follow
+    it: a str, bin or ext body by ``max_bytes``, an array by ``max_bytes``
+    elements (each at least one byte), a map by ``max_bytes // 2`` pairs.
+    raw=False with surrogateescape keeps str values that are not UTF-8
+    (out_forward packs the binary entries stream as str, spec
+    "PackedForward"): their original bytes come back with
+    ``.encode("utf-8", "surrogateescape")``; column strings are then checked
+    strictly. strict_map_key=False: records may have integer keys.
+    """
+    return {
+        "raw": False,
+        "unicode_errors": "surrogateescape",
+        "strict_map_key": False,
+        "ext_hook": _ext_hook,
+        "max_str_len": max_bytes,
+        "max_bin_len": max_bytes,
+        "max_ext_len": max_bytes,
+        "max_array_len": max_bytes,
+        "max_map_len": max_bytes // 2,
+    }
+
+
+def _new_framer(max_bytes: int, options: dict[str, Any]) -> msgpack.Unpacker:
+    """An unpacker used only with ``skip()``: it finds where a request ends
+    without building any object, so nothing is built for a partial request."""
+    return msgpack.Unpacker(max_buffer_size=max(max_bytes, 1), **options)
+
+
+def _new_decoder(max_bytes: int, options: dict[str, Any]) -> msgpack.Unpacker:
+    """The unpacker that builds a request, fed the same bytes as the framer but
+    asked for an object only once the framer has found its end."""
+    return msgpack.Unpacker(max_buffer_size=max(max_bytes, 1), **options)
 
 
 def gunzip_members(data: bytes, limit: int) -> bytes:
@@ -237,7 +343,8 @@ def gunzip_members(data: bytes, limit: int) -> bytes:
 
     Spec "CompressedPackedForward": entries "MAY be a concatenated binary of
     multiple gzip binary strings". Decompression is streamed and stops as soon
-    as the output would pass ``limit``, so a gzip bomb costs at most ``limit``.
+    as the output would pass ``limit``, so a gzip bomb costs at most ``limit``;
+    the work is linear in ``len(data)`` however many members it holds.
 
     Raises:
         RemoteProtocolError: invalid or truncated gzip data, or output over ``limit``.
@@ -258,15 +365,16 @@ def _time_ns(value: Any) -> int | None:
     """Epoch nanoseconds of an event time, ``None`` for "use the receive time"."""
     kind = type(value)
     if kind is EventTime:
-        return int(value)
+        return int(value)  # at most 2**32 seconds: always in int64 nanoseconds
     if kind is msgpack.ExtType and value.code == _EVENT_TIME_EXT_TYPE and len(value.data) == 8:
         raise _InvalidEvent("EventTime nanoseconds out of range")  # _ext_hook refused it
     if kind is int:
         if value == 0:
             return None
-        if abs(value) > _MAX_TIME_SECONDS:
+        ns = value * _NS_PER_SECOND
+        if not ns_in_range(ns):
             raise _InvalidEvent("time out of range")
-        return int(value) * _NS_PER_SECOND
+        return int(ns)
     if value is None:
         return None
     if kind is float:
@@ -275,7 +383,10 @@ def _time_ns(value: Any) -> int | None:
         if value == 0:
             return None
         seconds = math.floor(value)
-        return int(seconds * _NS_PER_SECOND + round((value - seconds) * _NS_PER_SECOND))
+        ns = int(seconds * _NS_PER_SECOND + round((value - seconds) * _NS_PER_SECOND))
+        if not ns_in_range(ns):
+            raise _InvalidEvent("time out of range")
+        return ns
     if kind is list and len(value) == 2 and type(value[1]) is dict and type(value[0]) is not list:
         # Fluent Bit 2.1+ sends [[time, metadata], record]: the time is the
         # first element; the metadata map is not kept (docs/forward.md).
@@ -297,7 +408,8 @@ class ForwardServerConnection:
     With ``helo`` (security on) the connection opens with the handshake: send
     :meth:`helo_bytes`, wait for :class:`PingReceived`, check it, and answer
     with :meth:`finish_handshake`. Requests before the PING are refused, and
-    bytes after it are held until the verdict.
+    bytes after it are held until the verdict; before the PONG at most
+    :data:`MAX_PING_BYTES` are taken.
 
     Args:
         limits: the size limits of this connection.
@@ -318,11 +430,21 @@ class ForwardServerConnection:
         self._allow_json = allow_json and helo is None
         self._state = ForwardState.IDLE if helo is None else ForwardState.AWAITING_PING
         self._ping: Ping | None = None
-        self._unpacker = _new_unpacker(self.limits.max_request_bytes)
+        # Both unpackers are fed every byte; the framer finds where each
+        # request ends, then the decoder builds it. Before the PONG the framer
+        # lets no request past MAX_PING_BYTES, so the PING needs no options
+        # of its own.
+        self._buffer_limit = max(self.limits.max_request_bytes, MAX_PING_BYTES)
+        self._options = _decode_options(self.limits.max_request_bytes)
+        self._framer = _new_framer(self._buffer_limit, self._options)
+        self._decoder = _new_decoder(self._buffer_limit, self._options)
+        #: Bytes fed to both unpackers, and the framer's tell() at the end of
+        #: the last complete request: the difference is the unfinished
+        #: request (or, while AUTHENTICATING, everything held since the PING).
         self._fed = 0
-        #: Stream offset where the request being received began. The unpacker's
-        #: own tell() is no measure: it advances inside a partial request.
-        self._request_start = 0
+        self._framed = 0
+        #: Most bytes the unpackers have had to buffer at once (they never shrink).
+        self._buffered_high = 0
         self._json = _JsonFramer(self.limits.max_request_bytes)
         self._pending_error: RemoteProtocolError | None = None
 
@@ -331,22 +453,41 @@ class ForwardServerConnection:
         """The connection's current state."""
         return self._state
 
+    @property
+    def buffered_bytes(self) -> int:
+        """Bytes of an unfinished request held (0 between requests).
+
+        While AUTHENTICATING: every byte received after the PING.
+        """
+        return self._fed - self._framed + self._json.buffered_bytes
+
     def _move(self, new: ForwardState) -> None:
         if new not in _TRANSITIONS[self._state]:
             raise LocalProtocolError(f"no transition from {self._state.value} to {new.value}")
         self._state = new
 
-    def _fail(self, reason: str) -> RemoteProtocolError:
+    def _fail(self, reason: str, reply: bytes = b"") -> RemoteProtocolError:
         if self._state is not ForwardState.CLOSED:
             self._move(ForwardState.CLOSED)
-        return RemoteProtocolError(reason)
+        # Nothing more is read: free what the connection held.
+        self._framer = self._decoder = _new_framer(1, {})
+        self._fed = self._framed = 0
+        self._json = _JsonFramer(self.limits.max_request_bytes)
+        return RemoteProtocolError(reason, reply=reply)
+
+    def _text(self, value: str, what: str, limit: int) -> str:
+        try:
+            return check_text(value, what, limit)
+        except InvalidText as exc:
+            raise self._fail(exc.reason) from None
 
     def receive_data(self, data: bytes | bytearray) -> list[ForwardEvent]:
         """Take bytes read from the peer; return the events they complete.
 
         When ``data`` holds complete requests followed by a violation, the
         requests are returned (they may still be committed and acked) and the
-        connection is ``CLOSED``: the next call raises the pending error.
+        connection is ``CLOSED``: the next call raises the pending error. A
+        PING followed by a violation raises at once (it is not checked).
 
         Raises:
             RemoteProtocolError: the peer broke the protocol or a limit; the
@@ -372,42 +513,72 @@ class ForwardServerConnection:
             else:
                 self._receive_msgpack(data, events)
         except RemoteProtocolError as error:
-            if not events:
+            # A PING whose read also broke a rule is not worth checking.
+            if not events or isinstance(events[-1], PingReceived):
                 raise
             self._pending_error = error
         return events
 
     # -- msgpack -----------------------------------------------------------
 
+    def _request_limit(self) -> int:
+        if self._state in _BEFORE_PONG:
+            return min(MAX_PING_BYTES, self.limits.max_request_bytes)
+        return self.limits.max_request_bytes
+
+    def _over_limit(self, limit: int) -> RemoteProtocolError:
+        if self._state is ForwardState.AWAITING_PING:
+            reason = f"{REASON_INVALID_PING}: PING exceeds {limit} bytes"
+            return self._fail(reason, refusal_bytes(REASON_INVALID_PING))
+        if self._state is ForwardState.AUTHENTICATING:
+            reason = f"more than {limit} bytes sent before the PONG"
+            return self._fail(reason, refusal_bytes(reason))
+        return self._fail(f"request exceeds max_request_bytes={limit}")
+
     def _receive_msgpack(self, data: bytes | bytearray, events: list[ForwardEvent]) -> None:
-        view = memoryview(data)
-        limit = self.limits.max_request_bytes
-        while view:
-            # Feed no more than fits: the unpacker's buffer then holds at most
-            # one partial request, and a full buffer means an oversized request.
-            room = limit - (self._fed - self._request_start)
-            if room <= 0:
-                raise self._fail(f"request exceeds max_request_bytes={limit}")
-            piece, view = view[:room], view[room:]
-            self._unpacker.feed(piece)
-            self._fed += len(piece)
-            self._drain(events)
+        with memoryview(data) as whole:
+            view = whole
+            while view:
+                # Take no more than the unfinished request may still grow by:
+                # then nothing past the limit is ever held.
+                limit = self._request_limit()
+                room = limit - (self._fed - self._framed)
+                if room <= 0:
+                    raise self._over_limit(limit)
+                piece, view = view[:room], view[room:]
+                self._framer.feed(piece)
+                self._decoder.feed(piece)
+                self._fed += len(piece)
+                self._buffered_high = max(self._buffered_high, self._fed - self._framed)
+                self._drain(events)
+        if self._fed == self._framed and self._buffered_high > _UNPACKER_KEEP_BYTES:
+            # msgpack's buffers never shrink: drop them after a large request.
+            self._framer = _new_framer(self._buffer_limit, self._options)
+            self._decoder = _new_decoder(self._buffer_limit, self._options)
+            self._fed = self._framed = self._buffered_high = 0
 
     def _drain(self, events: list[ForwardEvent]) -> None:
         """Decode the complete requests buffered (none while a PING is being checked)."""
-        if self._state is ForwardState.AUTHENTICATING:
-            return
-        try:
-            for obj in self._unpacker:
-                self._request_start = self._unpacker.tell()
-                if self._state is ForwardState.AWAITING_PING:
-                    events.append(self._ping_request(obj))
-                    return
+        while self._state in (ForwardState.TRANSPORT_MSGPACK, ForwardState.AWAITING_PING):
+            try:
+                self._framer.skip()
+            except msgpack.OutOfData:
+                return
+            except ValueError as exc:
+                # FormatError (such as 0xc1) and StackError (nested too deep).
+                raise self._fail(f"request is not valid msgpack: {exc}") from None
+            self._framed = self._framer.tell()
+            try:
+                # Complete by the framer's word: this never runs out of data.
+                obj = self._decoder.unpack()
+            except (ValueError, TypeError) as exc:
+                # What the framer cannot see: an unhashable map key
+                # (TypeError) or a length over the limits (ValueError).
+                raise self._fail(f"request is not valid msgpack: {exc}") from None
+            if self._state is ForwardState.AWAITING_PING:
+                events.append(self._ping_request(obj))
+            else:
                 events.append(self._request(obj, json_form=False))
-        except (ValueError, TypeError) as exc:
-            # msgpack's FormatError/StackError/ExtraData are ValueErrors;
-            # an unhashable map key is a TypeError.
-            raise self._fail(f"request is not valid msgpack: {exc}") from None
 
     # -- handshake -------------------------------------------------------------
 
@@ -418,12 +589,13 @@ class ForwardServerConnection:
         return self._helo.to_bytes()
 
     def _ping_request(self, obj: Any) -> PingReceived:
-        ping = Ping.parse(obj)
-        if ping is None:
+        try:
+            ping = Ping.from_message(obj)
+        except InvalidPing as exc:
             # in_forward answers anything but a PING with this PONG and closes.
-            error = self._fail(f"{REASON_INVALID_PING}: expected PING before any request")
-            error.reply = refusal_bytes(REASON_INVALID_PING)
-            raise error
+            raise self._fail(
+                f"{REASON_INVALID_PING}: {exc.reason}", refusal_bytes(REASON_INVALID_PING)
+            ) from None
         self._move(ForwardState.AUTHENTICATING)
         self._ping = ping
         return PingReceived(ping)
@@ -466,8 +638,7 @@ class ForwardServerConnection:
         pong = pong_bytes(verdict, self._ping, server_hostname=server_hostname,
                           nonce=self._helo.nonce)  # fmt: skip
         if not verdict.ok:
-            self._move(ForwardState.CLOSED)
-            raise RemoteProtocolError(verdict.reason, reply=pong)
+            raise self._fail(verdict.reason, pong)
         self._move(ForwardState.TRANSPORT_MSGPACK)
         events: list[ForwardEvent] = []
         try:
@@ -478,9 +649,7 @@ class ForwardServerConnection:
 
     def refuse(self, reason: str) -> RemoteProtocolError:
         """Close the handshake with a PONG false carrying ``reason`` (policy refusals)."""
-        error = self._fail(reason)
-        error.reply = refusal_bytes(reason)
-        return error
+        return self._fail(reason, refusal_bytes(reason))
 
     # -- JSON ----------------------------------------------------------------
 
@@ -494,9 +663,11 @@ class ForwardServerConnection:
             error = str(exc)
         for raw in values:
             try:
-                obj = json.loads(raw)
+                # Strictly UTF-8 (json.loads would also guess UTF-16 or -32).
+                obj = json.loads(raw.decode("utf-8"))
             except (ValueError, RecursionError) as exc:
-                # RecursionError: arrays nested deeper than the interpreter allows.
+                # UnicodeDecodeError is a ValueError; RecursionError: arrays
+                # nested deeper than the interpreter allows.
                 raise self._fail(f"request is not valid JSON: {exc}") from None
             events.append(self._request(obj, json_form=True))
         if error is not None:
@@ -515,6 +686,7 @@ class ForwardServerConnection:
         tag = obj[0]
         if type(tag) is not str:
             raise self._fail("tag is not a string")
+        tag = self._text(tag, "tag", MAX_TAG_BYTES)
         second = obj[1]
         kind = type(second)
         if kind is list:
@@ -530,13 +702,12 @@ class ForwardServerConnection:
         option = self._option(obj, 3)
         if len(obj) < 3:
             raise self._fail("Message mode request has no record")
+        chunk = self._chunk(option, json_form)
         dropped: dict[str, int] = {}
         times: list[int | None] = []
         records: list[dict[Any, Any]] = []
         self._entry(second, obj[2], times, records, dropped)
-        return EventsReceived(
-            tag, "message", times, records, self._chunk(option), dropped, json_form
-        )
+        return EventsReceived(tag, "message", times, records, chunk, dropped, json_form)
 
     def _option(self, obj: list[Any], index: int) -> dict[Any, Any]:
         if len(obj) <= index or obj[index] is None:
@@ -546,15 +717,38 @@ class ForwardServerConnection:
             raise self._fail("option is not a map")
         return option
 
-    def _chunk(self, option: dict[Any, Any]) -> Chunk | None:
+    def _chunk(self, option: dict[Any, Any], json_form: bool) -> Chunk | None:
+        """The ``chunk`` option, checked (module docstring, "Strict strings")."""
         chunk = option.get("chunk")
         if chunk is None:
             return None
         if type(chunk) is str:
-            return Chunk(chunk.encode("utf-8", "surrogateescape"), "str")
-        if type(chunk) is bytes:
-            return Chunk(chunk, "bin")
-        raise self._fail("chunk option is not a string")
+            if json_form:
+                # No original bytes behind a JSON string: it must be text.
+                raw = self._text(chunk, "chunk", MAX_BATCH_ID_BYTES).encode("utf-8")
+            else:
+                # The wire bytes, also when they are not UTF-8 (surrogateescape
+                # gives them back exactly).
+                raw = chunk.encode("utf-8", "surrogateescape")
+            result = Chunk(raw, "str")
+        elif type(chunk) is bytes:
+            result = Chunk(chunk, "bin")
+        else:
+            raise self._fail("chunk option is not a string")
+        if not result.raw:
+            raise self._fail("chunk option is empty")
+        if len(result.raw) > MAX_BATCH_ID_BYTES:
+            raise self._fail(
+                f"chunk is {len(result.raw)} bytes, over the limit of {MAX_BATCH_ID_BYTES}"
+            )
+        if not _is_utf8(result.raw) and len(result.raw) > MAX_BINARY_CHUNK_BYTES:
+            raise self._fail(
+                f"chunk is not UTF-8 and {len(result.raw)} bytes, over the limit of "
+                f"{MAX_BINARY_CHUNK_BYTES} for a binary chunk (stored as hex)"
+            )
+        text = result.text()
+        self._text(text, "chunk", MAX_BATCH_ID_BYTES)
+        return result
 
     def _forward(
         self, tag: str, entries: list[Any], option: dict[Any, Any], json_form: bool
@@ -564,7 +758,7 @@ class ForwardServerConnection:
                 f"request carries {len(entries)} events, "
                 f"over max_events_per_request={self.limits.max_events_per_request}"
             )
-        chunk = self._chunk(option)
+        chunk = self._chunk(option, json_form)
         dropped: dict[str, int] = {}
         times: list[int | None] = []
         records: list[dict[Any, Any]] = []
@@ -573,9 +767,12 @@ class ForwardServerConnection:
         return EventsReceived(tag, "forward", times, records, chunk, dropped, json_form)
 
     def _packed(self, tag: str, entries: bytes | str, option: dict[Any, Any]) -> EventsReceived:
-        chunk = self._chunk(option)
-        stream = entries.encode("utf-8", "surrogateescape") if type(entries) is str else entries
-        assert isinstance(stream, bytes)
+        chunk = self._chunk(option, json_form=False)
+        if type(entries) is str:
+            stream = entries.encode("utf-8", "surrogateescape")
+        else:
+            assert isinstance(entries, bytes)
+            stream = entries
         compressed = option.get("compressed")
         mode: Literal["packed", "compressed"] = "packed"
         # Spec "Option": compressed is "gzip"; absent or "text" (what Fluentd
@@ -588,6 +785,11 @@ class ForwardServerConnection:
                 raise self._fail(exc.reason) from None
         elif compressed not in (None, "text"):
             raise self._fail(f"unsupported compression {compressed!r}")
+        elif stream.startswith(GZIP_MAGIC):
+            # 0x1f is an integer, never an entry: these are compressed events
+            # the client forgot to label. Reading them as msgpack would drop
+            # the whole chunk as "invalid entries" and ack it.
+            raise self._fail(f"entries are gzip data but compressed is {compressed!r}")
         dropped: dict[str, int] = {}
         times: list[int | None] = []
         records: list[dict[Any, Any]] = []
@@ -601,14 +803,17 @@ class ForwardServerConnection:
         records: list[dict[Any, Any]],
         dropped: dict[str, int],
     ) -> None:
-        """Decode a MessagePackEventStream; a corrupt tail is counted, not fatal.
+        """Decode a MessagePackEventStream; a stream that cannot be read whole fails.
 
         This is the hot path of PackedForward (bench/RESULTS.md): the common
         ``[EventTime | int, map]`` entry is handled inline, everything else by
         :meth:`_array_entry`, which counts the reasons for dropping.
         """
-        unpacker = _new_unpacker(len(stream))
-        unpacker.feed(stream)
+        # Read from a BytesIO (which shares ``stream``) rather than feed():
+        # the unpacker then buffers one entry at a time, not a second copy.
+        unpacker = msgpack.Unpacker(
+            io.BytesIO(stream), max_buffer_size=max(len(stream), 1), **_decode_options(len(stream))
+        )
         limit = self.limits.max_events_per_request
         seen = 0
         end = 0  # where the last complete entry ends (tell() also counts a partial one)
@@ -632,11 +837,13 @@ class ForwardServerConnection:
                             append_record(record)
                             continue
                 self._array_entry(entry, times, records, dropped)
-        except (ValueError, TypeError):
-            _count(dropped, "entries stream is not valid msgpack")
-            return
+        except (ValueError, TypeError) as exc:
+            # FormatError, StackError, a length over the limits, or an
+            # unhashable map key (TypeError): the rest of the chunk is lost,
+            # so none of it may be acked.
+            raise self._fail(f"entries stream is not valid msgpack: {exc}") from None
         if end != len(stream):
-            _count(dropped, "entries stream ends inside an entry")
+            raise self._fail(f"entries stream ends inside an entry ({len(stream) - end} bytes)")
 
     @staticmethod
     def _array_entry(
@@ -675,7 +882,7 @@ class ForwardServerConnection:
         """The bytes of ``{"ack": chunk}``, echoing the chunk exactly (spec "Response").
 
         Call it only once the events of the chunk are committed. A JSON-form
-        request gets its ack as JSON, as in_forward does.
+        request gets its ack as JSON, as in_forward does (its chunk is text).
         """
         if json_form:
             return json.dumps({"ack": chunk.text()}).encode()
@@ -683,6 +890,14 @@ class ForwardServerConnection:
         # bytes even when a str chunk is not valid UTF-8.
         header = _str_header(len(chunk.raw)) if chunk.kind == "str" else _bin_header(len(chunk.raw))
         return b"\x81\xa3ack" + header + chunk.raw
+
+
+def _is_utf8(raw: bytes) -> bool:
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def _str_header(n: int) -> bytes:
@@ -703,6 +918,14 @@ def _bin_header(n: int) -> bytes:
     return b"\xc6" + struct.pack(">I", n)
 
 
+#: Outside strings, inside a value: the next byte the framer must look at.
+_JSON_STRUCTURE: Final = re.compile(rb'["\[\]{}]')
+#: Inside a string: its end or an escape.
+_JSON_STRING_STOP: Final = re.compile(rb'["\\]')
+#: Between values.
+_JSON_WHITESPACE: Final = re.compile(rb"[ \t\r\n]*")
+
+
 class _JsonFramer:
     """Splits a byte stream into top-level JSON values, without parsing them.
 
@@ -710,15 +933,26 @@ class _JsonFramer:
     '[' or '{' (spec "Fluentd Forward Server", note). Values may follow each
     other with or without whitespace. The scanner tracks nesting and strings
     only; :func:`json.loads` validates each complete value.
+
+    Linear and bounded: the scan resumes where the last one stopped (each byte
+    is looked at once, the bytes between brackets and quotes by a regular
+    expression rather than a Python loop), and the buffer never holds more
+    than ``limit + 1`` bytes: the unfinished value, of at most ``limit``.
     """
 
     def __init__(self, limit: int) -> None:
         self._limit = limit
+        #: The unfinished value (the bytes before it are consumed).
         self._buf = bytearray()
         self._scan = 0  # next byte of _buf to look at
         self._depth = 0
         self._in_string = False
         self._escaped = False
+
+    @property
+    def buffered_bytes(self) -> int:
+        """Bytes of the unfinished value held."""
+        return len(self._buf)
 
     def feed(self, data: bytes | bytearray, values: list[bytes]) -> None:
         """Append the values that ``data`` completes to ``values``.
@@ -727,43 +961,66 @@ class _JsonFramer:
             ValueError: the stream is not a sequence of arrays, or a value is
                 over the limit; ``values`` then holds those framed before.
         """
-        self._buf += data
+        with memoryview(data) as whole:
+            view = whole
+            while view:
+                # One byte past the limit is enough to know a value is too long.
+                room = self._limit + 1 - len(self._buf)
+                piece, view = view[:room], view[room:]
+                self._buf += piece
+                self._frame(values)
+                if len(self._buf) > self._limit:
+                    raise ValueError(f"request exceeds max_request_bytes={self._limit}")
+
+    def _frame(self, values: list[bytes]) -> None:
         buf = self._buf
-        start = 0
-        i = self._scan
         n = len(buf)
+        i = self._scan
+        start = 0  # where the unfinished value begins
         while i < n:
-            c = buf[i]
             if self._in_string:
                 if self._escaped:
                     self._escaped = False
-                elif c == 0x5C:  # backslash
+                    i += 1
+                    continue
+                found = _JSON_STRING_STOP.search(buf, i)
+                if found is None:
+                    i = n
+                    break
+                i = found.start()
+                if buf[i] == 0x5C:  # backslash: the next byte is escaped
                     self._escaped = True
-                elif c == 0x22:
+                else:
                     self._in_string = False
-            elif c == 0x22:
-                if self._depth == 0:
+                i += 1
+                continue
+            if self._depth == 0:
+                i = _JSON_WHITESPACE.match(buf, i).end()  # type: ignore[union-attr]
+                start = i
+                if i >= n:
+                    break
+                if buf[i] not in _JSON_FIRST_BYTES:
                     raise ValueError("JSON request is not an array")
+                self._depth = 1
+                i += 1
+                continue
+            found = _JSON_STRUCTURE.search(buf, i)
+            if found is None:
+                i = n
+                break
+            i = found.start()
+            c = buf[i]
+            if c == 0x22:  # quote
                 self._in_string = True
-            elif c == 0x5B or c == 0x7B:
-                if self._depth == 0:
-                    start = i
+            elif c == 0x5B or c == 0x7B:  # [ {
                 self._depth += 1
-            elif c == 0x5D or c == 0x7D:
+            else:  # ] }
                 self._depth -= 1
-                if self._depth < 0:
-                    raise ValueError("JSON request has an unbalanced bracket")
                 if self._depth == 0:
                     if i + 1 - start > self._limit:
                         raise ValueError(f"request exceeds max_request_bytes={self._limit}")
                     values.append(bytes(buf[start : i + 1]))
                     start = i + 1
-            elif self._depth == 0:
-                if c not in _JSON_WHITESPACE:
-                    raise ValueError("JSON request is not an array")
-                start = i + 1
             i += 1
         del buf[:start]
         self._scan = i - start
-        if len(buf) > self._limit:
-            raise ValueError(f"request exceeds max_request_bytes={self._limit}")

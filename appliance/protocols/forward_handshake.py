@@ -12,6 +12,16 @@ Every comparison of a digest uses :func:`hmac.compare_digest`; an empty or
 short digest simply fails to match. A failed PING is answered with
 ``["PONG", false, reason, "", ""]`` (what in_forward sends) and the
 connection closes.
+
+Strings of a PING that reach a column or a log are strict
+(appliance/protocols/text.py): ``client_hostname`` becomes the events'
+``host`` column, so it must be valid UTF-8 of at most ``MAX_HOST_BYTES``
+(empty means no host); ``username`` (the events' ``source`` once
+authenticated, and the audit log's user otherwise) must be valid UTF-8 of at
+most :data:`MAX_USERNAME_BYTES`. A
+PING that breaks either rule is not a PING (:class:`InvalidPing`): the codec
+answers ``invalid ping message`` and closes. Its size is bounded by the codec
+(``forward.MAX_PING_BYTES``).
 """
 
 from __future__ import annotations
@@ -24,13 +34,17 @@ from typing import Any, Final
 
 import msgpack
 
+from appliance.protocols.text import MAX_HOST_BYTES, InvalidText, decode_text
+
 __all__ = [
     "AUTH_SALT_BYTES",
+    "MAX_USERNAME_BYTES",
     "NONCE_BYTES",
     "REASON_INVALID_PING",
     "REASON_SHARED_KEY",
     "REASON_USER",
     "Helo",
+    "InvalidPing",
     "Ping",
     "Verdict",
     "anonymous_denied_reason",
@@ -45,9 +59,22 @@ __all__ = [
 NONCE_BYTES: Final = 16
 AUTH_SALT_BYTES: Final = 16
 
+#: Longest username taken from a PING, in bytes: an authenticated username
+#: becomes the events' ``source``, whose column limit this is
+#: (``appliance.lake.rows.MAX_SOURCE_BYTES``).
+MAX_USERNAME_BYTES: Final = 1024
+
 REASON_INVALID_PING: Final = "invalid ping message"
 REASON_SHARED_KEY: Final = "shared_key mismatch"
 REASON_USER: Final = "username/password mismatch"
+
+
+class InvalidPing(ValueError):
+    """A request that is not a well-formed PING; ``reason`` says why (for the log)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
 
 
 def anonymous_denied_reason(address: str) -> str:
@@ -109,18 +136,38 @@ class Ping:
     @classmethod
     def parse(cls, message: Any) -> Ping | None:
         """The PING in a decoded request, or None when it is not a well-formed PING."""
-        if type(message) is not list or len(message) != 6 or message[0] != "PING":
+        try:
+            return cls.from_message(message)
+        except InvalidPing:
             return None
+
+    @classmethod
+    def from_message(cls, message: Any) -> Ping:
+        """The PING in a decoded request (spec "PING").
+
+        Raises:
+            InvalidPing: not a six-element ``PING`` array of str/bin, or a
+                client hostname or username that breaks the rules above.
+        """
+        if type(message) is not list or len(message) != 6 or message[0] != "PING":
+            raise InvalidPing("expected PING before any request")
         _, hostname, salt, digest, username, password = message
         if not all(
             isinstance(v, str | bytes) for v in (hostname, salt, digest, username, password)
         ):
-            return None
+            raise InvalidPing("a PING field is neither str nor bin")
+        try:
+            # Strict, not "replace": the digest is computed over these exact
+            # bytes, and the hostname is stored in the host column.
+            client_hostname = decode_text(_bytes(hostname), "client hostname", MAX_HOST_BYTES)
+            user = decode_text(_bytes(username), "username", MAX_USERNAME_BYTES)
+        except InvalidText as exc:
+            raise InvalidPing(exc.reason) from None
         return cls(
-            client_hostname=_bytes(hostname).decode("utf-8", "replace"),
+            client_hostname=client_hostname,
             shared_key_salt=_bytes(salt),
             shared_key_hexdigest=_bytes(digest),
-            username=_bytes(username).decode("utf-8", "replace"),
+            username=user,
             password_digest=_bytes(password),
         )
 

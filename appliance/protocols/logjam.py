@@ -31,6 +31,45 @@ Invariants:
   over ``limits.max_body_bytes`` is refused before it is decompressed.
 * The codec never acknowledges by itself: the driver asks for
   :func:`accepted_frames` once a message is committed.
+
+Strict strings (issue 13; the limits are ``appliance.protocols.text``'s):
+
+* app-env and topic (the row's ``tag``) are frames of the message itself:
+  strict UTF-8, at most :data:`MAX_APP_ENV_BYTES` and :data:`MAX_TOPIC_BYTES`
+  (which is below ``MAX_TAG_BYTES``), and then the spec's ASCII grammar; a
+  violation is a 400 for the message (nothing of it is stored).
+* ``host`` comes from inside the JSON body, where Logjam keeps no per-field
+  errors and the record is still good: a ``host`` that is not valid UTF-8
+  (a JSON ``"\\ud800"`` escape) or is longer than ``MAX_HOST_BYTES`` falls
+  back to a null host, the message is stored, and
+  :attr:`DataMessage.host_dropped` says why, so the driver counts and logs
+  it. The record keeps the original value (``records.record_json`` renders a
+  lone surrogate as ``{"$binary": ...}``).
+* The batch id is built here and is at most ``MAX_BATCH_ID_BYTES``: an
+  app-env too long to fit is shortened to a prefix plus a digest of the
+  whole app-env (see :func:`_batch_id`).
+
+Bounded work (issue 13):
+
+* A message has at most :data:`MAX_MESSAGE_FRAMES` frames; the driver reads
+  at most one more, so a message of a million empty frames is refused
+  without a million copies.
+* :meth:`LogjamReceiver.decode_size_bound` tells the driver, before any
+  decoding, how many bytes decoding a message can read and produce (the body
+  as decompressed: the declared size of Snappy and LZ4, 1032 times the body
+  for deflate, which is its largest ratio), so only messages that are small
+  *after decompression* are decoded on the event loop.
+* Python objects cost more memory than the JSON text they come from: up to
+  about 16 times for strings and numbers (measured: 2-byte strings, with one
+  character that makes the decoded text 4 bytes per character), and 21 to
+  24 times for ``[]`` and ``{}``. The body is refused before it is parsed
+  when it holds more than ``limits.max_json_containers`` of ``{`` and ``[``
+  (counted as bytes, those inside strings too, so the limit errs on the
+  safe side). A message being decoded therefore holds at most about
+  16 times ``max_decompressed_bytes`` plus some 200 bytes per container
+  (with the defaults, about 560 MiB for the worst body of 32 MiB); the
+  driver decodes one message at a time per listener, and each of its two
+  readers holds at most one decoded message.
 """
 
 from __future__ import annotations
@@ -42,18 +81,29 @@ import re
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, TypeAlias
 
 from appliance.protocols import compression
 from appliance.protocols.errors import RemoteProtocolError
 from appliance.protocols.limits import require_at_least_one
+from appliance.protocols.text import (
+    MAX_BATCH_ID_BYTES,
+    MAX_HOST_BYTES,
+    MAX_TAG_BYTES,
+    InvalidText,
+    check_text,
+    decode_text,
+)
 
 __all__ = [
     "ACCEPTED",
     "BAD_REQUEST",
     "DEFAULT_MAX_BODY_BYTES",
     "DEFAULT_MAX_DECOMPRESSED_BYTES",
+    "DEFAULT_MAX_JSON_CONTAINERS",
+    "DEFLATE_MAX_RATIO",
     "MAX_APP_ENV_BYTES",
+    "MAX_MESSAGE_FRAMES",
     "MAX_TOPIC_BYTES",
     "META_BYTES",
     "META_TAG",
@@ -62,6 +112,7 @@ __all__ = [
     "PONG",
     "Compression",
     "DataMessage",
+    "FrameData",
     "LogjamLimits",
     "LogjamReceiver",
     "MalformedMessage",
@@ -80,10 +131,22 @@ DEFAULT_MAX_BODY_BYTES: Final = 16 * 1024 * 1024
 #: Largest body after decompression, in bytes (logjam-tools gives up at 32 MiB:
 #: ``max_buffer_size`` in src/logjam-util.c).
 DEFAULT_MAX_DECOMPRESSED_BYTES: Final = 32 * 1024 * 1024
+#: Most ``{`` and ``[`` bytes in a decompressed body (a count). Each becomes a
+#: Python dict or list of 56 to 200 bytes from 2 bytes of JSON (``{},``), the
+#: worst amplification of parsing; real requests hold one list per log line.
+DEFAULT_MAX_JSON_CONTAINERS: Final = 256 * 1024
 #: Longest app-env frame, in bytes.
 MAX_APP_ENV_BYTES: Final = 255
-#: Longest topic frame, in bytes.
+#: Longest topic frame, in bytes (it becomes the row's tag).
 MAX_TOPIC_BYTES: Final = 255
+assert MAX_TOPIC_BYTES <= MAX_TAG_BYTES
+#: Most frames of one message as the ROUTER delivers it, a count: routing id,
+#: empty delimiter and four data frames (a request or a ping). An async
+#: message has five, a PULL message four.
+MAX_MESSAGE_FRAMES: Final = 6
+#: Largest ratio of deflate output to input (a ratio: 258-byte matches coded in
+#: about 2 bits, zlib's "technical details"): the bound on a zlib or gzip body.
+DEFLATE_MAX_RATIO: Final = 1032
 #: Size of the meta frame.
 META_BYTES: Final = 24
 META_TAG: Final = 0xCABD
@@ -104,6 +167,19 @@ PING: Final = b"ping"
 _DELIMITER: Final = b""
 #: Frames of a data message (app-env, topic, body, meta).
 _DATA_FRAMES: Final = 4
+#: Offset of the compression byte in the meta frame (the same in either byte order).
+_META_COMPRESSION_OFFSET: Final = 2
+#: Snappy's length preamble is a varint of at most 5 bytes (32 bits).
+_SNAPPY_MAX_VARINT_BYTES: Final = 5
+#: The u32 size prefix of an LZ4 body (method 3).
+_LZ4_PREFIX: Final = struct.Struct(">I")
+#: The batch id without its app-env: ":" u32 ":" u64 ":" u64 ":" 16 hex digits.
+_BATCH_ID_FIXED_BYTES: Final = 1 + 10 + 1 + 20 + 1 + 20 + 1 + 16
+#: A shortened app-env in a batch id ends with "~" and 16 hex digits of its digest.
+_APP_ENV_DIGEST_BYTES: Final = 8
+
+#: One frame as the codec reads it: bytes, or a view of a ZeroMQ frame (not copied).
+FrameData: TypeAlias = bytes | bytearray | memoryview
 
 #: app-env: an application, "-", an environment (spec ABNF; digits accepted
 #: because real application names carry them).
@@ -132,9 +208,12 @@ class LogjamLimits:
 
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED_BYTES
+    max_json_containers: int = DEFAULT_MAX_JSON_CONTAINERS
 
     def __post_init__(self) -> None:
-        require_at_least_one(self, "max_body_bytes", "max_decompressed_bytes")
+        require_at_least_one(
+            self, "max_body_bytes", "max_decompressed_bytes", "max_json_containers"
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,6 +251,11 @@ class DataMessage:
     batch_id: str
     #: The ROUTER route, or None for a message from the PULL socket.
     route: Route | None
+    #: The body's ``host`` when it is a non-empty string, valid UTF-8, at most
+    #: ``MAX_HOST_BYTES``; None otherwise.
+    host: str | None = None
+    #: Why a string ``host`` was not kept (not UTF-8, too long), else None.
+    host_dropped: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -262,13 +346,28 @@ def parse_meta(frame: bytes) -> Meta:
 # -- receiving -------------------------------------------------------------------
 
 
-def _text(frame: bytes, what: str, limit: int, route: Route | None) -> str:
-    if len(frame) > limit:
-        raise MalformedMessage(f"{what} frame longer than {limit} bytes", route)
+def _frame_count(count: int) -> str:
+    """How many frames a message has, as a reason says it (the driver reads one past the limit)."""
+    return f"more than {MAX_MESSAGE_FRAMES}" if count > MAX_MESSAGE_FRAMES else str(count)
+
+
+def _text(frame: FrameData, what: str, limit: int, route: Route | None) -> str:
+    """A frame as strict UTF-8 of at most ``limit`` bytes (checked before it is copied)."""
     try:
-        return frame.decode("ascii")
-    except UnicodeDecodeError:
-        raise MalformedMessage(f"{what} frame is not ASCII", route) from None
+        return decode_text(frame, what, limit)
+    except InvalidText as exc:
+        raise MalformedMessage(f"{what} frame: {exc.reason}", route) from None
+
+
+def _host(record: dict[str, Any]) -> tuple[str | None, str | None]:
+    """The row's host from the body, and why a string host was dropped (module docstring)."""
+    host = record.get("host")
+    if not isinstance(host, str) or not host:
+        return None, None
+    try:
+        return check_text(host, "host", MAX_HOST_BYTES), None
+    except InvalidText as exc:
+        return None, exc.reason
 
 
 def _batch_id(app_env: str, topic: str, body: bytes, meta: Meta) -> str:
@@ -280,18 +379,46 @@ def _batch_id(app_env: str, topic: str, body: bytes, meta: Meta) -> str:
     duplicates. A message resent by a client is byte for byte the same, so the
     digest of its topic and body, with its created_ms, tells a resend from a
     different message with the same number.
+
+    The id is at most ``MAX_BATCH_ID_BYTES``: an app-env longer than the room
+    left by the other fields is written as its first characters, ``~`` (not
+    in the app-env grammar, so no real app-env looks the same) and a digest
+    of the whole app-env. Real app-envs are a few dozen bytes and are kept.
     """
-    digest = hashlib.blake2b(topic.encode("ascii") + b"\0" + body, digest_size=8).hexdigest()
-    return f"{app_env}:{meta.device}:{meta.sequence}:{meta.created_ms}:{digest}"
+    digest = hashlib.blake2b(digest_size=8)
+    digest.update(topic.encode("ascii"))
+    digest.update(b"\0")
+    digest.update(body)
+    room = MAX_BATCH_ID_BYTES - _BATCH_ID_FIXED_BYTES
+    name = app_env
+    if len(name) > room:
+        whole = hashlib.blake2b(app_env.encode("ascii"), digest_size=_APP_ENV_DIGEST_BYTES)
+        name = f"{app_env[: room - 1 - 2 * _APP_ENV_DIGEST_BYTES]}~{whole.hexdigest()}"
+    return f"{name}:{meta.device}:{meta.sequence}:{meta.created_ms}:{digest.hexdigest()}"
+
+
+def _snappy_declared(body: FrameData) -> int | None:
+    """The output size a Snappy body declares in its varint preamble, or None if malformed."""
+    length = 0
+    for i in range(min(len(body), _SNAPPY_MAX_VARINT_BYTES)):
+        byte = body[i]
+        length |= (byte & 0x7F) << (7 * i)
+        if not byte & 0x80:
+            return length
+    return None
 
 
 class LogjamReceiver:
-    """Decodes the messages of one listener's sockets (no I/O, no state between messages)."""
+    """Decodes the messages of one listener's sockets (no I/O, no state between messages).
+
+    Frames may be ``bytes`` or views of ZeroMQ frames: a frame is copied only
+    once its size has been checked.
+    """
 
     def __init__(self, limits: LogjamLimits | None = None) -> None:
         self.limits = limits or LogjamLimits()
 
-    def receive_router(self, frames: Sequence[bytes]) -> DataMessage | Ping:
+    def receive_router(self, frames: Sequence[FrameData]) -> DataMessage | Ping:
         """A message read from the ROUTER socket, routing id first.
 
         Raises:
@@ -299,16 +426,19 @@ class LogjamReceiver:
         """
         if len(frames) < 2:
             raise MalformedMessage(f"{len(frames)} frames: no routing id and message", None)
+        # A routing id is at most 255 bytes (libzmq refuses longer ones).
         identity = bytes(frames[0])
-        if len(frames[1]) != 0:
-            return self._data(frames[1:], Route(identity, reply=False))
-        route = Route(identity, reply=True)
+        route = Route(identity, reply=len(frames[1]) == 0)
+        if len(frames) > MAX_MESSAGE_FRAMES:
+            raise MalformedMessage(f"message has more than {MAX_MESSAGE_FRAMES} frames", route)
+        if not route.reply:
+            return self._data(frames[1:], route)
         rest = frames[2:]
-        if rest and bytes(rest[0]) == PING:
+        if rest and rest[0] == PING:
             return self._ping(rest, route)
         return self._data(rest, route)
 
-    def receive_pull(self, frames: Sequence[bytes]) -> DataMessage:
+    def receive_pull(self, frames: Sequence[FrameData]) -> DataMessage:
         """A message read from the PULL socket (async data only).
 
         Raises:
@@ -316,38 +446,94 @@ class LogjamReceiver:
         """
         return self._data(frames, None)
 
-    def _meta(self, frame: bytes, route: Route | None) -> Meta:
+    def decode_size_bound(self, frames: Sequence[FrameData], *, router: bool) -> int:
+        """At most how many bytes decoding this message reads and produces (nothing is decoded).
+
+        That is the size of its frames plus, for a compressed body, the most
+        it can decompress to: the declared size of a Snappy or LZ4 body,
+        :data:`DEFLATE_MAX_RATIO` times a zlib or gzip body, never more than
+        ``max_decompressed_bytes``. A message the decoder refuses before it
+        decompresses (wrong frame count, a ping, a body over
+        ``max_body_bytes``, an unknown method) counts its frames only. The
+        driver decodes on the event loop only below a small bound.
+        """
+        total = sum(len(frame) for frame in frames)
+        rest = frames
+        if router:
+            if len(frames) < 2 or len(frames) > MAX_MESSAGE_FRAMES:
+                return total
+            rest = frames[2:] if len(frames[1]) == 0 else frames[1:]
+        if len(rest) != _DATA_FRAMES or rest[0] == PING:
+            return total
+        body, meta = rest[2], rest[3]
+        if len(meta) != META_BYTES or len(body) > self.limits.max_body_bytes:
+            return total
+        return total + self._decompressed_bound(body, meta[_META_COMPRESSION_OFFSET])
+
+    def _decompressed_bound(self, body: FrameData, method: int) -> int:
+        """The most a body of ``method`` decompresses to before the decoder stops (none: 0)."""
+        limit = self.limits.max_decompressed_bytes
+        if method == Compression.ZLIB:
+            return min(len(body) * DEFLATE_MAX_RATIO, limit)
+        declared: int | None = None
+        if method == Compression.SNAPPY:
+            declared = _snappy_declared(body)
+        elif method == Compression.LZ4 and len(body) >= _LZ4_PREFIX.size:
+            (declared,) = _LZ4_PREFIX.unpack_from(body)
+        # Both decoders refuse a declared size over the limit before they start.
+        return declared if declared is not None and declared <= limit else 0
+
+    def _meta(self, frame: FrameData, route: Route | None) -> Meta:
+        if len(frame) != META_BYTES:
+            raise MalformedMessage(
+                f"bad meta: meta frame has {len(frame)} bytes, not {META_BYTES}", route
+            )
         try:
             return parse_meta(bytes(frame))
         except ValueError as exc:
             raise MalformedMessage(f"bad meta: {exc}", route) from None
 
-    def _ping(self, frames: Sequence[bytes], route: Route) -> Ping:
+    def _ping(self, frames: Sequence[FrameData], route: Route) -> Ping:
         # logjam-tools answers a ping from its frame count and meta frame only.
         if len(frames) != _DATA_FRAMES:
             raise MalformedMessage(f"ping has {len(frames)} frames, not {_DATA_FRAMES}", route)
         meta = self._meta(frames[3], route)
-        app_env = bytes(frames[1]).decode("ascii", "replace")[:MAX_APP_ENV_BYTES]
+        # Only logged, never stored: cut before it is copied, any bytes allowed.
+        app_env = bytes(frames[1][:MAX_APP_ENV_BYTES]).decode("ascii", "replace")
         return Ping(app_env, meta, route)
 
-    def _data(self, frames: Sequence[bytes], route: Route | None) -> DataMessage:
+    def _data(self, frames: Sequence[FrameData], route: Route | None) -> DataMessage:
         if len(frames) != _DATA_FRAMES:
             raise MalformedMessage(
-                f"data message has {len(frames)} frames, not {_DATA_FRAMES}", route
+                f"data message has {_frame_count(len(frames))} frames, not {_DATA_FRAMES}", route
             )
-        if bytes(frames[0]) == PING:
+        if frames[0] == PING:
             raise MalformedMessage("ping without the empty request frame: nothing to answer", route)
         meta = self._meta(frames[3], route)
-        app_env = _text(bytes(frames[0]), "app-env", MAX_APP_ENV_BYTES, route)
+        app_env = _text(frames[0], "app-env", MAX_APP_ENV_BYTES, route)
         if not _APP_ENV.fullmatch(app_env):
             raise MalformedMessage(f"bad app-env {app_env!r}", route)
-        topic = _text(bytes(frames[1]), "topic", MAX_TOPIC_BYTES, route)
+        topic = _text(frames[1], "topic", MAX_TOPIC_BYTES, route)
         if not _TOPIC.fullmatch(topic):
             raise MalformedMessage(f"bad topic {topic!r}", route)
-        body = bytes(frames[2])
+        body = self._body(frames[2], route)
         record = self._record(body, meta, route)
+        host, host_dropped = _host(record)
         batch_id = _batch_id(app_env, topic, body, meta)
-        return DataMessage(app_env, topic, record, meta, batch_id, route)
+        try:
+            check_text(batch_id, "batch id", MAX_BATCH_ID_BYTES)  # true by construction
+        except InvalidText as exc:
+            raise MalformedMessage(exc.reason, route) from None
+        return DataMessage(app_env, topic, record, meta, batch_id, route, host, host_dropped)
+
+    def _body(self, frame: FrameData, route: Route | None) -> bytes:
+        """The body frame as bytes, refused before it is copied when over ``max_body_bytes``."""
+        if len(frame) > self.limits.max_body_bytes:
+            raise MalformedMessage(
+                f"body of {len(frame)} bytes exceeds max_body_bytes={self.limits.max_body_bytes}",
+                route,
+            )
+        return bytes(frame)
 
     def decompress(self, body: bytes, method: int, route: Route | None = None) -> bytes:
         """The body as JSON bytes, decompressed under the limits.
@@ -379,6 +565,14 @@ class LogjamReceiver:
 
     def _record(self, body: bytes, meta: Meta, route: Route | None) -> dict[str, Any]:
         data = self.decompress(body, meta.compression, route)
+        # Counted at C speed before any object is built (module docstring).
+        containers = data.count(b"{") + data.count(b"[")
+        if containers > self.limits.max_json_containers:
+            raise MalformedMessage(
+                f"body holds {containers} JSON objects and arrays, over "
+                f"max_json_containers={self.limits.max_json_containers}",
+                route,
+            )
         try:
             record = json.loads(data.decode("utf-8"))
         except (ValueError, RecursionError) as exc:

@@ -20,17 +20,86 @@ Invariants:
 * :meth:`LumberjackServerConnection.receive_data` consumes every byte and
   returns the windows completed by them, in order; a split at any byte gives
   the same windows.
-* A window's ack carries the sequence of its last data frame, the highest
-  the window saw (clients that number across windows, like pylogbeat, wait
-  for exactly that number; go-lumber's count-based ack would hang them).
 * The first frame fixes the connection's version; a frame of the other
   version is an error, as is data outside a window (in v1 the last ``W``
   stands: data after a complete window opens the next one of the same size),
   an unknown frame type, invalid zlib, a frame cut short inside a ``C``
-  payload, or invalid JSON.
-* Limits: ``max_window_size`` events per window, ``max_frame_bytes`` per
-  frame, ``max_decompressed_bytes`` of output per ``C`` frame (nested ones
-  included), ``MAX_COMPRESSION_DEPTH`` nested ``C`` frames.
+  payload, or invalid JSON. Each is a :class:`RemoteProtocolError`; no other
+  exception leaves the codec.
+
+Ack rule (issue 13, issue 18 item 5): a window is acked with the **highest**
+sequence among its data frames (Logstash's ``V2Batch.getHighestSequence``),
+not the count and not the last frame's: clients that number across windows
+(pylogbeat) wait for exactly that number, and a window whose sequences wrap
+past 2**32 - 1 or go backwards is still acked by its highest. An empty window
+(``W 0``) acks the last sequence acknowledged so far (0 before any). A run of
+``W 0`` frames comes out as one empty :class:`Window` with ``acks`` = the run's
+length, answered by that many acks: one object however many frames.
+
+Events (issue 13, "strict strings"): the codec keeps no parsed record. A
+data frame becomes its record's JSON text plus the three values the table
+needs from it, so a window holds little more than its bytes:
+
+* ``tag``: the first non-empty string at one of ``tag_fields`` (dotted
+  paths, default ``@metadata.beat`` then ``type``); ``host``: the first at
+  :data:`appliance.fields.HOST_PATHS`. Each must be valid UTF-8 of at most
+  :data:`~appliance.protocols.text.MAX_TAG_BYTES` /
+  :data:`~appliance.protocols.text.MAX_HOST_BYTES`; one that is not is
+  *not* a protocol error (the record itself is fine and is kept whole): the
+  event gets None there, which the session turns into the listener's ``tag``
+  / a null host, and the window counts it (``invalid_tags``,
+  ``invalid_hosts``) for the session to log.
+* the event time: ``@timestamp`` through :func:`appliance.timefmt.rfc3339_ns`
+  (ASCII digits, int64 nanoseconds); anything else, a non-string included,
+  is None = the receive time.
+* the JSON text: a ``J`` frame's JSON as sent (orjson validates it: strict
+  UTF-8, no lone surrogate escapes, so it is always storable); a ``D``
+  frame's pairs rendered by :func:`appliance.records.record_json`. ``D``
+  keys and values are bytes on the wire: one that is valid UTF-8 is text,
+  a value that is not becomes ``{"$binary": "<base64>"}`` and a key that is
+  not is written with backslash escapes, the convention of
+  :mod:`appliance.records` for msgpack binaries. Nothing is lost and the
+  text is valid UTF-8; such a value is not a string, so it never becomes
+  the tag, host or time. (logstash-forwarder ships file lines as they are,
+  Latin-1 included: refusing them would stall that client for good.)
+
+Limits (bytes are counted as parsed, that is after decompression):
+
+* ``max_window_size`` events per window; ``max_window_bytes`` bytes of data
+  frames per window; ``max_frame_bytes`` per frame, also for a frame still
+  incomplete in the buffer;
+* a ``C`` frame read off the wire shares, with every ``C`` frame nested in
+  it: ``max_decompressed_bytes`` of zlib output; :data:`MAX_WINDOWS_PER_C_FRAME`
+  ``W`` frames; and a budget of *items* (a frame is one item, a ``D`` pair
+  one, a nested ``C`` frame :data:`NESTED_C_FRAME_ITEMS`) of
+  :data:`C_FRAME_BASE_ITEMS` plus :data:`C_FRAME_ITEMS_PER_BYTE` per byte of
+  its compressed payload. Real clients number their frames, so zlib cannot
+  shrink a frame below about 1.7 bytes (bench: 2048 identical ``{}`` events
+  take 2.2 bytes a frame), while an attacker's repeated empty frames shrink
+  a thousandfold: the budget keeps the parse work of a compressed frame
+  within a small factor of the bytes that carried it. Nesting is at most
+  :data:`MAX_COMPRESSION_DEPTH` deep.
+
+Work and memory: parsing is linear in the bytes received (a ``D`` frame
+that arrives in pieces is scanned once, resuming where the last read
+stopped; ``J`` and ``C`` frames are parsed once they are whole; a ``D`` or
+``J`` frame that cannot fit the window or the frame limit is refused from
+its header, before its bytes are buffered). The codec holds the unfinished
+frame (at most ``max_frame_bytes``) and the unfinished window's events.
+An event costs its JSON text (a ``str``: one byte per character, four when
+it holds one character past U+FFFF), the copies of its tag and host (shared
+between the events that repeat them), and at most
+:data:`EVENT_OVERHEAD_BYTES` of list slots, object headers, sequence and
+time. So a window of B bytes and N events holds at most
+``WINDOW_MEMORY_FACTOR * B + EVENT_OVERHEAD_BYTES * N`` bytes (tested with
+tracemalloc): measured about 2 B for typical Beats events, about 12 B for the
+smallest frames (10-byte ``D`` frames, where the per-event overhead is all
+there is), never more than ``WINDOW_MEMORY_FACTOR * max_window_bytes +
+EVENT_OVERHEAD_BYTES * max_window_size`` (ASCII JSON: about a third of
+that). Parsing one ``J`` frame briefly holds its record as Python objects
+(up to about 40 times the frame's bytes for pathological JSON such as
+``[[],[],...]``; orjson offers no object limit), dropped before the next
+frame; a ``D`` frame's pairs likewise (about 10 times).
 """
 
 from __future__ import annotations
@@ -38,19 +107,32 @@ from __future__ import annotations
 import enum
 import struct
 import zlib
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
 import orjson
 
+from appliance.fields import HOST_PATHS, first_string, paths
 from appliance.protocols.errors import LocalProtocolError, RemoteProtocolError
 from appliance.protocols.limits import require_at_least_one
+from appliance.protocols.text import MAX_HOST_BYTES, MAX_TAG_BYTES, InvalidText, check_text
+from appliance.records import record_json
+from appliance.timefmt import rfc3339_ns
 
 __all__ = [
+    "C_FRAME_BASE_ITEMS",
+    "C_FRAME_ITEMS_PER_BYTE",
     "DEFAULT_MAX_DECOMPRESSED_BYTES",
     "DEFAULT_MAX_FRAME_BYTES",
+    "DEFAULT_MAX_WINDOW_BYTES",
     "DEFAULT_MAX_WINDOW_SIZE",
+    "DEFAULT_TAG_FIELDS",
+    "EVENT_OVERHEAD_BYTES",
     "MAX_COMPRESSION_DEPTH",
+    "MAX_WINDOWS_PER_C_FRAME",
+    "NESTED_C_FRAME_ITEMS",
+    "WINDOW_MEMORY_FACTOR",
     "LumberjackLimits",
     "LumberjackServerConnection",
     "LumberjackState",
@@ -59,17 +141,47 @@ __all__ = [
 
 #: Most events a client may announce in one window.
 DEFAULT_MAX_WINDOW_SIZE: Final = 100_000
-#: Largest frame, in bytes (a ``C`` frame's compressed payload; a ``J`` frame's JSON).
+#: Largest frame, in bytes (a ``C`` frame's compressed payload; a ``J`` frame's
+#: JSON; a ``D`` frame whole).
 DEFAULT_MAX_FRAME_BYTES: Final = 64 * 1024 * 1024
-#: Largest decompressed output of one ``C`` frame, nested frames included, in bytes.
+#: Largest decompressed output of one ``C`` frame read off the wire, its nested
+#: ``C`` frames' output included, in bytes.
 DEFAULT_MAX_DECOMPRESSED_BYTES: Final = 256 * 1024 * 1024
+#: Largest window, in bytes of its data frames as parsed (after decompression):
+#: what an unfinished window may make the codec hold (issue 13: 100 KB of
+#: compressed frames held 200 MiB with no such limit).
+DEFAULT_MAX_WINDOW_BYTES: Final = 64 * 1024 * 1024
 #: ``C`` frames inside ``C`` frames, at most this deep.
 MAX_COMPRESSION_DEPTH: Final = 4
+#: ``W`` frames one ``C`` frame may hold, nested ones included (no real client
+#: puts any there; issue 13: 8.8 KB of ``W 0`` frames made 1,000,000 windows).
+MAX_WINDOWS_PER_C_FRAME: Final = 64
+#: Items (frames, ``D`` pairs) any ``C`` frame may hold, whatever its size.
+C_FRAME_BASE_ITEMS: Final = 64
+#: Further items per byte of a ``C`` frame's compressed payload.
+C_FRAME_ITEMS_PER_BYTE: Final = 4
+#: Items a ``C`` frame nested in another costs: it starts a zlib stream, about
+#: as much work as this many small frames (issue 13: 54 KB of empty nested
+#: ``C`` frames took 4.8 s).
+NESTED_C_FRAME_ITEMS: Final = 16
+#: Bytes an event held in an unfinished window costs beyond its strings' characters,
+#: at most: five list slots (40), its sequence and time (two ints, 64), and the
+#: headers of its text, tag and host ``str`` (up to 80 each), 64-bit CPython.
+EVENT_OVERHEAD_BYTES: Final = 352
+#: Bytes of memory per byte of a window's data frames, at most, beyond the
+#: per-event overhead: its text at four bytes a character (a ``str`` holding one
+#: character past U+FFFF), and the tag and host copied out of it at four more.
+WINDOW_MEMORY_FACTOR: Final = 8
+#: The record fields whose value is the tag, first non-empty string wins.
+DEFAULT_TAG_FIELDS: Final = ("@metadata.beat", "type")
 
 _VERSIONS: Final = {ord("1"): 1, ord("2"): 2}
 _U32: Final = struct.Struct(">I")
 _HEADER: Final = 2  # version byte, type byte
+_DATA_HEADER: Final = _HEADER + 8  # sequence, then pair count or JSON length
 _W, _D, _J, _C, _A = (ord(c) for c in "WDJCA")
+#: Distinct tag and host strings a connection keeps to share between events.
+_MAX_SHARED_STRINGS: Final = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,30 +191,53 @@ class LumberjackLimits:
     max_window_size: int = DEFAULT_MAX_WINDOW_SIZE
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
     max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED_BYTES
+    max_window_bytes: int = DEFAULT_MAX_WINDOW_BYTES
 
     def __post_init__(self) -> None:
-        require_at_least_one(self, "max_window_size", "max_frame_bytes", "max_decompressed_bytes")
+        require_at_least_one(
+            self, "max_window_size", "max_frame_bytes", "max_decompressed_bytes",
+            "max_window_bytes",
+        )  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
 class Window:
-    """A complete window: its events, in order, and the sequence its ack carries.
+    """A complete window: its events, in order, and what its ack carries.
 
-    An empty window (``W 0``) has no events and acks the last sequence
-    acknowledged so far.
+    Per event (same index in each list): its sequence, its record's JSON
+    text, the tag and host taken from it (None: none, or not storable) and
+    its ``@timestamp`` in epoch nanoseconds (None: the receive time).
     """
 
     version: int
-    sequences: list[int]
-    records: list[dict[str, Any]]
-    #: The JSON text of each event as the client sent it (``J`` frames), or
-    #: None for a ``D`` frame: the record is then rendered from its pairs.
-    texts: list[str | None] = field(default_factory=list)
+    sequences: list[int] = field(default_factory=list)
+    texts: list[str] = field(default_factory=list)
+    tags: list[str | None] = field(default_factory=list)
+    hosts: list[str | None] = field(default_factory=list)
+    times_ns: list[int | None] = field(default_factory=list)
+    #: Acks the window takes: more than one only for a run of ``W 0`` frames.
+    acks: int = 1
+    #: Bytes of its data frames as parsed.
+    nbytes: int = 0
+    #: Events whose tag field held a string that cannot be stored (too long).
+    invalid_tags: int = 0
+    #: Events whose host field held a string that cannot be stored (too long).
+    invalid_hosts: int = 0
+
+    @property
+    def highest_sequence(self) -> int | None:
+        """The sequence the ack carries: the highest of the window, None when empty."""
+        return max(self.sequences) if self.sequences else None
 
     @property
     def last_sequence(self) -> int | None:
         """The sequence of the window's last data frame, None for an empty window."""
         return self.sequences[-1] if self.sequences else None
+
+    @property
+    def records(self) -> list[dict[str, Any]]:
+        """The records, parsed again from :attr:`texts` (for tests and tools, not the hot path)."""
+        return [orjson.loads(text) for text in self.texts]
 
 
 class LumberjackState(enum.Enum):
@@ -133,6 +268,18 @@ class _Incomplete(Exception):
     """The buffer ends inside a frame."""
 
 
+class _Budget:
+    """What one ``C`` frame read off the wire may still cost, nested ``C`` frames included."""
+
+    __slots__ = ("compressed", "decompressed", "items", "windows")
+
+    def __init__(self, compressed: int, max_decompressed: int) -> None:
+        self.compressed = compressed
+        self.items = C_FRAME_BASE_ITEMS + C_FRAME_ITEMS_PER_BYTE * compressed
+        self.decompressed = max_decompressed
+        self.windows = MAX_WINDOWS_PER_C_FRAME
+
+
 class LumberjackServerConnection:
     """The server side of one Lumberjack connection, with no I/O.
 
@@ -141,22 +288,48 @@ class LumberjackServerConnection:
     and :meth:`keepalive_bytes` while they wait.
     """
 
-    def __init__(self, limits: LumberjackLimits | None = None) -> None:
+    def __init__(
+        self,
+        limits: LumberjackLimits | None = None,
+        *,
+        tag_fields: Sequence[str] = DEFAULT_TAG_FIELDS,
+    ) -> None:
         self.limits = limits or LumberjackLimits()
+        self._tag_paths = paths(tag_fields)
         self._state = LumberjackState.IDLE
         self._buffer = bytearray()
         self.version: int | None = None
         self._window_size = 0
-        self._sequences: list[int] = []
-        self._records: list[dict[str, Any]] = []
-        self._texts: list[str | None] = []
+        self._pending = Window(0)  # the unfinished window's events (version set on completion)
+        self._window_bytes = 0
+        #: ``W 0`` frames since the last window returned (issue 13: one object for a run).
+        self._empty_windows = 0
+        self._invalid_tags = 0
+        self._invalid_hosts = 0
+        #: Where the scan of an outer ``D`` frame cut short stopped: (offset, pairs left).
+        self._d_scan: tuple[int, int] | None = None
+        #: Validated tag and host strings, shared by the events that repeat them.
+        self._shared: dict[str, str] = {}
         self._last_acked = 0
         self._pending_error: RemoteProtocolError | None = None
+        # Measures of the work done so far, for tests and metrics (issue 13:
+        # work must stay linear in the bytes received).
+        #: Length, count and sequence fields read.
+        self.fields_read = 0
+        #: zlib streams started (one per ``C`` frame, nested ones included).
+        self.streams_inflated = 0
+        #: Bytes of zlib output.
+        self.bytes_inflated = 0
 
     @property
     def state(self) -> LumberjackState:
         """The connection's current state."""
         return self._state
+
+    @property
+    def buffered_bytes(self) -> int:
+        """Bytes of an unfinished frame or window held: 0 between windows."""
+        return len(self._buffer) + self._window_bytes
 
     def _move(self, new: LumberjackState) -> None:
         if new not in _TRANSITIONS[self._state]:
@@ -166,6 +339,8 @@ class LumberjackServerConnection:
     def _fail(self, reason: str) -> RemoteProtocolError:
         if self._state is not LumberjackState.CLOSED:
             self._move(LumberjackState.CLOSED)
+        self._pending = Window(0)
+        self._window_bytes = 0
         return RemoteProtocolError(reason)
 
     def receive_data(self, data: bytes | bytearray) -> list[Window]:
@@ -186,14 +361,20 @@ class LumberjackServerConnection:
         self._buffer += data
         windows: list[Window] = []
         try:
-            consumed = self._frames(memoryview(self._buffer), windows, depth=0, outer=True)
+            try:
+                consumed = self._frames(memoryview(self._buffer), windows, depth=0, budget=None)
+            finally:
+                self._flush_empty_windows(windows)
             del self._buffer[:consumed]
-            if len(self._buffer) > self.limits.max_frame_bytes + 16:
+            # Each frame type refuses an over-long frame from its header; this
+            # is the backstop for the buffer as a whole.
+            if len(self._buffer) > self.limits.max_frame_bytes + _DATA_HEADER:
                 raise self._fail(f"frame exceeds max_frame_bytes={self.limits.max_frame_bytes}")
         except RemoteProtocolError as error:
             # Not clear(): the error's traceback still holds memoryviews of
             # the old buffer, and a bytearray with exports cannot be resized.
             self._buffer = bytearray()
+            self._d_scan = None
             if not windows:
                 raise
             self._pending_error = error
@@ -201,18 +382,20 @@ class LumberjackServerConnection:
 
     # -- frames ----------------------------------------------------------------
 
-    def _frames(self, view: memoryview, windows: list[Window], *, depth: int, outer: bool) -> int:
+    def _frames(
+        self, view: memoryview, windows: list[Window], *, depth: int, budget: _Budget | None
+    ) -> int:
         """Parse whole frames from ``view``; returns the bytes consumed.
 
-        ``outer`` frames may stop anywhere (more bytes will come); frames
-        inside a ``C`` payload must be whole.
+        Outer frames (``budget`` None) may stop anywhere (more bytes will
+        come); frames inside a ``C`` payload must be whole.
         """
         offset = 0
         while offset < len(view):
             try:
-                offset += self._frame(view[offset:], windows, depth)
+                offset += self._frame(view[offset:], windows, depth, budget)
             except _Incomplete:
-                if outer:
+                if budget is None:
                     return offset
                 raise self._fail("frame cut short inside a compressed frame") from None
         return offset
@@ -221,7 +404,19 @@ class LumberjackServerConnection:
         if len(view) < n:
             raise _Incomplete
 
-    def _frame(self, view: memoryview, windows: list[Window], depth: int) -> int:
+    def _spend(self, budget: _Budget | None, items: int) -> None:
+        if budget is None:
+            return
+        budget.items -= items
+        if budget.items < 0:
+            allowed = C_FRAME_BASE_ITEMS + C_FRAME_ITEMS_PER_BYTE * budget.compressed
+            raise self._fail(
+                f"C frame of {budget.compressed} bytes holds more than {allowed} frames and pairs"
+            )
+
+    def _frame(
+        self, view: memoryview, windows: list[Window], depth: int, budget: _Budget | None
+    ) -> int:
         self._need(view, _HEADER)
         version = _VERSIONS.get(view[0])
         if version is None:
@@ -231,39 +426,55 @@ class LumberjackServerConnection:
         elif version != self.version:
             raise self._fail(f"v{version} frame on a v{self.version} connection")
         kind = view[1]
+        self._spend(budget, 1)
         if kind == _W:
-            return self._window(view, windows, version)
+            return self._window(view, windows, version, budget)
         if kind == _D and version == 1:
-            return self._data_v1(view, windows)
+            return self._data_v1(view, windows, budget)
         if kind == _J and version == 2:
             return self._data_json(view, windows)
         if kind == _C:
-            return self._compressed(view, windows, depth)
+            return self._compressed(view, windows, depth, budget)
         raise self._fail(f"unknown frame type {bytes([kind])!r} for v{version}")
 
     def _u32(self, view: memoryview, offset: int) -> int:
         self._need(view, offset + 4)
+        self.fields_read += 1
         return int(_U32.unpack_from(view, offset)[0])
 
-    def _window(self, view: memoryview, windows: list[Window], version: int) -> int:
+    def _window(
+        self, view: memoryview, windows: list[Window], version: int, budget: _Budget | None
+    ) -> int:
         size = self._u32(view, _HEADER)
         if self._state is LumberjackState.IN_WINDOW:
             raise self._fail(
                 f"new window before the last one was complete "
-                f"({len(self._records)} of {self._window_size} events)"
+                f"({len(self._pending.texts)} of {self._window_size} events)"
             )
         if size > self.limits.max_window_size:
             raise self._fail(
                 f"window of {size} events exceeds max_window_size={self.limits.max_window_size}"
             )
+        if budget is not None:
+            budget.windows -= 1
+            if budget.windows < 0:
+                raise self._fail(f"C frame holds more than {MAX_WINDOWS_PER_C_FRAME} windows")
         self._window_size = size
-        if size == 0:
-            # An empty window still wants its ack (issue 5: "W 0 gets an immediate ack").
-            self._move(LumberjackState.AWAITING_WINDOW)
-            windows.append(Window(version, [], []))
-        else:
+        if size > 0:
             self._move(LumberjackState.IN_WINDOW)
+            return _HEADER + 4
+        # An empty window still wants its ack (issue 5: "W 0 gets an immediate
+        # ack"); a run of them is one object that takes one ack per frame.
+        self._move(LumberjackState.AWAITING_WINDOW)
+        self._empty_windows += 1
         return _HEADER + 4
+
+    def _flush_empty_windows(self, windows: list[Window]) -> None:
+        """The run of ``W 0`` frames since the last window, as one window."""
+        if self._empty_windows:
+            assert self.version is not None
+            windows.append(Window(self.version, acks=self._empty_windows))
+            self._empty_windows = 0
 
     def _length(self, view: memoryview, offset: int, what: str) -> int:
         length = self._u32(view, offset)
@@ -273,74 +484,8 @@ class LumberjackServerConnection:
             )
         return length
 
-    def _data_v1(self, view: memoryview, windows: list[Window]) -> int:
-        sequence = self._u32(view, _HEADER)
-        pairs = self._u32(view, _HEADER + 4)
-        offset = _HEADER + 8
-        record: dict[str, Any] = {}
-        for _ in range(pairs):
-            key_length = self._length(view, offset, "D frame key")
-            self._need(view, offset + 4 + key_length)
-            key = bytes(view[offset + 4 : offset + 4 + key_length])
-            offset += 4 + key_length
-            value_length = self._length(view, offset, "D frame value")
-            self._need(view, offset + 4 + value_length)
-            value = bytes(view[offset + 4 : offset + 4 + value_length])
-            offset += 4 + value_length
-            if offset > self.limits.max_frame_bytes:
-                raise self._fail(f"D frame exceeds max_frame_bytes={self.limits.max_frame_bytes}")
-            record[key.decode("utf-8", "replace")] = value.decode("utf-8", "replace")
-        self._event(sequence, record, windows)
-        return offset
-
-    def _data_json(self, view: memoryview, windows: list[Window]) -> int:
-        sequence = self._u32(view, _HEADER)
-        length = self._length(view, _HEADER + 4, "J frame")
-        end = _HEADER + 8 + length
-        self._need(view, end)
-        raw = bytes(view[_HEADER + 8 : end])
-        try:
-            # orjson: strict RFC 8259 (no NaN, valid UTF-8, bounded nesting), and
-            # several times faster than the stdlib on the hot path.
-            record = orjson.loads(raw)
-        except orjson.JSONDecodeError as exc:
-            raise self._fail(f"J frame {sequence} is not valid JSON: {exc}") from None
-        if type(record) is not dict:
-            raise self._fail(f"J frame {sequence} is not a JSON object")
-        # The validated text is kept as the record: no second encoding.
-        self._event(sequence, record, windows, raw.decode("utf-8"))
-        return end
-
-    def _compressed(self, view: memoryview, windows: list[Window], depth: int) -> int:
-        length = self._length(view, _HEADER, "C frame")
-        end = _HEADER + 4 + length
-        self._need(view, end)
-        if depth >= MAX_COMPRESSION_DEPTH:
-            raise self._fail(f"C frames nested deeper than {MAX_COMPRESSION_DEPTH}")
-        payload = self._inflate(bytes(view[_HEADER + 4 : end]))
-        self._frames(memoryview(payload), windows, depth=depth + 1, outer=False)
-        return end
-
-    def _inflate(self, data: bytes) -> bytes:
-        limit = self.limits.max_decompressed_bytes
-        decompressor = zlib.decompressobj()
-        try:
-            out = decompressor.decompress(data, limit + 1)
-        except zlib.error as exc:
-            raise self._fail(f"C frame is not valid zlib: {exc}") from None
-        if len(out) > limit:
-            raise self._fail(f"C frame decompresses past max_decompressed_bytes={limit}")
-        if not decompressor.eof:
-            raise self._fail("C frame's zlib stream is truncated")
-        return out
-
-    def _event(
-        self,
-        sequence: int,
-        record: dict[str, Any],
-        windows: list[Window],
-        text: str | None = None,
-    ) -> None:
+    def _open_data(self, sequence: int) -> None:
+        """A data frame's header arrived: it must belong to a window."""
         if (
             self._state is LumberjackState.AWAITING_WINDOW
             and self.version == 1
@@ -351,13 +496,192 @@ class LumberjackServerConnection:
             self._move(LumberjackState.IN_WINDOW)
         if self._state is not LumberjackState.IN_WINDOW:
             raise self._fail(f"data frame {sequence} outside a window (no W frame first)")
-        self._sequences.append(sequence)
-        self._records.append(record)
-        self._texts.append(text)
-        if len(self._records) == self._window_size:
+
+    def _window_room(self, frame_bytes: int) -> None:
+        """Refuse a data frame that would take the window past ``max_window_bytes``."""
+        if self._window_bytes + frame_bytes > self.limits.max_window_bytes:
+            raise self._fail(
+                f"window exceeds max_window_bytes={self.limits.max_window_bytes} "
+                f"({len(self._pending.texts)} events held)"
+            )
+
+    def _data_v1(self, view: memoryview, windows: list[Window], budget: _Budget | None) -> int:
+        sequence = self._u32(view, _HEADER)
+        pairs = self._u32(view, _HEADER + 4)
+        self._open_data(sequence)
+        self._spend(budget, pairs)  # before the scan: a false count fails at once
+        end = self._d_frame_end(view, pairs, outer=budget is None)
+        record: dict[str, Any] = {}
+        offset = _DATA_HEADER
+        for _ in range(pairs):
+            # The scan checked every length: no bounds checks here.
+            key_length = int(_U32.unpack_from(view, offset)[0])
+            key = view[offset + 4 : offset + 4 + key_length]
+            offset += 4 + key_length
+            value_length = int(_U32.unpack_from(view, offset)[0])
+            value = view[offset + 4 : offset + 4 + value_length]
+            offset += 4 + value_length
+            record[_d_key(key)] = _d_value(value)
+        self._event(sequence, record, record_json(record), end, windows)
+        return end
+
+    def _d_frame_end(self, view: memoryview, pairs: int, *, outer: bool) -> int:
+        """Where the ``D`` frame at the start of ``view`` ends; checks every length.
+
+        An outer frame cut short keeps the scan's position, and the next
+        read resumes there: a frame that arrives in many pieces is scanned
+        once, not once per piece (issue 13: quadratic).
+        """
+        offset, left = _DATA_HEADER, pairs
+        if outer and self._d_scan is not None:
+            offset, left = self._d_scan
+        # Two length fields per pair, read inline: this loop is the hot path of
+        # a D frame (a pair is as little as 8 bytes).
+        frame_limit = self.limits.max_frame_bytes
+        limit = min(frame_limit, self.limits.max_window_bytes - self._window_bytes)
+        size = len(view)
+        unpack = _U32.unpack_from
+        pair, scanning = offset, left
+        while left:
+            pair = offset
+            if offset + 4 > size:
+                break  # the key's length is cut short
+            key_end = offset + 4 + unpack(view, offset)[0]
+            if key_end + 4 > limit:
+                offset = key_end + 4  # over a limit whatever follows
+                break
+            if key_end + 4 > size:
+                break  # the key or the value's length is cut short
+            value_end = key_end + 4 + unpack(view, key_end)[0]
+            if value_end > limit:
+                offset = value_end
+                break
+            if value_end > size:
+                break  # the value is cut short
+            offset = value_end
+            left -= 1
+        self.fields_read += 2 * (scanning - left) + (2 if left else 0)
+        # A scan stopped by a limit moved ``offset`` past it; a frame with no
+        # pairs (10 bytes) is checked here too.
+        if offset > frame_limit:
+            raise self._fail(f"D frame exceeds max_frame_bytes={frame_limit}")
+        self._window_room(offset)
+        if left:
+            if outer:
+                # The next read resumes at the pair cut short: reading its two
+                # length fields again is all that is done twice.
+                self._d_scan = (pair, left)
+            raise _Incomplete
+        self._d_scan = None
+        return offset
+
+    def _data_json(self, view: memoryview, windows: list[Window]) -> int:
+        sequence = self._u32(view, _HEADER)
+        length = self._length(view, _HEADER + 4, "J frame")
+        self._open_data(sequence)
+        end = _DATA_HEADER + length
+        self._window_room(end)
+        self._need(view, end)
+        raw = view[_DATA_HEADER:end]
+        try:
+            # orjson: strict RFC 8259 (no NaN, valid UTF-8, no lone surrogate
+            # escapes, bounded nesting), and several times faster than the
+            # stdlib on the hot path.
+            record = orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
+            raise self._fail(f"J frame {sequence} is not valid JSON: {exc}") from None
+        if type(record) is not dict:
+            raise self._fail(f"J frame {sequence} is not a JSON object")
+        # The validated text is kept as the record: no second encoding.
+        self._event(sequence, record, str(raw, "utf-8"), end, windows)
+        return end
+
+    def _compressed(
+        self, view: memoryview, windows: list[Window], depth: int, budget: _Budget | None
+    ) -> int:
+        length = self._length(view, _HEADER, "C frame")
+        end = _HEADER + 4 + length
+        self._need(view, end)
+        if depth >= MAX_COMPRESSION_DEPTH:
+            raise self._fail(f"C frames nested deeper than {MAX_COMPRESSION_DEPTH}")
+        if budget is None:
+            budget = _Budget(length, self.limits.max_decompressed_bytes)
+        else:
+            self._spend(budget, NESTED_C_FRAME_ITEMS - 1)  # one was spent as a frame
+        payload = self._inflate(view[_HEADER + 4 : end], budget)
+        self._frames(memoryview(payload), windows, depth=depth + 1, budget=budget)
+        return end
+
+    def _inflate(self, data: memoryview, budget: _Budget) -> bytes:
+        limit = budget.decompressed
+        self.streams_inflated += 1
+        decompressor = zlib.decompressobj()
+        try:
+            # Bounded: a zlib bomb stops at the limit without inflating further.
+            out = decompressor.decompress(data, limit + 1)
+        except zlib.error as exc:
+            raise self._fail(f"C frame is not valid zlib: {exc}") from None
+        self.bytes_inflated += len(out)
+        if len(out) > limit:
+            raise self._fail(
+                "C frame decompresses past "
+                f"max_decompressed_bytes={self.limits.max_decompressed_bytes}"
+            )
+        if not decompressor.eof:
+            raise self._fail("C frame's zlib stream is truncated")
+        budget.decompressed -= len(out)
+        return out
+
+    # -- events ----------------------------------------------------------------
+
+    def _shared_text(self, value: str | None, what: str, limit: int) -> tuple[str | None, bool]:
+        """``value`` if storable (the shared copy when seen before); False when it is not."""
+        if value is None:
+            return None, True
+        shared = self._shared.get(value)
+        if shared is not None:
+            return shared, True
+        try:
+            check_text(value, what, limit)
+        except InvalidText:
+            return value, True
+        if len(self._shared) < _MAX_SHARED_STRINGS:
+            self._shared[value] = value
+        return value, True
+
+    def _event(
+        self,
+        sequence: int,
+        record: dict[str, Any],
+        text: str,
+        nbytes: int,
+        windows: list[Window],
+    ) -> None:
+        tag, tag_ok = self._shared_text(first_string(record, self._tag_paths), "tag", MAX_TAG_BYTES)
+        host, host_ok = self._shared_text(first_string(record, HOST_PATHS), "host", MAX_HOST_BYTES)
+        pending = self._pending
+        pending.sequences.append(sequence)
+        pending.texts.append(text)
+        pending.tags.append(tag)
+        pending.hosts.append(host)
+        pending.times_ns.append(rfc3339_ns(record.get("@timestamp")))
+        self._invalid_tags += not tag_ok
+        self._invalid_hosts += not host_ok
+        self._window_bytes += nbytes
+        if len(pending.texts) == self._window_size:
             assert self.version is not None
-            windows.append(Window(self.version, self._sequences, self._records, self._texts))
-            self._sequences, self._records, self._texts = [], [], []
+            self._flush_empty_windows(windows)
+            windows.append(
+                replace(
+                    pending,
+                    version=self.version,
+                    nbytes=self._window_bytes,
+                    invalid_tags=self._invalid_tags,
+                    invalid_hosts=self._invalid_hosts,
+                )
+            )
+            self._pending = Window(0)
+            self._window_bytes = self._invalid_tags = self._invalid_hosts = 0
             self._move(LumberjackState.AWAITING_WINDOW)
 
     # -- answers ---------------------------------------------------------------
@@ -366,15 +690,26 @@ class LumberjackServerConnection:
         version = self.version or 2
         return bytes([ord(str(version)), _A]) + _U32.pack(sequence & 0xFFFFFFFF)
 
+    # The answers touch only ``_last_acked`` and ``version``, which parsing
+    # never writes after the first frame: the driver may call them while
+    # :meth:`receive_data` runs in a worker thread.
+
     def ack_bytes(self, window: Window) -> bytes:
         """The ack of ``window``, to send once its events are committed.
 
         Windows must be acked in the order they were returned.
         """
-        last = window.last_sequence
-        if last is not None:
-            self._last_acked = last
-        return self._ack(self._last_acked)
+        return self.ack_bytes_for(window.highest_sequence, window.acks)
+
+    def ack_bytes_for(self, highest_sequence: int | None, acks: int = 1) -> bytes:
+        """The ack of a window whose highest sequence is ``highest_sequence`` (None: empty).
+
+        What :meth:`ack_bytes` sends, for a caller that keeps only these two
+        numbers of the window until its commit.
+        """
+        if highest_sequence is not None:
+            self._last_acked = highest_sequence
+        return self._ack(self._last_acked) * acks
 
     def keepalive_bytes(self) -> bytes:
         """An ack that acknowledges nothing new, sent while a window waits.
@@ -383,3 +718,19 @@ class LumberjackServerConnection:
         keep waiting); v1 clients get the last sequence already acknowledged.
         """
         return self._ack(0 if self.version == 2 else self._last_acked)
+
+
+def _d_key(raw: memoryview) -> str:
+    """A ``D`` key: its text, or backslash escapes when it is not UTF-8 (appliance.records)."""
+    try:
+        return str(raw, "utf-8")
+    except UnicodeDecodeError:
+        return str(raw, "utf-8", "backslashreplace")
+
+
+def _d_value(raw: memoryview) -> str | bytes:
+    """A ``D`` value: its text, or its bytes when it is not UTF-8 (record_json: ``$binary``)."""
+    try:
+        return str(raw, "utf-8")
+    except UnicodeDecodeError:
+        return bytes(raw)

@@ -7,20 +7,63 @@ Ingest (``/ingest``), one WebSocket message per batch::
 
     {"id": "b-1", "tag": "web.app", "events": [{"time": 1732270000.5, "record": {...}}, ...]}
 
-* ``id`` is a non-empty string or an integer; its text is the batch id, so a
-  message resent with the same id after it was committed is acked again
-  without a second write;
-* ``tag`` is a non-empty string;
-* ``events`` is a list of objects with a ``record`` object and an optional
-  ``time``: epoch seconds (a number, fraction allowed), an RFC 3339 string,
-  or absent/null for the receive time;
-* other keys are ignored, so senders may add their own.
+* ``id`` is a non-empty string of printable characters, valid UTF-8 and at
+  most :data:`~appliance.protocols.text.MAX_BATCH_ID_BYTES` bytes, or an
+  integer in int64; its text is the batch id, so a message resent with the
+  same id after it was committed is acked again without a second write
+  (dedupe scope below);
+* ``tag`` is a non-empty string, valid UTF-8, at most
+  :data:`~appliance.protocols.text.MAX_TAG_BYTES` bytes;
+* ``events`` is a list of at most ``max_events_per_message`` objects with a
+  ``record`` object and an optional ``time``: epoch seconds (a number,
+  fraction allowed), an RFC 3339 string, or absent/null for the receive time;
+* other keys are ignored, so senders may add their own. The protocol has no
+  ``host``: the column is always null.
 
-Answers: ``{"ack": id}`` once the events are committed; ``{"error": reason,
-"id": id}`` (``id`` null when the message had none that could be read) when
-nothing was written. Tail (``/tail``): one ``{"time": ..., "tag": ..., "record":
-{...}, ...}`` per committed event, and ``{"dropped": n}`` when the client fell
-behind and ``n`` events were left out.
+Every rule above is checked here, and a violation refuses the whole message
+with an error answer naming the field (``MessageError``; nothing of it is
+written, the connection carries on). There are no per-event drops: a client
+of this protocol can always be told exactly what was wrong.
+
+Times (docs/table.md, "Times"): a string must be ASCII RFC 3339
+(:func:`appliance.timefmt.rfc3339_ns`: no ``²`` or Arabic-Indic digits) and a
+number must be finite; either must name an instant that int64 epoch
+nanoseconds hold (1677-09-21 .. 2262-04-11, :func:`~appliance.timefmt.ns_in_range`).
+A present time that breaks this refuses the message (``events[i].time: ...``):
+it is never silently replaced, since the client can fix and resend it. Only
+an absent or null time means "the receive time". A float keeps the
+nanoseconds the binary value holds (whole seconds and the fraction are
+converted apart, so no rounding of a 19-digit product).
+
+Dedupe scope (DESIGN §2 step 5, docs/websocket.md): the writer's key is
+``("websocket", source, id)``, and ``source`` is the authenticated principal,
+``token:<name>`` or the client certificate's subject (the WebSocket listener
+admits no anonymous peer). It deliberately does not include the connection:
+a client that lost its connection must be able to resend its unacked
+messages on a new one and have the committed ones recognised. So ids must be
+unique per principal within the writer's dedupe window, and clients that
+share one token (every browser running the same web app) must use ids that
+are unique across all of them: a UUID (v4 or v7), or a random per-client
+prefix and a counter. Two clients of one token that both send ``"id": 1``
+both get an ack, and only the first message is stored.
+
+Work and memory per message (docs/security.md): a message is at most
+``max_message_bytes`` (characters of a text message) and holds at most
+``max_containers_per_message`` JSON objects and arrays, counted before
+parsing as the ``{`` and ``[`` characters anywhere in it (inside strings too,
+so the count is an upper bound). Containers cost most per byte: about 80
+bytes and a garbage-collector entry for the 3 bytes of ``[],``; without the
+cap, 1 MiB of ``[[0]],`` held 37 MiB and took 100 to 200 ms of parsing on the
+event loop. Every other JSON value needs at least one byte and a separator,
+so a message of ``n`` bytes builds at most about ``n / 2`` Python objects.
+With the default limits, parsing a 1 MiB message peaks at under 30 times its
+size (measured: 26.5 for one-character strings ``"a",``, 28.5 with the cap's
+worth of empty lists; 24 in resident memory) and takes at most about 40 ms.
+All of it is freed when :func:`parse_ingest` returns, and the driver parses
+on its event loop, one message at a time. What stays is the records' JSON
+text, at most 4 times the message (``1e15`` is written back as
+``1000000000000000.0``), which the writer's byte accounting counts. The
+JSON parser caps nesting at 1024 levels.
 """
 
 from __future__ import annotations
@@ -35,10 +78,13 @@ import orjson
 
 from appliance.lake.rows import RowBlock
 from appliance.protocols.errors import RemoteProtocolError
+from appliance.protocols.limits import require_at_least_one
+from appliance.protocols.text import MAX_BATCH_ID_BYTES, MAX_TAG_BYTES, InvalidText, check_text
 from appliance.records import record_json
-from appliance.timefmt import rfc3339_ns
+from appliance.timefmt import ns_in_range, rfc3339_ns
 
 __all__ = [
+    "DEFAULT_MAX_CONTAINERS_PER_MESSAGE",
     "DEFAULT_MAX_EVENTS_PER_MESSAGE",
     "DEFAULT_MAX_MESSAGE_BYTES",
     "INGEST_PATH",
@@ -62,10 +108,11 @@ __all__ = [
 DEFAULT_MAX_MESSAGE_BYTES: Final = 1024 * 1024
 #: Events in one message.
 DEFAULT_MAX_EVENTS_PER_MESSAGE: Final = 10_000
-#: Longest ``id`` text, in characters.
-MAX_ID_CHARS: Final = 256
-#: Longest ``tag``, in characters.
-MAX_TAG_CHARS: Final = 1024
+#: JSON objects and arrays in one message (counted as ``{`` and ``[``
+#: characters, strings included). A message of 10,000 events needs 20,002
+#: (the message, its list, each event and record): the rest leaves room for
+#: seven nested objects or arrays in every record of a full message.
+DEFAULT_MAX_CONTAINERS_PER_MESSAGE: Final = 100_000
 #: Longest tail filter value (tag prefix, protocol), in characters.
 MAX_FILTER_CHARS: Final = 1024
 #: The two endpoints.
@@ -74,9 +121,15 @@ TAIL_PATH: Final = "/tail"
 #: Per-row overhead added to the record bytes when sizing a block for the writer.
 _ROW_OVERHEAD_BYTES: Final = 96
 _NS_PER_SECOND: Final = 1_000_000_000
-#: Event times beyond signed 64-bit nanoseconds (year 2262) cannot be stored.
-_MAX_TIME_NS: Final = 2**63 - 1
 _BEARER: Final = "bearer "
+#: The ``id`` integers taken: what int64 holds, like every other integer column.
+_MIN_ID: Final = -(2**63)
+_MAX_ID: Final = 2**63 - 1
+
+#: The JSON parser. One name so that a test can put the stdlib's in its place,
+#: which (unlike orjson) yields lone surrogates and NaN, to prove the checks
+#: after parsing do not rely on the parser refusing them.
+_json_loads = orjson.loads
 
 MessageId = str | int
 
@@ -85,8 +138,17 @@ MessageId = str | int
 class MessageLimits:
     """Limits of one ingest message."""
 
+    #: Largest message, in bytes (characters of a text message).
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    #: Events in one message.
     max_events_per_message: int = DEFAULT_MAX_EVENTS_PER_MESSAGE
+    #: JSON objects and arrays in one message (``{`` and ``[`` characters).
+    max_containers_per_message: int = DEFAULT_MAX_CONTAINERS_PER_MESSAGE
+
+    def __post_init__(self) -> None:
+        require_at_least_one(
+            self, "max_message_bytes", "max_events_per_message", "max_containers_per_message"
+        )
 
 
 class MessageError(RemoteProtocolError):
@@ -134,36 +196,83 @@ class IngestMessage:
         )
 
 
+_ID_RULE: Final = (
+    f"id: must be an integer or a non-empty string of printable characters, "
+    f"valid UTF-8, at most {MAX_BATCH_ID_BYTES} bytes"
+)
+
+
 def _message_id(value: object) -> MessageId | None:
+    """The message's id, or None when it breaks :data:`_ID_RULE`."""
     if isinstance(value, bool):
         return None
-    if isinstance(value, int) and -(2**63) <= value < 2**63:
-        return value
-    if isinstance(value, str) and 0 < len(value) <= MAX_ID_CHARS and value.isprintable():
-        return value
-    return None
+    if isinstance(value, int):
+        return value if _MIN_ID <= value <= _MAX_ID else None
+    if not isinstance(value, str) or not value or not value.isprintable():
+        return None
+    # isprintable() already refuses lone surrogates (category Cs); check_text
+    # also bounds the UTF-8 bytes, the unit of the batch_id column's limit.
+    try:
+        return check_text(value, "id", MAX_BATCH_ID_BYTES)
+    except InvalidText:
+        return None
+
+
+def _tag(value: object, message_id: MessageId) -> str:
+    if not isinstance(value, str) or not value:
+        raise MessageError("tag: must be a non-empty string", message_id)
+    try:
+        return check_text(value, "tag", MAX_TAG_BYTES)
+    except InvalidText as exc:
+        raise MessageError(exc.reason, message_id) from None  # "tag is ..."
+
+
+def _seconds_ns(value: int | float) -> int | None:
+    """Epoch nanoseconds of epoch seconds ``value``; None when int64 ns cannot hold them."""
+    if isinstance(value, int):
+        ns = value * _NS_PER_SECOND
+    else:
+        if not math.isfinite(value):
+            return None
+        # Whole seconds and fraction apart: both steps are exact for a float
+        # (value - floor(value) loses no bits), so the result is the float's
+        # own instant to the nanosecond, not a 19-digit product's rounding.
+        whole = math.floor(value)
+        ns = whole * _NS_PER_SECOND + round((value - whole) * _NS_PER_SECOND)
+    return ns if ns_in_range(ns) else None
 
 
 def _time_ns(value: object, index: int, message_id: MessageId) -> int | None:
+    """An event's time (module docstring, "Times"); None: the receive time."""
     if value is None:
         return None
     if isinstance(value, str):
         ns = rfc3339_ns(value)
         if ns is None:
-            raise MessageError(f"events[{index}].time: not an RFC 3339 timestamp", message_id)
-    elif isinstance(value, int | float) and not isinstance(value, bool):
-        if isinstance(value, float) and not math.isfinite(value):
-            raise MessageError(f"events[{index}].time: not a finite number", message_id)
-        if abs(value) > _MAX_TIME_NS // _NS_PER_SECOND:
-            raise MessageError(f"events[{index}].time: out of range", message_id)
-        ns = value * _NS_PER_SECOND if isinstance(value, int) else round(value * _NS_PER_SECOND)
-    else:
-        raise MessageError(
-            f"events[{index}].time: must be epoch seconds or an RFC 3339 string", message_id
-        )
-    if not -_MAX_TIME_NS <= ns <= _MAX_TIME_NS:
-        raise MessageError(f"events[{index}].time: out of range", message_id)
-    return ns
+            raise MessageError(
+                f"events[{index}].time: not an RFC 3339 timestamp (ASCII digits) "
+                "between 1677-09-21 and 2262-04-11",
+                message_id,
+            )
+        return ns
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        ns = _seconds_ns(value)
+        if ns is None:
+            raise MessageError(
+                f"events[{index}].time: not finite epoch seconds between 1677-09-21 and 2262-04-11",
+                message_id,
+            )
+        return ns
+    raise MessageError(
+        f"events[{index}].time: must be epoch seconds or an RFC 3339 string", message_id
+    )
+
+
+def _containers(data: str | bytes) -> int:
+    """An upper bound of the JSON objects and arrays in ``data`` (C-speed counts)."""
+    if isinstance(data, str):
+        return data.count("{") + data.count("[")
+    return data.count(b"{") + data.count(b"[")
 
 
 def parse_ingest(data: str | bytes, limits: MessageLimits) -> IngestMessage:
@@ -174,23 +283,22 @@ def parse_ingest(data: str | bytes, limits: MessageLimits) -> IngestMessage:
     """
     if len(data) > limits.max_message_bytes:
         raise MessageError(f"message larger than {limits.max_message_bytes} bytes")
+    # Counted before parsing, so that the objects are never built (module docstring).
+    if _containers(data) > limits.max_containers_per_message:
+        raise MessageError(
+            f"more than {limits.max_containers_per_message} JSON objects and arrays "
+            "(counted as '{' and '[' characters)"
+        )
     try:
-        document = orjson.loads(data)
+        document = _json_loads(data)
     except orjson.JSONDecodeError as exc:
         raise MessageError(f"invalid JSON: {exc}") from None
     if not isinstance(document, dict):
         raise MessageError("a message must be a JSON object with id, tag and events")
     message_id = _message_id(document.get("id"))
     if message_id is None:
-        raise MessageError(
-            f"id: must be a non-empty string of at most {MAX_ID_CHARS} printable characters "
-            "or an integer"
-        )
-    tag = document.get("tag")
-    if not isinstance(tag, str) or not 0 < len(tag) <= MAX_TAG_CHARS:
-        raise MessageError(
-            f"tag: must be a non-empty string of at most {MAX_TAG_CHARS} characters", message_id
-        )
+        raise MessageError(_ID_RULE)
+    tag = _tag(document.get("tag"), message_id)
     events = document.get("events")
     if not isinstance(events, list):
         raise MessageError("events: must be a list", message_id)
@@ -207,6 +315,8 @@ def parse_ingest(data: str | bytes, limits: MessageLimits) -> IngestMessage:
         if not isinstance(record, dict):
             raise MessageError(f"events[{index}].record: must be an object", message_id)
         times.append(_time_ns(event.get("time"), index, message_id))
+        # record_json always returns valid UTF-8 (lone surrogates become
+        # $binary, NaN null: appliance/records.py), whatever the parser gave.
         records.append(record_json(record))
     return IngestMessage(message_id, tag, tuple(times), tuple(records))
 

@@ -15,12 +15,27 @@ the socket and the clock, and no parsing. Two tasks per connection:
 
 A protocol error stops the reader and is logged with its reason; the error's
 ``reply`` is sent after the answers already queued, then the connection
-closes. Every send has a deadline, so a peer that never reads cannot pin a
-task.
+closes. A block the writer refuses (``BlockRefused``: data that cannot be
+stored) closes the connection the same way, with no ack for it or for
+anything after it. Every send has a deadline, so a peer that never reads
+cannot pin a task.
+
+Deadlines on the reader (docs/limits.md): ``idle_timeout_seconds`` between
+reads; ``handshake_timeout_seconds`` from the start to the end of the
+protocol's handshake; and ``request_timeout_seconds`` from the first byte of
+a request to its last, so a peer that trickles a request a byte at a time
+(which would restart the idle deadline forever) is closed.
+
+Work on the event loop stays small: a read that completes a large request
+(``len(data) + session.buffered_bytes()`` over ``INLINE_DECODE_MAX_BYTES``)
+is decoded in a worker thread, so one peer's large or compressed request
+cannot stall every other connection's acks. Below that size the work is
+bounded: deflate expands at most 1032:1, and every codec caps its objects.
 """
 
 from __future__ import annotations
 
+import math
 import ssl
 import time
 from collections.abc import Awaitable, Callable
@@ -29,6 +44,7 @@ from typing import Final, Protocol
 
 import trio
 
+from appliance.lake.errors import BlockRefused
 from appliance.lake.rows import RowBlock
 from appliance.lake.writer import CommitTicket, LakeWriter
 from appliance.logs import StructLogger
@@ -37,6 +53,9 @@ from appliance.server.lifecycle import Lifecycle
 from appliance.server.listener import ConnectionInfo
 
 __all__ = [
+    "DECODE_THREADS",
+    "INLINE_DECODE_MAX_BYTES",
+    "REQUEST_TIMEOUT_SECONDS",
     "SEND_TIMEOUT_SECONDS",
     "Action",
     "Await",
@@ -50,6 +69,14 @@ __all__ = [
 
 #: Seconds one send to the peer may take before the connection is dropped.
 SEND_TIMEOUT_SECONDS: Final = 60.0
+#: Seconds from the first byte of a request to its last (slow senders).
+REQUEST_TIMEOUT_SECONDS: Final = 60.0
+#: Bytes of a request (those held plus those just read) up to which it is
+#: decoded on the event loop; larger ones go to a worker thread. 512 bytes of
+#: deflate inflate to at most about 512 KiB, a few milliseconds of decoding.
+INLINE_DECODE_MAX_BYTES: Final = 512
+#: Worker threads one listener may decode in at once.
+DECODE_THREADS: Final = 4
 
 Bytes = bytes | Callable[[], bytes]
 
@@ -117,6 +144,13 @@ class Session(Protocol):
         """False while the protocol's handshake is unfinished (its deadline applies)."""
         ...
 
+    def buffered_bytes(self) -> int:
+        """Bytes of an unfinished request the codec holds (0 between requests).
+
+        While it is above 0, ``request_timeout_seconds`` applies.
+        """
+        ...
+
 
 class ListenerBounds(Protocol):
     """The connection bounds every stream listener's config has."""
@@ -130,6 +164,9 @@ class ListenerBounds(Protocol):
     @property
     def read_size_bytes(self) -> int: ...
 
+    @property
+    def request_timeout_seconds(self) -> float: ...
+
 
 @dataclass(frozen=True, slots=True)
 class DriverSettings:
@@ -142,6 +179,10 @@ class DriverSettings:
     send_timeout_seconds: float = SEND_TIMEOUT_SECONDS
     #: Seconds from connection to the end of the protocol's handshake.
     handshake_timeout_seconds: float = 10.0
+    #: Seconds from the first byte of a request to its last.
+    request_timeout_seconds: float = REQUEST_TIMEOUT_SECONDS
+    #: Bytes of a request decoded on the event loop; more go to a worker thread.
+    inline_decode_max_bytes: int = INLINE_DECODE_MAX_BYTES
 
     @classmethod
     def from_listener(
@@ -156,6 +197,7 @@ class DriverSettings:
             idle_timeout_seconds=listener.idle_timeout_seconds,
             max_pending_acks=listener.max_pending_acks,
             read_size_bytes=listener.read_size_bytes,
+            request_timeout_seconds=listener.request_timeout_seconds,
         )
         if keepalive_seconds is not None:
             settings = replace(settings, keepalive_seconds=keepalive_seconds)
@@ -198,6 +240,7 @@ class StreamDriver:
         self._writer = writer
         self._lifecycle = lifecycle
         self._log = log
+        self._decode_threads: trio.CapacityLimiter | None = None
 
     async def __call__(self, stream: trio.abc.Stream, info: ConnectionInfo) -> None:
         session = self._new_session(info)
@@ -230,10 +273,11 @@ class StreamDriver:
     ) -> str:
         idle = self._settings.idle_timeout_seconds
         handshake_deadline = trio.current_time() + self._settings.handshake_timeout_seconds
+        request_deadline = math.inf  # set while a request is partly received
         with self._lifecycle.reading():
             while True:
                 data: bytes | bytearray | None = None
-                deadline = trio.current_time() + idle
+                deadline = min(trio.current_time() + idle, request_deadline)
                 if not session.handshake_done():
                     deadline = min(deadline, handshake_deadline)
                 with self._lifecycle.receiving() as receiving, trio.move_on_at(deadline) as waiting:
@@ -250,12 +294,19 @@ class StreamDriver:
                         timeout = self._settings.handshake_timeout_seconds
                         self._log.warning("handshake.timeout", peer=info.peer, seconds=timeout)
                         return f"no handshake within {timeout}s"
+                    if trio.current_time() >= request_deadline:
+                        timeout = self._settings.request_timeout_seconds
+                        self._log.warning(
+                            "request.timeout", listener=info.listener, peer=info.peer,
+                            seconds=timeout, buffered_bytes=session.buffered_bytes(),
+                        )  # fmt: skip
+                        return f"request not finished within {timeout}s"
                     self._log.info("connection.idle", peer=info.peer, idle_seconds=idle)
                     return f"idle for {idle}s"
                 if not data:
                     return "peer closed"
                 try:
-                    await self._handle(session, data, answers, stats)
+                    progressed = await self._handle(session, data, answers, stats)
                 except RemoteProtocolError as exc:
                     self._log.warning(
                         "protocol.error", listener=info.listener, peer=info.peer,
@@ -264,10 +315,22 @@ class StreamDriver:
                     if exc.reply:
                         await answers.send((None, exc.reply, None, "error reply"))
                     return f"protocol error: {exc.reason}"
+                except BlockRefused as exc:
+                    self._log.warning(
+                        "block.refused", listener=info.listener, peer=info.peer,
+                        reason=exc.reason,
+                    )  # fmt: skip
+                    return f"batch cannot be stored: {exc.reason}"
                 except trio.ClosedResourceError:
                     return "shutdown"  # the writer takes no more batches
                 except trio.BrokenResourceError:
                     return "answers could not be sent"
+                # A read that completed a request restarts the clock: a busy
+                # client pipelining requests may end every read mid-request.
+                if session.buffered_bytes() <= 0:
+                    request_deadline = math.inf
+                elif progressed or request_deadline == math.inf:
+                    request_deadline = trio.current_time() + self._settings.request_timeout_seconds
 
     async def _handle(
         self,
@@ -275,8 +338,18 @@ class StreamDriver:
         data: bytes | bytearray,
         answers: trio.MemorySendChannel[_Queued],
         stats: _Stats,
-    ) -> None:
-        actions = session.receive(data, time.time_ns())
+    ) -> bool:
+        """Hand ``data`` to the session and queue what it completes; True if it completed any."""
+        received_at_ns = time.time_ns()
+        if len(data) + session.buffered_bytes() <= self._settings.inline_decode_max_bytes:
+            actions = session.receive(data, received_at_ns)
+        else:
+            if self._decode_threads is None:
+                self._decode_threads = trio.CapacityLimiter(DECODE_THREADS)
+            actions = await trio.to_thread.run_sync(
+                session.receive, data, received_at_ns, limiter=self._decode_threads
+            )
+        progressed = bool(actions)
         while actions:
             action = actions.pop(0)
             if isinstance(action, Await):
@@ -292,6 +365,7 @@ class StreamDriver:
         error = session.pending_error()
         if error is not None:
             raise error
+        return progressed
 
     async def _send(self, stream: trio.abc.Stream, data: bytes, info: ConnectionInfo) -> None:
         with trio.move_on_after(self._settings.send_timeout_seconds) as scope:
@@ -322,6 +396,13 @@ class StreamDriver:
                         await self._send(stream, _materialize(answer), info)
             except _PeerGone:
                 self._log.info("connection.unanswered", peer=info.peer, pending=pending)
+                connection.cancel()
+            except BlockRefused as exc:
+                # Nothing after a refused batch is acked either: acks are in order.
+                self._log.warning(
+                    "block.refused", listener=info.listener, peer=info.peer, batch=pending,
+                    reason=exc.reason,
+                )  # fmt: skip
                 connection.cancel()
 
     async def _await_commit(

@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import os
 import socket
-import time
 from dataclasses import dataclass, replace
 from functools import partial
 
 import trio
 
 from appliance.config import ForwardListenerConfig
-from appliance.lake.rows import RowBlock
+from appliance.lake.rows import ROW_OVERHEAD_BYTES, RowBlock
 from appliance.logs import get_logger
 from appliance.protocols.errors import RemoteProtocolError
 from appliance.protocols.forward import (
@@ -60,19 +59,35 @@ log = get_logger("forward")
 def forward_block(
     event: EventsReceived, info: ConnectionInfo, received_at_ns: int, host: str | None = None
 ) -> RowBlock:
-    """The rows of one forward request (DESIGN §3 column meanings)."""
+    """The rows of one forward request (DESIGN §3 column meanings).
+
+    The codec has checked the tag, the chunk and the PING's hostname (``host``)
+    against appliance/protocols/text.py. ``nbytes`` counts the per-block
+    strings once per row, as Arrow copies them onto every row (the way
+    ``appliance.lake.rows.check_block`` counts them).
+    """
     records = [record_json(r) for r in event.records]
+    batch_id = event.chunk.text() if event.chunk is not None else None
+    per_row = (
+        ROW_OVERHEAD_BYTES
+        + len("forward")
+        + len(info.source)
+        + len(info.peer)
+        + len(event.tag)
+        + (len(host) if host else 0)
+        + (len(batch_id) if batch_id else 0)
+    )
     return RowBlock(
         protocol="forward",
         source=info.source,
         peer=info.peer,
         received_at_ns=received_at_ns,
-        batch_id=event.chunk.text() if event.chunk is not None else None,
+        batch_id=batch_id,
         tag=event.tag,
         host=host,
         times_ns=event.times_ns,
         records=records,
-        nbytes=sum(map(len, records)) + 64 * len(records),
+        nbytes=sum(map(len, records)) + per_row * len(records),
     )
 
 
@@ -113,6 +128,11 @@ class ForwardSession:
     def handshake_done(self) -> bool:
         return self._codec.state not in (ForwardState.AWAITING_PING, ForwardState.AUTHENTICATING)
 
+    def buffered_bytes(self) -> int:
+        """Bytes of an unfinished request the codec holds (also those held while
+        the PING is checked); 0 between requests."""
+        return self._codec.buffered_bytes
+
     def pending_error(self) -> RemoteProtocolError | None:
         error, self._error = self._error, None
         return error
@@ -125,6 +145,7 @@ class ForwardSession:
                 self._error = error
 
     def receive(self, data: bytes | bytearray, received_at_ns: int) -> list[Action]:
+        # No trio here: the driver may run this in a worker thread (one at a time).
         events = self._codec.receive_data(data)
         self._take_pending()
         return self._actions(events, received_at_ns)
@@ -155,9 +176,15 @@ class ForwardSession:
     async def _authenticate(self, event: PingReceived, received_at_ns: int) -> list[Action]:
         security = self._security
         assert security is not None
+        if self._codec.state is not ForwardState.AUTHENTICATING:
+            # The codec closed after the PING (it then raises at once, so this
+            # is a guard): nothing to check, the pending error ends the connection.
+            return []
         ping = event.ping
         address = _address(self._info.peer)
-        wait = security.limiter.retry_after(address, time.monotonic())
+        # The attempt is counted before the look-up: parallel PINGs cannot
+        # pass the limit while their look-ups run (auth/ratelimit.py).
+        wait = security.limiter.begin(address)
         if wait > 0:
             log.warning(
                 "handshake.throttled", peer=self._info.peer, retry_after_seconds=round(wait)
@@ -170,10 +197,11 @@ class ForwardSession:
         except AuthError as exc:
             # The credential database is down or a secret cannot be opened:
             # fail closed for this client, keep serving the others.
+            security.limiter.release(address)
             log.error("handshake.unavailable", peer=self._info.peer, reason=str(exc))
             raise self._codec.refuse("authentication unavailable; retry later") from None
         if not verdict.ok:
-            backoff = security.limiter.failure(address, time.monotonic())
+            backoff = security.limiter.failure(address)
             log.warning(
                 "handshake.failed", peer=self._info.peer, client_hostname=ping.client_hostname,
                 username=ping.username or None, reason=verdict.reason, backoff_seconds=backoff,

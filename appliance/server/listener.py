@@ -12,7 +12,17 @@ Resource handling: every accepted stream is closed in ``finally``: politely
 peer that does not read cannot stall the close.
 
 Error handling: TLS failures and peers that vanish are logged per connection;
-they never reach the listener or the other connections.
+they never reach the listener or the other connections. The one catch-all of
+the service sits here, at the connection boundary (DEVELOPERS.md, house
+habit 4): any other exception from a connection's handler is a bug or an
+input nothing anticipated, so it is logged (``connection.failed`` with its
+type), counted, and that one connection is closed; the listener and every
+other connection carry on. ``trio.Cancelled`` is a ``BaseException`` and
+passes through untouched.
+
+Fairness: besides ``max_connections`` per listener, one client address may
+hold at most ``max_connections_per_address`` connections, so one host that
+opens slow sockets cannot lock every other client out.
 """
 
 from __future__ import annotations
@@ -28,7 +38,7 @@ import trio
 from appliance.logs import get_logger
 from pki.tls import peer_subject
 
-__all__ = ["ANONYMOUS", "ConnectionInfo", "Handler", "TcpService"]
+__all__ = ["ANONYMOUS", "ConnectionInfo", "Handler", "TcpService", "describe_failure"]
 
 log = get_logger("listener")
 
@@ -40,6 +50,29 @@ ACCEPT_BACKOFF_SECONDS: Final = 0.1
 ANONYMOUS: Final = "anonymous"
 #: Seconds a polite close (TLS close_notify) may take before the socket is dropped.
 CLOSE_TIMEOUT_SECONDS: Final = 1.0
+#: Characters of an exception's text kept in a ``connection.failed`` line.
+_MAX_REASON_CHARS: Final = 200
+
+
+def describe_failure(exc: BaseException) -> tuple[str, str]:
+    """The type name(s) and a short text of an unexpected exception, for one log line.
+
+    The exceptions of a group (a connection's nursery) are listed by type.
+    """
+    if isinstance(exc, BaseExceptionGroup):
+        leaves: list[BaseException] = []
+        stack: list[BaseException] = [exc]
+        while stack:
+            item = stack.pop()
+            if isinstance(item, BaseExceptionGroup):
+                stack.extend(item.exceptions)
+            else:
+                leaves.append(item)
+        types = ",".join(sorted({type(e).__name__ for e in leaves}))
+        text = str(leaves[0]) if leaves else ""
+    else:
+        types, text = type(exc).__name__, str(exc)
+    return types, text.splitlines()[0][:_MAX_REASON_CHARS] if text else ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,15 +99,16 @@ async def _close(stream: trio.abc.Stream) -> None:
         await trio.aclose_forcefully(stream)
 
 
-def _peer_name(sock: trio.SocketStream) -> str:
+def _peer_address(sock: trio.SocketStream) -> tuple[str, str]:
+    """The peer's IP address and its ``address:port`` name (``[v6]:port`` for IPv6)."""
     try:
         address = sock.socket.getpeername()
     except OSError:
-        return "unknown"
+        return "unknown", "unknown"
     if isinstance(address, tuple):
         host, port = address[0], address[1]
-        return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-    return str(address)
+        return host, f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    return str(address), str(address)
 
 
 class TcpService:
@@ -86,6 +120,7 @@ class TcpService:
         ssl_context: TLS server context, or None for plaintext (explicit only).
         tls_handshake_timeout: seconds a client has to complete TLS.
         max_connections: open connections allowed at once.
+        max_connections_per_address: open connections allowed at once from one IP address.
     """
 
     def __init__(
@@ -96,6 +131,7 @@ class TcpService:
         ssl_context: ssl.SSLContext | None,
         tls_handshake_timeout: float,
         max_connections: int,
+        max_connections_per_address: int | None = None,
     ) -> None:
         self.name = name
         self._handler = handler
@@ -103,8 +139,12 @@ class TcpService:
         self.ssl_context = ssl_context
         self._handshake_timeout = tls_handshake_timeout
         self._max_connections = max_connections
+        self._max_per_address = max_connections_per_address or max_connections
+        self._per_address: dict[str, int] = {}
         self.active = 0
         self.refused = 0
+        #: Connections closed by an unexpected exception (``connection.failed``).
+        self.failed = 0
 
     async def serve(
         self, listeners: list[trio.SocketListener], connection_nursery: trio.Nursery
@@ -133,21 +173,41 @@ class TcpService:
                 log.error("accept.backoff", listener=self.name, reason=exc.strerror)
                 await trio.sleep(ACCEPT_BACKOFF_SECONDS)
                 continue
+            address, peer = _peer_address(stream)
+            refusal = None
             if self.active >= self._max_connections:
+                refusal = f"max_connections={self._max_connections} reached"
+            elif self._per_address.get(address, 0) >= self._max_per_address:
+                refusal = f"max_connections_per_address={self._max_per_address} reached"
+            if refusal is not None:
                 self.refused += 1
-                log.warning(
-                    "connection.refused",
-                    listener=self.name,
-                    peer=_peer_name(stream),
-                    reason=f"max_connections={self._max_connections} reached",
-                )
+                log.warning("connection.refused", listener=self.name, peer=peer, reason=refusal)
                 await trio.aclose_forcefully(stream)
                 continue
             self.active += 1
-            nursery.start_soon(self._run_connection, stream)
+            self._per_address[address] = self._per_address.get(address, 0) + 1
+            nursery.start_soon(self._run_connection, stream, address, peer)
 
-    async def _run_connection(self, sock: trio.SocketStream) -> None:
-        peer = _peer_name(sock)
+    def _release(self, address: str) -> None:
+        self.active -= 1
+        left = self._per_address.get(address, 1) - 1
+        if left > 0:
+            self._per_address[address] = left
+        else:
+            self._per_address.pop(address, None)
+
+    async def _run_connection(self, sock: trio.SocketStream, address: str, peer: str) -> None:
+        try:
+            await self._serve_connection(sock, peer)
+        except Exception as exc:  # noqa: BLE001 - the connection boundary (module docstring)
+            # Cancelled is a BaseException and is not caught here.
+            self.failed += 1
+            types, text = describe_failure(exc)
+            log.error("connection.failed", listener=self.name, peer=peer, error=types, reason=text)
+        finally:
+            self._release(address)
+
+    async def _serve_connection(self, sock: trio.SocketStream, peer: str) -> None:
         stream: trio.abc.Stream = sock
         source = ANONYMOUS
         context = self.ssl_context
@@ -177,5 +237,4 @@ class TcpService:
             info = ConnectionInfo(self.name, peer, context is not None, source)
             await self._handler(stream, info)
         finally:
-            self.active -= 1
             await _close(stream)

@@ -11,9 +11,32 @@ message crosses a thread, a slow writer stops the reader (libzmq then queues
 up to ``rcvhwm`` messages per peer and TCP pushes back), and shutdown is a
 trio cancel.
 
+Bounded work per message (issue 13): the pump reads at most
+``MAX_MESSAGE_FRAMES + 1`` frames of a message as views (no copy) and drops
+the rest unread in batches of ``DISCARD_BATCH_FRAMES`` with a checkpoint
+between batches, so a message of a million empty frames costs neither a
+million copies nor a stalled event loop, and is refused (400 for a request).
+A message is decoded on the event loop only when the codec's bound on the
+bytes its decoding reads and produces (the body as *decompressed*, see
+:meth:`LogjamReceiver.decode_size_bound`) is at most ``INLINE_DECODE_BYTES``;
+anything larger, which for deflate is any body over about 63 bytes, is
+decoded in a worker thread, one at a time per listener. (libzmq itself
+holds a message's frames until its last one arrives; ``max_message_bytes``
+bounds each frame, not their number, and no ZeroMQ option bounds that.)
+
+Faults are per message: a malformed message gets its 400 (or nothing on an
+async socket), a block the writer refuses (``BlockRefused``) gets a 400
+and a ``message.refused`` line, and any other exception while one message
+is handled is logged as ``message.failed`` with its type, counted, and the
+reader goes on with the next message: no reply is sent for that message
+(the client resends after its timeout).
+
 What each message becomes (one row per data message, :func:`message_block`):
 
-* ``tag``: the topic; ``host``: the body's ``host`` when it is a string;
+* ``tag``: the topic; ``host``: the body's ``host`` when it is a non-empty
+  string that is valid UTF-8 of at most ``MAX_HOST_BYTES``; a string host
+  that is not is stored as null (the record keeps it), counted in
+  ``hosts_dropped`` and logged (``message.host_dropped``);
 * ``source``: the CURVE key's name (the ZAP user id), ``anonymous`` without CURVE;
 * ``peer``: ZeroMQ's ``Peer-Address`` of the message;
 * event time: the body's ``started_ms`` (a Logjam request's start, in ms)
@@ -24,10 +47,13 @@ What each message becomes (one row per data message, :func:`message_block`):
 * ``batch_id``: app-env, device, sequence, created_ms and a digest of topic
   and body: the writer acknowledges a resent message again without a second row.
 
-Replies (ack after commit): a request's ``202 Accepted`` goes out once its row
-is committed, a ``400 Bad Request`` or a ping's ``200 OK`` at once, but always
-in the order the peer sent its messages. At most ``max_pending_replies``
-requests wait for their commit; past that the listener stops reading.
+Replies (ack after commit): a request's ``202 Accepted`` goes out once its
+ticket's ``wait()`` has returned, that is once its row is committed, and
+never otherwise: a refused block gets ``400 Bad Request``, and a listener
+cancelled before the commit sends nothing for it. A ``400`` or a ping's
+``200 OK`` goes out at once, but every reply keeps the order in which the
+peer sent its messages. At most ``max_pending_replies`` requests wait for
+their commit; past that the listener stops reading.
 """
 
 from __future__ import annotations
@@ -46,20 +72,26 @@ import zmq.auth
 from zmq.utils import z85
 
 from appliance.config import LogjamListenerConfig
+from appliance.lake.errors import BlockRefused
 from appliance.lake.rows import RowBlock
 from appliance.lake.writer import CommitTicket, LakeWriter
 from appliance.logs import get_logger
 from appliance.protocols.logjam import (
+    MAX_MESSAGE_FRAMES,
     DataMessage,
+    FrameData,
     LogjamReceiver,
     MalformedMessage,
     Ping,
     Route,
     accepted_frames,
+    bad_request_frames,
     pong_frames,
 )
 from appliance.records import record_json
 from appliance.server.context import ServiceContext
+from appliance.server.listener import describe_failure
+from appliance.timefmt import ns_in_range
 from auth.errors import AuthError
 from auth.ratelimit import FailureLimiter
 
@@ -67,6 +99,7 @@ if TYPE_CHECKING:
     from auth.curve import ServerKeypair
 
 __all__ = [
+    "DISCARD_BATCH_FRAMES",
     "FD_RECHECK_SECONDS",
     "INLINE_DECODE_BYTES",
     "REPLY_LINGER_SECONDS",
@@ -79,15 +112,19 @@ log = get_logger("logjam")
 
 #: Longest wait on a socket's descriptor before ``ZMQ_EVENTS`` is asked again.
 FD_RECHECK_SECONDS: Final = 1.0
-#: Messages larger than this (all frames) are decoded in a worker thread, so a
-#: big body never stalls the event loop.
+#: Messages whose decoding may read and produce more than this many bytes (all
+#: frames plus the body as decompressed: ``LogjamReceiver.decode_size_bound``)
+#: are decoded in a worker thread, so no body stalls the event loop.
 INLINE_DECODE_BYTES: Final = 64 * 1024
+#: Frames past ``MAX_MESSAGE_FRAMES`` are dropped unread this many at a time,
+#: with a trio checkpoint between batches (a count).
+DISCARD_BATCH_FRAMES: Final = 1024
+#: Most frames of a ZAP request read (a count): libzmq sends 7 for CURVE.
+_ZAP_MAX_FRAMES: Final = 16
 #: Seconds the last replies may take to leave when the listener closes.
 REPLY_LINGER_SECONDS: Final = 2.0
 #: A ZAP handler bound here answers every CURVE handshake of the context.
 _ZAP_ENDPOINT: Final = "inproc://zeromq.zap.01"
-#: Largest event time in ms whose nanoseconds fit the table's int64.
-_MAX_EVENT_MS: Final = (2**63 - 1) // 1_000_000
 _ANONYMOUS: Final = "anonymous"
 
 SocketKind = Literal["router", "pull"]
@@ -107,12 +144,17 @@ class LogjamPorts:
 # -- rows ----------------------------------------------------------------------------
 
 
-def _event_ms(message: DataMessage) -> int | None:
-    started = message.record.get("started_ms")
-    if type(started) is int and 0 < started <= _MAX_EVENT_MS:
-        return started
-    created = message.meta.created_ms
-    return created if 0 < created <= _MAX_EVENT_MS else None
+def _ms_to_ns(ms: object) -> int | None:
+    """Epoch ms as ns when positive and within the table's int64 ns, else None."""
+    if type(ms) is not int or ms <= 0:
+        return None
+    ns = ms * 1_000_000
+    return ns if ns_in_range(ns) else None
+
+
+def _event_ns(message: DataMessage) -> int | None:
+    started = _ms_to_ns(message.record.get("started_ms"))
+    return started if started is not None else _ms_to_ns(message.meta.created_ms)
 
 
 def message_block(message: DataMessage, *, source: str, peer: str, received_at_ns: int) -> RowBlock:
@@ -125,8 +167,6 @@ def message_block(message: DataMessage, *, source: str, peer: str, received_at_n
         "created_ms": message.meta.created_ms,
     }
     text = record_json(record)
-    host = record.get("host")
-    event_ms = _event_ms(message)
     return RowBlock(
         protocol="logjam",
         source=source,
@@ -134,8 +174,8 @@ def message_block(message: DataMessage, *, source: str, peer: str, received_at_n
         received_at_ns=received_at_ns,
         batch_id=message.batch_id,
         tag=message.topic,
-        host=host if isinstance(host, str) and host else None,
-        times_ns=[event_ms * 1_000_000 if event_ms is not None else None],
+        host=message.host,
+        times_ns=[_event_ns(message)],
         records=[text],
         nbytes=len(text) + 96,
     )
@@ -145,21 +185,55 @@ def message_block(message: DataMessage, *, source: str, peer: str, received_at_n
 
 
 class _Pump:
-    """One ZeroMQ socket driven from trio: edge-triggered FD, drained by ``EVENTS``."""
+    """One ZeroMQ socket driven from trio: edge-triggered FD, drained by ``EVENTS``.
 
-    def __init__(self, sock: zmq.Socket[bytes]) -> None:
+    A message is read frame by frame, at most ``max_frames + 1`` of them: a
+    message with more sets :attr:`truncated`, and its other frames stay
+    unread until :meth:`discard_rest` drops them.
+    """
+
+    def __init__(self, sock: zmq.Socket[bytes], max_frames: int = MAX_MESSAGE_FRAMES) -> None:
         self.sock = sock
         self._fd = sock.FD
         self._waiting: trio.CancelScope | None = None
+        self._max_frames = max_frames
+        #: The last message received has frames past ``max_frames + 1`` still unread.
+        self.truncated = False
 
     def try_receive(self) -> list[zmq.Frame] | None:
-        """The next message's frames if one is queued (not copied: their metadata is read)."""
-        if int(self.sock.get(zmq.EVENTS)) & zmq.POLLIN:
-            try:
-                return self.sock.recv_multipart(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                return None
-        return None
+        """The next message's first frames if one is queued (not copied: their metadata is read).
+
+        libzmq delivers a message whole, so once its first frame is here every
+        other one is too and the non-blocking reads of the rest cannot fail.
+        """
+        assert not self.truncated, "discard_rest() first"
+        if not int(self.sock.get(zmq.EVENTS)) & zmq.POLLIN:
+            return None
+        try:
+            frames = [self.sock.recv(zmq.NOBLOCK, copy=False)]
+        except zmq.Again:
+            return None
+        while frames[-1].more and len(frames) <= self._max_frames:
+            frames.append(self.sock.recv(zmq.NOBLOCK, copy=False))
+        self.truncated = frames[-1].more
+        return frames
+
+    async def discard_rest(self) -> int:
+        """Drop the unread frames of a truncated message; returns how many there were.
+
+        Linear in the frames, with a checkpoint every ``DISCARD_BATCH_FRAMES``
+        so a message of millions of frames does not stall the other tasks.
+        """
+        dropped = 0
+        while self.truncated:
+            for _ in range(DISCARD_BATCH_FRAMES):
+                frame = self.sock.recv(zmq.NOBLOCK, copy=False)
+                dropped += 1
+                if not frame.more:
+                    self.truncated = False
+                    break
+            await trio.lowlevel.checkpoint()
+        return dropped
 
     async def receive(self) -> list[zmq.Frame]:
         """The next message's frames, waiting for one."""
@@ -185,7 +259,8 @@ class _Pump:
         except zmq.ZMQError as exc:
             if exc.errno == zmq.EHOSTUNREACH:
                 return "the peer is gone"
-            raise
+            # Any other failure loses this one reply, never the listener.
+            return f"send failed: {exc.strerror}"
         finally:
             self.poke()
         return None
@@ -241,8 +316,7 @@ class _Zap(zmq.auth.Authenticator):
         """Whether the Z85 public ``key`` belongs to an active CURVE key."""
         address = self._address
         public_key = key.decode("ascii")
-        now = trio.current_time()
-        wait = self._failures.retry_after(address, now)
+        wait = self._failures.begin(address)  # counted before the look-up
         if wait > 0:
             log.warning("curve.refused", listener=self._listener, peer=address,
                         reason=f"failure backoff, {wait:.1f}s left")  # fmt: skip
@@ -252,10 +326,11 @@ class _Zap(zmq.auth.Authenticator):
                 self._lookup, public_key, limiter=self._auth_threads
             )
         except AuthError as exc:
+            self._failures.release(address)
             log.error("curve.lookup_failed", listener=self._listener, peer=address, reason=str(exc))
             return False
         if name is None:
-            backoff = self._failures.failure(address, trio.current_time())
+            backoff = self._failures.failure(address)
             log.warning("curve.refused", listener=self._listener, peer=address,
                         public_key=public_key, reason="unknown or revoked key",
                         backoff_seconds=round(backoff, 3))  # fmt: skip
@@ -277,10 +352,12 @@ class _Zap(zmq.auth.Authenticator):
     async def serve(self) -> None:
         """Answer ZAP requests until cancelled (:meth:`start` has bound the handler)."""
         assert self.zap_socket is not None
-        pump = _Pump(self.zap_socket)
+        pump = _Pump(self.zap_socket, max_frames=_ZAP_MAX_FRAMES)
         try:
             while True:
                 frames = await pump.receive()
+                if pump.truncated:  # libzmq's own requests never are
+                    await pump.discard_rest()
                 await self.handle_zap_message([f.bytes for f in frames])
         finally:
             trio.lowlevel.notify_closing(self.zap_socket.FD)
@@ -301,6 +378,8 @@ class _Replies:
         self._tails: dict[bytes, trio.Event] = {}
         self.sent = 0
         self.unsent = 0
+        #: Requests answered 400 because the writer refused their block.
+        self.refused = 0
 
     async def reserve(self) -> None:
         """Take a reply slot; waits (and so stops the reader) while all are taken."""
@@ -311,7 +390,12 @@ class _Replies:
         self._permits.release()
 
     def queue(self, route: Route, frames: list[bytes], ticket: CommitTicket | None) -> None:
-        """Send ``frames`` after the peer's earlier replies (and after ``ticket`` commits)."""
+        """Send ``frames`` after the peer's earlier replies (and after ``ticket`` commits).
+
+        With a ticket, ``frames`` (the 202) go only once ``ticket.wait()`` has
+        returned; a refused ticket sends a 400 instead, and a cancelled wait
+        sends nothing.
+        """
         previous = self._tails.get(route.identity)
         done = trio.Event()
         self._tails[route.identity] = done
@@ -328,16 +412,28 @@ class _Replies:
         previous: trio.Event | None,
         done: trio.Event,
     ) -> None:
+        ready = False
         try:
             if previous is not None:
                 await previous.wait()
-            if ticket is not None and not await ticket.wait():
-                # Shut down before the commit: no 202 for what is not in the table.
+            if ticket is not None:
+                try:
+                    await ticket.wait()  # returns only once the row is committed
+                except BlockRefused as exc:
+                    self.refused += 1
+                    log.warning("message.refused", listener=self._listener, reason=exc.reason,
+                                reply="400")  # fmt: skip
+                    frames = bad_request_frames(route)
+            ready = True
+        finally:
+            if not ready:
+                # Cancelled (the listener is stopping) before the commit or before
+                # this peer's earlier reply: no reply at all, above all no 202
+                # for a row that may not be in the table. The peer resends.
                 self.unsent += 1
                 log.info("reply.withheld", listener=self._listener, reason="not committed")
-                frames = []
-        finally:
-            self._finish(route, frames, done)
+            # The slot and the peer's order are released either way.
+            self._finish(route, frames if ready else [], done)
 
     def _finish(self, route: Route, frames: list[bytes], done: trio.Event) -> None:
         try:
@@ -387,7 +483,8 @@ class _Listener:
         self.fqdn = fqdn
         self.receiver = LogjamReceiver(settings.limits())
         self.decode_threads = trio.CapacityLimiter(1)
-        self.stats = {"messages": 0, "rows": 0, "malformed": 0, "pings": 0}
+        self.stats = {"messages": 0, "rows": 0, "malformed": 0, "pings": 0, "refused": 0,
+                      "hosts_dropped": 0, "failed": 0}  # fmt: skip
 
     def socket(self, kind: int, host: str, port: int) -> zmq.Socket[bytes]:
         """A configured socket, bound; OSError when the address cannot be bound."""
@@ -420,7 +517,7 @@ class _Listener:
             ) from None
         return sock
 
-    def decode(self, kind: SocketKind, frames: list[bytes]) -> DataMessage | Ping:
+    def decode(self, kind: SocketKind, frames: Sequence[FrameData]) -> DataMessage | Ping:
         if kind == "router":
             return self.receiver.receive_router(frames)
         return self.receiver.receive_pull(frames)
@@ -439,22 +536,39 @@ class _Listener:
                         frames = await pump.receive()
                     if receiving.cancelled_caught:
                         return
+                # Frames past MAX_MESSAGE_FRAMES were never copied; drop them unread.
+                dropped = await pump.discard_rest() if pump.truncated else 0
                 try:
-                    await self.handle(kind, frames, replies)
+                    await self.handle(kind, frames, replies, dropped=dropped)
                 except trio.ClosedResourceError:
                     return  # the writer takes no more rows
+                except Exception as exc:  # noqa: BLE001 - the per-message boundary (module docstring)
+                    # The one catch-all of the listener: whatever one message raises
+                    # ends that message only. trio.Cancelled is a BaseException, not
+                    # an Exception, so a shutdown still passes through.
+                    self.stats["failed"] += 1
+                    error, reason = describe_failure(exc)
+                    log.error("message.failed", listener=self.settings.name, socket=kind,
+                              error=error, reason=reason)  # fmt: skip
 
     async def handle(
-        self, kind: SocketKind, zframes: list[zmq.Frame], replies: _Replies | None
+        self,
+        kind: SocketKind,
+        zframes: list[zmq.Frame],
+        replies: _Replies | None,
+        *,
+        dropped: int = 0,
     ) -> None:
+        """Decode, submit and queue the reply of one message (``dropped``: frames not read)."""
         received_at_ns = time.time_ns()
         self.stats["messages"] += 1
         last = zframes[-1]
         peer = _property(last, "Peer-Address")
         source = (_property(last, "User-Id") or _ANONYMOUS) if self.keypair else _ANONYMOUS
-        frames = [f.bytes for f in zframes]
+        # Views of libzmq's buffers: the codec copies a frame once its size is checked.
+        frames: list[FrameData] = [f.buffer for f in zframes]
         reserved = False
-        if replies is not None and len(frames) >= 2 and not frames[1]:
+        if replies is not None and len(frames) >= 2 and len(frames[1]) == 0:
             await replies.reserve()
             reserved = True
         try:
@@ -464,6 +578,7 @@ class _Listener:
                 self.stats["malformed"] += 1
                 log.warning("message.malformed", listener=self.settings.name, socket=kind,
                             peer=peer, source=source, reason=exc.reason,
+                            frames=len(frames) + dropped,
                             reply="400" if exc.reply_frames else "none")  # fmt: skip
                 if replies is not None and exc.reply_frames and exc.route is not None:
                     reserved = False
@@ -475,19 +590,37 @@ class _Listener:
                 reserved = False
                 replies.queue(event.route, pong_frames(event.route, self.fqdn), None)
                 return
+            if event.host_dropped is not None:
+                self.stats["hosts_dropped"] += 1
+                log.warning("message.host_dropped", listener=self.settings.name, socket=kind,
+                            peer=peer, source=source, reason=event.host_dropped)  # fmt: skip
             block = message_block(event, source=source, peer=peer, received_at_ns=received_at_ns)
-            ticket = await self.writer.submit(block)
+            # The route of a request (it wants a reply), None for async data.
+            route = event.route if event.route is not None and event.route.reply else None
+            try:
+                ticket = await self.writer.submit(block)
+            except BlockRefused as exc:
+                self.stats["refused"] += 1
+                log.warning("message.refused", listener=self.settings.name, socket=kind,
+                            peer=peer, source=source, reason=exc.reason,
+                            reply="400" if route is not None else "none")  # fmt: skip
+                if route is not None and replies is not None:
+                    reserved = False
+                    replies.queue(route, bad_request_frames(route), None)
+                return
             self.stats["rows"] += 1
-            if event.route is not None and event.route.reply:
+            if route is not None:
                 assert replies is not None
                 reserved = False
-                replies.queue(event.route, accepted_frames(event.route), ticket)
+                replies.queue(route, accepted_frames(route), ticket)
         finally:
             if reserved and replies is not None:
                 replies.release()
 
-    async def _decode(self, kind: SocketKind, frames: list[bytes]) -> DataMessage | Ping:
-        if sum(map(len, frames)) <= INLINE_DECODE_BYTES:
+    async def _decode(self, kind: SocketKind, frames: list[FrameData]) -> DataMessage | Ping:
+        # The bound counts the body as decompressed: 33 KB of deflate may become
+        # 32 MiB, which must not be inflated and parsed on the event loop.
+        if self.receiver.decode_size_bound(frames, router=kind == "router") <= INLINE_DECODE_BYTES:
             return self.decode(kind, frames)
         return await trio.to_thread.run_sync(self.decode, kind, frames, limiter=self.decode_threads)
 
@@ -578,7 +711,8 @@ async def serve_logjam(
                 # Reading has stopped: the replies wait for their commits, then go.
             outer.cancel_scope.cancel()  # the ZAP handler
         log.info("listener.closed", listener=listener.name, replies=replies.sent,
-                 unsent=replies.unsent, **runner.stats)  # fmt: skip
+                 unsent=replies.unsent, refused_at_commit=replies.refused,
+                 **runner.stats)  # fmt: skip
     finally:
         for pump in pumps:
             pump.close()

@@ -1,38 +1,49 @@
 """The Lumberjack (Beats) session: windows to rows, ordered acks, keepalives.
 
-Mapping into ``events`` (issue 5, docs/lumberjack.md):
+Mapping into ``events`` (issue 5, docs/lumberjack.md); the codec
+(:mod:`appliance.protocols.lumberjack`) already took each value out of the
+record and checked it, this module only fills the defaults:
 
-* the record is a ``D`` frame's key/value pairs or a ``J`` frame's object;
+* the record is a ``J`` frame's JSON text as sent, or a ``D`` frame's pairs
+  as a JSON object (a value that is not UTF-8 as ``{"$binary": ...}``);
 * ``tag`` is the first of the listener's ``tag_fields`` (dotted paths,
   default ``@metadata.beat`` then ``type``) whose value is a non-empty
   string, else the listener's ``tag``;
 * ``host`` is ``host.name`` (Beats ≥ 6.3), ``beat.hostname`` (older Beats)
-  or a string ``host`` (logstash-forwarder, v1);
-* the event time is ``@timestamp`` (RFC 3339), else the receive time.
+  or a string ``host`` (logstash-forwarder, v1), else null;
+* the event time is ``@timestamp`` (RFC 3339, ASCII digits, within int64
+  nanoseconds), else the receive time.
 
-Lumberjack batches carry no globally unique id, so there is no dedupe:
-``batch_id`` is empty.
+Strict strings (issue 13): a tag or host string from the record that cannot
+be stored (over ``MAX_TAG_BYTES`` / ``MAX_HOST_BYTES``) does not fail the
+window: that event gets the listener's ``tag`` / a null host, and the count
+is logged (``event=fields.invalid``) and kept on the session. The record
+itself is valid and is stored whole; refusing the window would make the
+client resend it for ever.
+
+Acks: each window's ack carries its highest sequence (the codec's rule) and
+is built when it is sent, after the commit, from two numbers: the window's
+events are not kept alive by the ack. Lumberjack batches carry no globally
+unique id, so there is no dedupe: ``batch_id`` is empty.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from functools import partial
 
 from appliance.config import LumberjackListenerConfig
-from appliance.fields import HOST_PATHS, first_string, paths
-from appliance.lake.rows import RowBlock
+from appliance.lake.rows import ROW_OVERHEAD_BYTES, RowBlock
 from appliance.logs import get_logger
 from appliance.protocols.errors import RemoteProtocolError
 from appliance.protocols.lumberjack import (
+    DEFAULT_MAX_WINDOW_BYTES,
     LumberjackLimits,
     LumberjackServerConnection,
     Window,
 )
-from appliance.records import record_json
 from appliance.server.connection import Action, DriverSettings, StreamDriver, Submit
 from appliance.server.context import ServiceContext
 from appliance.server.listener import ConnectionInfo
-from appliance.timefmt import rfc3339_ns
 
 __all__ = ["LumberjackSession", "lumberjack_driver", "window_block"]
 
@@ -46,23 +57,19 @@ def window_block(
     received_at_ns: int,
 ) -> RowBlock:
     """The rows of one complete window."""
-    tag_paths = paths(settings.tag_fields)
-    records = window.records
-    texts = [
-        text if text is not None else record_json(record)
-        for record, text in zip(records, window.texts or [None] * len(records), strict=True)
-    ]
+    texts = window.texts
+    default = settings.tag
     return RowBlock(
         protocol="lumberjack",
         source=info.source,
         peer=info.peer,
         received_at_ns=received_at_ns,
         batch_id=None,
-        tag=[first_string(r, tag_paths) or settings.tag for r in records],
-        host=[first_string(r, HOST_PATHS) for r in records],
-        times_ns=[rfc3339_ns(r.get("@timestamp")) for r in records],
+        tag=[default if tag is None else tag for tag in window.tags],
+        host=window.hosts,
+        times_ns=window.times_ns,
         records=texts,
-        nbytes=sum(map(len, texts)) + 96 * len(texts),
+        nbytes=sum(map(len, texts)) + ROW_OVERHEAD_BYTES * len(texts),
     )
 
 
@@ -77,9 +84,16 @@ class LumberjackSession:
                 max_window_size=settings.max_window_size,
                 max_frame_bytes=settings.max_frame_bytes,
                 max_decompressed_bytes=settings.max_decompressed_bytes,
-            )
+                # Until config.py has the key (the lead wires it), the default.
+                max_window_bytes=getattr(settings, "max_window_bytes", DEFAULT_MAX_WINDOW_BYTES),
+            ),
+            tag_fields=settings.tag_fields,
         )
         self._error: RemoteProtocolError | None = None
+        #: Events whose tag / host field held a string that cannot be stored,
+        #: over the connection's life (each window's count is logged).
+        self.invalid_tags = 0
+        self.invalid_hosts = 0
 
     def greeting(self) -> bytes | None:
         return None
@@ -87,13 +101,13 @@ class LumberjackSession:
     def handshake_done(self) -> bool:
         return True  # Lumberjack has no handshake beyond TLS
 
+    def buffered_bytes(self) -> int:
+        """Bytes of an unfinished frame or window the codec holds (0 between windows)."""
+        return self._codec.buffered_bytes
+
     def pending_error(self) -> RemoteProtocolError | None:
         error, self._error = self._error, None
         return error
-
-    def _ack(self, window: Window) -> Callable[[], bytes]:
-        # Computed when sent: acks go out in window order after each commit.
-        return lambda: self._codec.ack_bytes(window)
 
     def receive(self, data: bytes | bytearray, received_at_ns: int) -> list[Action]:
         windows = self._codec.receive_data(data)
@@ -102,15 +116,28 @@ class LumberjackSession:
                 self._codec.receive_data(b"")  # surfaces a violation that followed them
             except RemoteProtocolError as error:
                 self._error = error
-        return [
-            Submit(
-                window_block(window, self._settings, self._info, received_at_ns),
-                ack=self._ack(window),
-                label=f"seq {window.last_sequence}",
-                keepalive=self._codec.keepalive_bytes,
+        actions: list[Action] = []
+        for window in windows:
+            if window.invalid_tags or window.invalid_hosts:
+                self.invalid_tags += window.invalid_tags
+                self.invalid_hosts += window.invalid_hosts
+                log.warning(
+                    "fields.invalid", listener=self._info.listener, peer=self._info.peer,
+                    sequence=window.highest_sequence, tags=window.invalid_tags,
+                    hosts=window.invalid_hosts,
+                )  # fmt: skip
+            highest = window.highest_sequence
+            actions.append(
+                Submit(
+                    window_block(window, self._settings, self._info, received_at_ns),
+                    # Computed when sent (acks go out in window order after each
+                    # commit); it keeps two numbers, not the window, alive.
+                    ack=partial(self._codec.ack_bytes_for, highest, window.acks),
+                    label=f"seq {highest}",
+                    keepalive=self._codec.keepalive_bytes,
+                )
             )
-            for window in windows
-        ]
+        return actions
 
 
 def lumberjack_driver(settings: LumberjackListenerConfig, context: ServiceContext) -> StreamDriver:

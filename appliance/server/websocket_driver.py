@@ -25,11 +25,39 @@ token is refused from its next connection on.
 
 Ingest: messages are parsed as they arrive, their rows submitted to the
 writer, and answered strictly in order: ``{"ack": id}`` once the commit that
-holds them succeeded, ``{"error": reason, "id": id}`` when the message was
-refused and nothing of it written (invalid JSON, a bad field, too many
-events, a tag outside the token's prefixes, over ``max_messages_per_second``).
-A message larger than ``max_message_bytes`` closes the connection with 1009.
-At most ``max_pending_acks`` answers wait; then the driver stops reading.
+holds them succeeded (:meth:`CommitTicket.wait` returned), ``{"error": reason,
+"id": id}`` when the message was refused and nothing of it written (invalid
+JSON, a bad field, too many events, a tag outside the token's prefixes, over
+``max_messages_per_second``, or a block the writer refused with
+:class:`~appliance.lake.errors.BlockRefused`, from ``submit`` or from
+``wait``). A refused message does not end the connection: answers are per
+message, and the next message is independent of it. A message larger than
+``max_message_bytes`` closes the connection with 1009. At most
+``max_pending_acks`` answers wait; then the driver stops reading. An answer
+the client does not read within ``idle_timeout_seconds`` closes the
+connection (1008), so a client that never reads cannot hold its slot.
+
+Shutdown: the reader stops at the lifecycle's signal, the answers of what was
+read are sent as their tickets resolve (the writer commits everything
+queued), then the connection closes with 1001. When the connection task is
+cancelled, a ticket that has not resolved gets no answer at all: neither an
+ack (nothing says it is stored) nor an error (it may still be); the client
+resends what was not acked and the dedupe window recognises what was stored.
+
+Dedupe scope: a message's batch id is its ``id``, deduplicated per
+``source``: the principal ``token:<name>`` or the certificate subject, not
+the connection, so a resend on a new connection is recognised. Clients that
+share a token must use ids unique across all of them (UUIDs); see
+:mod:`appliance.protocols.websocket_messages`.
+
+Failures: a peer that goes away during the handshake, or while trio-websocket
+answers its protocol error, is logged (``websocket.handshake_failed``,
+``websocket.aborted``) and is not an error of the appliance. Any other
+exception is a bug: the WebSocket is closed with 1011 ("internal error", so
+the client is not told it was a normal close) and the exception propagates
+to the listener's connection boundary (``TcpService``), which logs
+``connection.failed`` with its type and closes this connection only. This
+driver has no catch-all of its own, so no bug is hidden here.
 
 Tail: the writer calls :meth:`TailHub.publish` with the blocks of each commit;
 every tail connection has a queue of at most ``tail_queue_events`` events.
@@ -39,6 +67,7 @@ never slows a commit; once the client has caught up it gets ``{"dropped": n}``.
 
 from __future__ import annotations
 
+import math
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
@@ -57,6 +86,7 @@ from trio_websocket import (
 )
 
 from appliance.config import WebSocketListenerConfig
+from appliance.lake.errors import BlockRefused
 from appliance.lake.rows import RowBlock
 from appliance.lake.writer import CommitTicket
 from appliance.logs import get_logger
@@ -108,7 +138,10 @@ CLOSE_TIMEOUT_SECONDS: Final = 2.0
 #: WebSocket close codes (RFC 6455 §7.4.1).
 CLOSE_NORMAL: Final = 1000
 CLOSE_GOING_AWAY: Final = 1001
+CLOSE_ABNORMAL: Final = 1006  # never sent: what a peer that vanished is recorded as
 CLOSE_POLICY: Final = 1008
+CLOSE_INTERNAL_ERROR: Final = 1011
+_SHUTTING_DOWN: Final = "the appliance is shutting down"
 
 #: The token check: token text -> what it allows, or None (blocking; runs in a thread).
 TokenVerifier = Callable[[str], "TokenGrant | None"]
@@ -248,6 +281,14 @@ class _Answer:
     error: str | None = None
 
 
+@dataclass(slots=True)
+class _Outcome:
+    """How an ingest connection ends, when its answering task decides it."""
+
+    code: int = CLOSE_NORMAL
+    reason: str = ""
+
+
 def _subprotocol_token(offered: Sequence[str]) -> tuple[str | None, str | None]:
     """The token of a ``bearer.<token>`` subprotocol, and the subprotocol to select."""
     token = next(
@@ -282,12 +323,26 @@ class WebSocketHandler:
         self._limits = settings.limits()
 
     async def __call__(self, stream: trio.abc.Stream, info: ConnectionInfo) -> None:
-        async with trio.open_nursery() as nursery:
-            try:
-                await self._connection(nursery, stream, info)
-            finally:
-                # trio-websocket's reader task runs in this nursery.
-                nursery.cancel_scope.cancel()
+        try:
+            async with trio.open_nursery() as nursery:
+                try:
+                    await self._connection(nursery, stream, info)
+                finally:
+                    # trio-websocket's reader task runs in this nursery.
+                    nursery.cancel_scope.cancel()
+        except* ConnectionClosed:
+            # trio-websocket's reader task raises it when it answers a bad
+            # request or frame (its 400, its 1002/1007 close) on a socket the
+            # peer has already closed: "garbage\r\n\r\n" and a close did it
+            # before the handshake. The peer's doing, not a bug; any other
+            # exception in the group propagates (module docstring, Failures).
+            log.warning(
+                "websocket.aborted",
+                listener=info.listener,
+                peer=info.peer,
+                code=CLOSE_ABNORMAL,
+                reason="the peer closed the connection abruptly",
+            )
 
     async def _connection(
         self, nursery: trio.Nursery, stream: trio.abc.Stream, info: ConnectionInfo
@@ -295,28 +350,34 @@ class WebSocketHandler:
         settings = self.settings
         ws: WebSocketConnection | None = None
         decision: _Refusal | _Admission | None = None
-        with trio.move_on_after(settings.tls_handshake_timeout_seconds) as deadline:
-            request = await wrap_server_stream(
-                nursery,
-                stream,
-                message_queue_size=MESSAGE_QUEUE_MESSAGES,
-                max_message_size=settings.max_message_bytes,
-                receive_buffer_size=RECEIVE_BUFFER_BYTES,
-            )
-            decision = await self._decide(request, info)
-            if isinstance(decision, _Refusal):
-                log.warning(
-                    "websocket.refused",
-                    listener=info.listener,
-                    peer=info.peer,
-                    status=decision.status,
-                    reason=decision.reason,
+        try:
+            with trio.move_on_after(settings.tls_handshake_timeout_seconds) as deadline:
+                request = await wrap_server_stream(
+                    nursery,
+                    stream,
+                    message_queue_size=MESSAGE_QUEUE_MESSAGES,
+                    max_message_size=settings.max_message_bytes,
+                    receive_buffer_size=RECEIVE_BUFFER_BYTES,
                 )
-                body = orjson.dumps({"error": decision.reason})
-                headers = [(b"content-type", b"application/json")]
-                await request.reject(decision.status, extra_headers=headers, body=body)
-                return
-            ws = await request.accept(subprotocol=decision.subprotocol)
+                decision = await self._decide(request, info)
+                if isinstance(decision, _Refusal):
+                    log.warning(
+                        "websocket.refused",
+                        listener=info.listener,
+                        peer=info.peer,
+                        status=decision.status,
+                        reason=decision.reason,
+                    )
+                    body = orjson.dumps({"error": decision.reason})
+                    headers = [(b"content-type", b"application/json")]
+                    await request.reject(decision.status, extra_headers=headers, body=body)
+                    return
+                ws = await request.accept(subprotocol=decision.subprotocol)
+        except ConnectionClosed:
+            # The peer left before the answer to its upgrade could be sent.
+            log.warning("websocket.handshake_failed", listener=info.listener, peer=info.peer,
+                        reason="the peer closed the connection during the handshake")  # fmt: skip
+            return
         if deadline.cancelled_caught or ws is None or not isinstance(decision, _Admission):
             log.warning(
                 "websocket.handshake_failed",
@@ -332,13 +393,18 @@ class WebSocketHandler:
             path=decision.path,
             source=decision.source,
         )
-        code, reason = CLOSE_NORMAL, ""
+        # What the client is told when neither path returns: a bug (1011, and
+        # the exception goes on to the listener's boundary), or cancellation.
+        code, reason = CLOSE_INTERNAL_ERROR, "internal error"
         try:
             if decision.path == TAIL_PATH:
                 code, reason = await self._tail(ws, info, decision)
             else:
                 code, reason = await self._ingest(ws, info, decision)
         finally:
+            if code == CLOSE_INTERNAL_ERROR and trio.current_effective_deadline() == -math.inf:
+                # -inf: this task is being cancelled (the service stops), not failing.
+                code, reason = CLOSE_GOING_AWAY, _SHUTTING_DOWN
             with trio.CancelScope(shield=True), trio.move_on_after(CLOSE_TIMEOUT_SECONDS):
                 await ws.aclose(code, reason or None)
         log.info("websocket.closed", listener=info.listener, peer=info.peer, code=code,
@@ -380,7 +446,7 @@ class WebSocketHandler:
             return _Refusal(401, "bearer tokens are not enabled on this listener")
         limiter = self.context.failure_limiter
         address = _address(info.peer)
-        wait = limiter.retry_after(address, time.monotonic())
+        wait = limiter.begin(address)  # counted before the look-up (auth/ratelimit.py)
         if wait > 0:
             return _Refusal(429, f"too many failed authentications; retry in {wait:.0f}s")
         try:
@@ -388,10 +454,10 @@ class WebSocketHandler:
                 verifier, token, limiter=self.context.auth_threads
             )
         except AuthError as exc:
+            limiter.release(address)
             log.error("websocket.auth_unavailable", peer=info.peer, reason=str(exc))
             return _Refusal(503, "the auth database is unavailable; try again later")
         if grant is None:
-            limiter.failure(address, time.monotonic())
             return _Refusal(401, "invalid or revoked token")
         limiter.success(address)
         return grant
@@ -403,10 +469,14 @@ class WebSocketHandler:
     ) -> tuple[int, str]:
         send, receive = trio.open_memory_channel[_Answer](self.settings.max_pending_acks)
         outcome = (CLOSE_NORMAL, "")
+        ended = _Outcome()
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._answer, ws, receive, nursery.cancel_scope)
+            nursery.start_soon(self._answer, ws, info, receive, nursery.cancel_scope, ended)
             async with send:
                 outcome = await self._read(ws, info, admission, send)
+        if nursery.cancel_scope.cancelled_caught:
+            # The answering task ended the connection (client gone or not reading).
+            return ended.code, ended.reason
         return outcome
 
     async def _read(
@@ -430,7 +500,7 @@ class WebSocketHandler:
                             closed = exc.reason
                             return (closed.code if closed else CLOSE_NORMAL), ""
                 if stopping.cancelled_caught:
-                    return CLOSE_GOING_AWAY, "the appliance is shutting down"
+                    return CLOSE_GOING_AWAY, _SHUTTING_DOWN
                 if idle.cancelled_caught or data is None:
                     return CLOSE_NORMAL, f"idle for {settings.idle_timeout_seconds}s"
                 received_at_ns = time.time_ns()
@@ -459,7 +529,11 @@ class WebSocketHandler:
         block = message.block(
             source=admission.source, peer=info.peer, received_at_ns=received_at_ns
         )
-        ticket = await self.context.writer.submit(block)
+        try:
+            ticket = await self.context.writer.submit(block)
+        except BlockRefused as exc:
+            # Checked before it joined a commit group: no other batch is affected.
+            return self._refused(MessageError(f"not stored: {exc.reason}", message.id), info)
         return _Answer(message.id, ticket=ticket)
 
     @staticmethod
@@ -471,27 +545,38 @@ class WebSocketHandler:
     async def _answer(
         self,
         ws: WebSocketConnection,
+        info: ConnectionInfo,
         answers: trio.MemoryReceiveChannel[_Answer],
         connection: trio.CancelScope,
+        ended: _Outcome,
     ) -> None:
+        send_timeout = self.settings.idle_timeout_seconds
         async with answers:
             async for answer in answers:
                 if answer.ticket is not None:
                     assert answer.message_id is not None
-                    if await answer.ticket.wait():
-                        text = ack_json(answer.message_id)
+                    try:
+                        # Returns only once the rows are committed. Cancelled
+                        # here (the service stops): no answer at all for it.
+                        await answer.ticket.wait()
+                    except BlockRefused as exc:
+                        error = MessageError(f"not stored: {exc.reason}", answer.message_id)
+                        self._refused(error, info)  # logs it
+                        text = error_json(error.reason, answer.message_id)
                     else:
-                        text = error_json(
-                            "not committed: the appliance stopped first; resend",
-                            answer.message_id,
-                        )
+                        text = ack_json(answer.message_id)
                 else:
                     text = error_json(answer.error or "refused", answer.message_id)
-                try:
-                    await ws.send_message(text)
-                except ConnectionClosed:
-                    # The client is gone: stop reading too. Submitted rows still
-                    # commit; a client that resends them is deduplicated.
+                with trio.move_on_after(send_timeout) as stalled:
+                    try:
+                        await ws.send_message(text)
+                    except ConnectionClosed:
+                        # The client is gone: stop reading too. Submitted rows
+                        # still commit; a client that resends them is deduplicated.
+                        connection.cancel()
+                        return
+                if stalled.cancelled_caught:
+                    ended.code, ended.reason = CLOSE_POLICY, f"read nothing for {send_timeout}s"
                     connection.cancel()
                     return
 
@@ -520,7 +605,7 @@ class WebSocketHandler:
             with lifecycle.receiving() as stopping:
                 items, dropped = await sub.next()
             if stopping.cancelled_caught:
-                return CLOSE_GOING_AWAY, "the appliance is shutting down"
+                return CLOSE_GOING_AWAY, _SHUTTING_DOWN
             texts = [text for block, rows in items for text in tail_events_json(block, rows)]
             if dropped:
                 texts.append(dropped_json(dropped))

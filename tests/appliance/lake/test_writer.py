@@ -76,7 +76,7 @@ async def test_group_commit_puts_many_blocks_in_one_commit(tmp_path: Path) -> No
         writer = await start_writer(nursery, tmp_path / "events", settings)
         tickets = [await writer.submit(block(f"chunk-{i}")) for i in range(20)]
         for ticket in tickets:
-            assert await ticket.wait()
+            await ticket.wait()
         await writer.close_input()
     assert writer.commits < 20
     assert writer.rows_committed == 60
@@ -92,8 +92,8 @@ async def test_group_is_sealed_at_max_rows(tmp_path: Path) -> None:
         second = await writer.submit(block("b"))
         # Two blocks of 3 rows reach commit_max_rows: no 60 s wait.
         with trio.fail_after(30):
-            assert await first.wait()
-            assert await second.wait()
+            await first.wait()
+            await second.wait()
         await writer.close_input()
     assert writer.commits == 1
 
@@ -102,9 +102,9 @@ async def test_group_is_sealed_at_max_rows(tmp_path: Path) -> None:
 async def test_committed_batch_resent_is_acked_without_second_write(tmp_path: Path) -> None:
     async with trio.open_nursery() as nursery:
         writer = await start_writer(nursery, tmp_path / "events")
-        assert await (await writer.submit(block("chunk-1"))).wait()
+        await (await writer.submit(block("chunk-1"))).wait()
         again = await writer.submit(block("chunk-1"))
-        assert await again.wait()
+        await again.wait()
         assert again.duplicate
         await writer.close_input()
     assert len(rows_of(tmp_path / "events")) == 3
@@ -117,8 +117,8 @@ async def test_pending_batch_resent_joins_the_pending_commit(tmp_path: Path) -> 
         writer = await start_writer(nursery, tmp_path / "events", settings)
         first = await writer.submit(block("chunk-1"))
         second = await writer.submit(block("chunk-1"))
-        assert await first.wait()
-        assert await second.wait()
+        await first.wait()
+        await second.wait()
         await writer.close_input()
     assert writer.duplicates == 1
     assert len(rows_of(tmp_path / "events")) == 3
@@ -128,8 +128,8 @@ async def test_pending_batch_resent_joins_the_pending_commit(tmp_path: Path) -> 
 async def test_same_chunk_from_another_source_is_not_a_duplicate(tmp_path: Path) -> None:
     async with trio.open_nursery() as nursery:
         writer = await start_writer(nursery, tmp_path / "events")
-        assert await (await writer.submit(block("chunk-1", source="alice"))).wait()
-        assert await (await writer.submit(block("chunk-1", source="bob"))).wait()
+        await (await writer.submit(block("chunk-1", source="alice"))).wait()
+        await (await writer.submit(block("chunk-1", source="bob"))).wait()
         await writer.close_input()
     assert len(rows_of(tmp_path / "events")) == 6
 
@@ -139,7 +139,7 @@ async def test_blocks_without_id_are_never_deduplicated(tmp_path: Path) -> None:
     async with trio.open_nursery() as nursery:
         writer = await start_writer(nursery, tmp_path / "events")
         for _ in range(2):
-            assert await (await writer.submit(block(None))).wait()
+            await (await writer.submit(block(None))).wait()
         await writer.close_input()
     assert len(rows_of(tmp_path / "events")) == 6
 
@@ -150,14 +150,14 @@ async def test_every_commit_carries_an_app_transaction(tmp_path: Path) -> None:
     async with trio.open_nursery() as nursery:
         writer = await start_writer(nursery, path, app_id="node-7")
         for i in range(3):
-            assert await (await writer.submit(block(f"c{i}"))).wait()
+            await (await writer.submit(block(f"c{i}"))).wait()
         await writer.close_input()
     dt = DeltaTable(str(path))
     assert dt.transaction_version("node-7") == writer.commits
     # A restarted writer continues the sequence instead of reusing it.
     async with trio.open_nursery() as nursery:
         again = await start_writer(nursery, path, app_id="node-7")
-        assert await (await again.submit(block("c-next"))).wait()
+        await (await again.submit(block("c-next"))).wait()
         await again.close_input()
     dt.update_incremental()
     assert dt.transaction_version("node-7") == writer.commits + 1
@@ -180,12 +180,12 @@ async def test_restarted_writer_remembers_recent_batches(tmp_path: Path) -> None
     path = tmp_path / "events"
     async with trio.open_nursery() as nursery:
         writer = await start_writer(nursery, path)
-        assert await (await writer.submit(block("chunk-before-restart"))).wait()
+        await (await writer.submit(block("chunk-before-restart"))).wait()
         await writer.close_input()
     async with trio.open_nursery() as nursery:
         writer = await start_writer(nursery, path)
         ticket = await writer.submit(block("chunk-before-restart"))
-        assert await ticket.wait()
+        await ticket.wait()
         assert ticket.duplicate
         await writer.close_input()
     assert len(rows_of(path)) == 3
@@ -198,7 +198,7 @@ async def test_failed_commit_is_not_acked_and_is_retried_until_it_succeeds(
     path = tmp_path / "events"
     async with trio.open_nursery() as nursery:
         writer = await start_writer(nursery, path)
-        assert await (await writer.submit(block("warm-up"))).wait()
+        await (await writer.submit(block("warm-up"))).wait()
         with read_only_dir(path / "_delta_log") as fault:
             fault.break_()
             ticket = await writer.submit(block("during-fault"))
@@ -208,7 +208,7 @@ async def test_failed_commit_is_not_acked_and_is_retried_until_it_succeeds(
             assert writer.failed_attempts >= 2
             fault.heal()
             with trio.fail_after(30):
-                assert await ticket.wait()
+                await ticket.wait()
         await writer.close_input()
     batches = [r["batch_id"] for r in rows_of(path)]
     assert batches.count("during-fault") == 3
@@ -223,7 +223,7 @@ async def test_slow_table_fills_the_queue_and_stops_submitters(tmp_path: Path) -
     )  # fmt: skip
     async with trio.open_nursery() as nursery:
         writer = await start_writer(nursery, path, settings)
-        assert await (await writer.submit(block("warm-up"))).wait()
+        await (await writer.submit(block("warm-up"))).wait()
         with read_only_dir(path / "_delta_log") as fault:
             fault.break_()
             accepted = 0
@@ -236,3 +236,114 @@ async def test_slow_table_fills_the_queue_and_stops_submitters(tmp_path: Path) -
             fault.heal()
         await writer.close_input()
     assert len(rows_of(path)) == 3 * (accepted + 1)
+
+
+def _with(base: RowBlock, **changes: object) -> RowBlock:
+    import dataclasses
+
+    return dataclasses.replace(base, **changes)  # type: ignore[arg-type]
+
+
+BAD_BLOCKS = {
+    "tag not UTF-8": {"tag": "a\udcffb"},
+    "lone surrogate tag": {"tag": "\ud800"},
+    "tag over its limit": {"tag": "t" * 1_000_000},
+    "host lone surrogate": {"host": "\ud800"},
+    "per-row host not UTF-8": {"host": ["h", "\udcff", None]},
+    "chunk over its limit": {"batch_id": "c" * 1_000_000},
+    "empty chunk": {"batch_id": ""},
+    "chunk lone surrogate": {"batch_id": "\ud800"},
+    "source lone surrogate": {"source": "\ud800"},
+    "time before int64 ns": {"times_ns": [-(2**63) - 1, None, None]},
+    "time after int64 ns": {"times_ns": [2**63, None, None]},
+    "record not UTF-8": {"records": ["{}", '{"a":"\ud800"}', "{}"]},
+    "fewer times than records": {"times_ns": [None]},
+}
+
+
+@pytest.mark.parametrize("changes", BAD_BLOCKS.values(), ids=BAD_BLOCKS.keys())
+@pytest.mark.trio
+async def test_a_block_that_cannot_be_stored_is_refused_alone(
+    tmp_path: Path, changes: dict[str, object]
+) -> None:
+    """Issue 13: a bad block fails its own submit; the good blocks of the same moment commit."""
+    from appliance.lake.errors import BlockRefused
+
+    path = tmp_path / "events"
+    async with trio.open_nursery() as nursery:
+        writer = await start_writer(nursery, path)
+        good_before = await writer.submit(block("good-1"))
+        with pytest.raises(BlockRefused):
+            await writer.submit(_with(block("bad"), **changes))
+        good_after = await writer.submit(block("good-2"))
+        await good_before.wait()
+        await good_after.wait()
+        await writer.close_input()
+    assert sorted({r["batch_id"] for r in rows_of(path)}) == ["good-1", "good-2"]
+
+
+@pytest.mark.trio
+async def test_a_group_that_fails_to_convert_refuses_only_the_bad_block(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Defence in depth: should a block pass the check and still break Arrow, it fails alone."""
+    import pyarrow as pa
+
+    from appliance.lake import writer as writer_module
+    from appliance.lake.errors import BlockRefused
+
+    real = writer_module.blocks_to_arrow
+
+    def fragile(blocks: list[RowBlock]) -> pa.Table:
+        if any(b.batch_id == "poison" for b in blocks):
+            raise pa.ArrowInvalid("offset overflow")
+        return real(blocks)
+
+    monkeypatch.setattr(writer_module, "blocks_to_arrow", fragile)
+    path = tmp_path / "events"
+    settings = WriterSettings(commit_max_delay_seconds=0.3)
+    async with trio.open_nursery() as nursery:
+        writer = await start_writer(nursery, path, settings)
+        tickets = [await writer.submit(block(b)) for b in ("a", "poison", "b")]
+        await tickets[0].wait()
+        await tickets[2].wait()
+        with pytest.raises(BlockRefused):
+            await tickets[1].wait()
+        await writer.close_input()
+    assert writer.refused_blocks == 1
+    assert sorted({r["batch_id"] for r in rows_of(path)}) == ["a", "b"]
+
+
+@pytest.mark.trio
+async def test_anonymous_peers_do_not_share_a_dedupe_scope(tmp_path: Path) -> None:
+    """Two unauthenticated clients that reuse a chunk id each get their rows written."""
+    path = tmp_path / "events"
+    async with trio.open_nursery() as nursery:
+        writer = await start_writer(nursery, path)
+        one = _with(block("chunk-1", source="anonymous"), peer="10.0.0.1:5000")
+        other = _with(block("chunk-1", source="anonymous"), peer="10.0.0.2:5000")
+        same_host_new_port = _with(block("chunk-1", source="anonymous"), peer="10.0.0.1:6000")
+        await (await writer.submit(one)).wait()
+        await (await writer.submit(other)).wait()
+        resent = await writer.submit(same_host_new_port)
+        await resent.wait()
+        assert resent.duplicate, "a resend from the same address after reconnecting is a resend"
+        await writer.close_input()
+    assert len(rows_of(path)) == 6
+
+
+@pytest.mark.parametrize(
+    ("peer", "address"),
+    [
+        ("10.0.0.1:5000", "10.0.0.1"),
+        ("[2001:db8::5]:5000", "2001:db8::5"),
+        ("2001:db8::5", "2001:db8::5"),  # ZeroMQ's Peer-Address has no port
+        ("10.0.0.1", "10.0.0.1"),
+    ],
+)
+def test_dedupe_scope_of_anonymous_peers_is_their_address(peer: str, address: str) -> None:
+    from appliance.lake.rows import dedupe_scope
+
+    assert dedupe_scope("anonymous", peer) == f"anonymous@{address}"
+    assert dedupe_scope("CN=shipper", peer) == "CN=shipper"
+    assert dedupe_scope("anonymous", "2001:db8::6") != dedupe_scope("anonymous", "2001:db8::5")

@@ -10,11 +10,12 @@ round-trips generated payloads cut at random places.
 
 from __future__ import annotations
 
+import base64
 import json
 import struct
 import tracemalloc
 import zlib
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -50,8 +51,12 @@ HELO_GO = bytes.fromhex(
     "4c434f52"  # "LCOR"
     "000000000000000000000000"  # reserved
 )
-#: HELO as the Ruby client sends it (client_tcp.rb): 'A4NCCCCA4' = flags, 2, 7, 0, RYLC.
+#: HELO as the Ruby client v2.7.0 and v2.7.1 send it (client_tcp.rb):
+#: 'A4NCCCCA4' = flags, 2, 7, 0, RYLC (the compact layout).
 HELO_RUBY = bytes.fromhex("48454c4f 00000008 00 02 07 00 52594c43")
+#: HELO as the Ruby client sends it since v2.7.2 (client_tcp.rb, 6e9d898):
+#: 'A4NNNNNA4' = flags, 2, 7, 2, RYLC: the first 20 bytes of the Go layout.
+HELO_RUBY_20 = bytes.fromhex("48454c4f 00000014 00000000 00000002 00000007 00000002 52594c43")
 #: HELO of the first handshaking Go clients (messagehelo.go): no body.
 HELO_EMPTY = b"HELO\x00\x00\x00\x00"
 PING = b"PING\x00\x00\x00\x00"
@@ -61,7 +66,10 @@ CLIENT_UNKNOWN = b"????\x00\x00\x00\x00"
 EVENTS_ZLIB = bytes.fromhex("785e63606060af564a54b232ac656060e0c8cb2f51c82acecf03002f8c0543")
 #: A zlib stream of no events.
 EMPTY_ZLIB = bytes.fromhex("785e030000000001")
-EVENTS_RECORDS: list[dict[str, Any]] = [{"a": 1}, {"message": b"not json"}]
+#: The record texts of EVENTS_ZLIB: compact JSON; the event that is not JSON
+#: is kept as {"message": <its text>}. (Issue 13: the codec now keeps each
+#: event's JSON record text, not the decoded dict, so these are texts.)
+EVENTS_RECORDS: list[str] = ['{"a":1}', '{"message":"not json"}']
 
 #: JDAT: length = 16 (nonce) + 31 (zlib) = 47 = 0x2f.
 JDAT = b"JDAT" + bytes.fromhex("0000002f") + NONCE + EVENTS_ZLIB
@@ -130,6 +138,22 @@ def feed_bytewise(data: bytes, **kwargs: Any) -> list[CourierEvent]:
     return events
 
 
+def received_payload(
+    nonce: bytes,
+    kind: Literal["JDAT", "EVNT"],
+    records: list[str],
+    not_json: int = 0,
+) -> PayloadReceived:
+    """The payload event the codec gives for events with no type, host or time."""
+    empty: list[Any] = [None] * len(records)
+    return PayloadReceived(nonce, kind, records, empty, list(empty), list(empty), not_json)
+
+
+def parsed(received: PayloadReceived) -> list[Any]:
+    """The payload's record texts as JSON values (they are compact JSON objects)."""
+    return [json.loads(text) for text in received.records]
+
+
 def payload(events: list[CourierEvent]) -> PayloadReceived:
     (event,) = events
     assert isinstance(event, PayloadReceived)
@@ -169,17 +193,18 @@ def rejects(data: bytes, match: str, **kwargs: Any) -> RemoteProtocolError:
 SAMPLES: list[tuple[str, bytes, list[CourierEvent]]] = [
     ("helo-go", HELO_GO, [Hello(b"\x00\x00\x00\x00", (2, 10, 0), b"LCOR")]),
     ("helo-ruby", HELO_RUBY, [Hello(b"\x00\x00\x00\x00", (2, 7, 0), b"RYLC")]),
+    ("helo-ruby-20", HELO_RUBY_20, [Hello(b"\x00\x00\x00\x00", (2, 7, 2), b"RYLC")]),
     ("helo-empty", HELO_EMPTY, [Hello(bytes(4), (0, 0, 0), bytes(4))]),
     ("ping", PING, [Ping()]),
     ("client-unknown-reply", CLIENT_UNKNOWN, [Unsupported()]),
-    ("jdat", JDAT, [PayloadReceived(NONCE, EVENTS_RECORDS, "JDAT", not_json=1)]),
-    ("evnt", EVNT, [PayloadReceived(NONCE_B, EVENTS_RECORDS, "EVNT", not_json=1)]),
-    ("jdat-empty", jdat(NONCE, EMPTY_ZLIB), [PayloadReceived(NONCE, [], "JDAT")]),
-    ("evnt-empty", evnt(NONCE, EMPTY_ZLIB), [PayloadReceived(NONCE, [], "EVNT")]),
+    ("jdat", JDAT, [received_payload(NONCE, "JDAT", EVENTS_RECORDS, not_json=1)]),
+    ("evnt", EVNT, [received_payload(NONCE_B, "EVNT", EVENTS_RECORDS, not_json=1)]),
+    ("jdat-empty", jdat(NONCE, EMPTY_ZLIB), [received_payload(NONCE, "JDAT", [])]),
+    ("evnt-empty", evnt(NONCE, EMPTY_ZLIB), [received_payload(NONCE, "EVNT", [])]),
     (
         "jdat-stored-block",
         jdat(NONCE, stored_zlib(stream(b'{"x":"y"}'))),
-        [PayloadReceived(NONCE, [{"x": "y"}], "JDAT")],
+        [received_payload(NONCE, "JDAT", ['{"x":"y"}'])],
     ),
     ("unknown-with-body", b"WHAT\x00\x00\x00\x03abc", [UnknownMessage(b"WHAT", 3)]),
     ("unknown-empty", b"NEWT\x00\x00\x00\x00", [UnknownMessage(b"NEWT", 0)]),
@@ -188,11 +213,11 @@ SAMPLES: list[tuple[str, bytes, list[CourierEvent]]] = [
         HELO_GO + JDAT + EVNT + PING + b"WHAT\x00\x00\x00\x01!" + JDAT,
         [
             Hello(bytes(4), (2, 10, 0), b"LCOR"),
-            PayloadReceived(NONCE, EVENTS_RECORDS, "JDAT", not_json=1),
-            PayloadReceived(NONCE_B, EVENTS_RECORDS, "EVNT", not_json=1),
+            received_payload(NONCE, "JDAT", EVENTS_RECORDS, not_json=1),
+            received_payload(NONCE_B, "EVNT", EVENTS_RECORDS, not_json=1),
             Ping(),
             UnknownMessage(b"WHAT", 1),
-            PayloadReceived(NONCE, EVENTS_RECORDS, "JDAT", not_json=1),
+            received_payload(NONCE, "JDAT", EVENTS_RECORDS, not_json=1),
         ],
     ),
 ]
@@ -392,7 +417,7 @@ def test_unknown_streamed_message_is_rejected() -> None:
 def test_jdat_events_in_order_with_their_json() -> None:
     events = [json.dumps({"i": i, "message": f"line {i}"}).encode() for i in range(50)]
     received = payload(feed(jdat_of(NONCE, *events)))
-    assert received.records == [{"i": i, "message": f"line {i}"} for i in range(50)]
+    assert parsed(received) == [{"i": i, "message": f"line {i}"} for i in range(50)]
     assert received.count == 50
     assert received.kind == "JDAT"
     assert received.nonce == NONCE
@@ -404,8 +429,8 @@ def test_several_jdat_in_one_read_give_one_payload_each() -> None:
     first, second = feed(data)
     assert isinstance(first, PayloadReceived)
     assert isinstance(second, PayloadReceived)
-    assert (first.nonce, first.records) == (NONCE, [{"n": 1}])
-    assert (second.nonce, second.records) == (NONCE_B, [{"n": 2}, {"n": 3}])
+    assert (first.nonce, first.records) == (NONCE, ['{"n":1}'])
+    assert (second.nonce, second.records) == (NONCE_B, ['{"n":2}', '{"n":3}'])
 
 
 def test_jdat_bytes_after_its_zlib_stream_are_skipped() -> None:
@@ -414,7 +439,7 @@ def test_jdat_bytes_after_its_zlib_stream_are_skipped() -> None:
     data = jdat(NONCE, EVENTS_ZLIB + b"trailing") + PING
     for at in range(len(data) + 1):
         events = feed_split(data, at)
-        assert events == [PayloadReceived(NONCE, EVENTS_RECORDS, "JDAT", 1), Ping()]
+        assert events == [received_payload(NONCE, "JDAT", EVENTS_RECORDS, 1), Ping()]
 
 
 def test_jdat_whose_zlib_stream_is_cut_short_is_rejected() -> None:
@@ -444,10 +469,10 @@ def test_evnt_ends_where_its_zlib_stream_ends() -> None:
     # The next message starts right after the zlib trailer (adler32).
     data = EVNT + PING + JDAT + EVNT
     expected = [
-        PayloadReceived(NONCE_B, EVENTS_RECORDS, "EVNT", 1),
+        received_payload(NONCE_B, "EVNT", EVENTS_RECORDS, 1),
         Ping(),
-        PayloadReceived(NONCE, EVENTS_RECORDS, "JDAT", 1),
-        PayloadReceived(NONCE_B, EVENTS_RECORDS, "EVNT", 1),
+        received_payload(NONCE, "JDAT", EVENTS_RECORDS, 1),
+        received_payload(NONCE_B, "EVNT", EVENTS_RECORDS, 1),
     ]
     assert feed(data) == expected
     for at in range(len(data) + 1):
@@ -474,7 +499,7 @@ def test_evnt_exactly_at_the_payload_limit_is_accepted() -> None:
     compressed = zlib.compress(stream(b'{"k":1}'))
     limits = CourierLimits(max_payload_bytes=16 + len(compressed))
     received, ping = feed(evnt(NONCE, compressed) + PING, limits=limits)
-    assert received == PayloadReceived(NONCE, [{"k": 1}], "EVNT")
+    assert received == received_payload(NONCE, "EVNT", ['{"k":1}'])
     assert ping == Ping()
 
 
@@ -506,7 +531,7 @@ def test_compression_that_is_not_plain_zlib_is_rejected(name: str, compressed: b
 def test_valid_payload_before_bad_one_is_returned_then_the_error() -> None:
     codec = CourierServerConnection()
     events = codec.receive_data(JDAT + jdat(NONCE_B, b"\x00\x00not zlib at all"))
-    assert events == [PayloadReceived(NONCE, EVENTS_RECORDS, "JDAT", 1)]
+    assert events == [received_payload(NONCE, "JDAT", EVENTS_RECORDS, 1)]
     assert codec.state is CourierState.CLOSED
     error = closed_with_error(codec, b"")
     assert "does not decompress" in error.reason
@@ -515,20 +540,27 @@ def test_valid_payload_before_bad_one_is_returned_then_the_error() -> None:
 # -- events inside a payload ---------------------------------------------------------------
 
 
+def b64(raw: bytes) -> dict[str, str]:
+    return {"$binary": base64.b64encode(raw).decode("ascii")}
+
+
+# The expected records are JSON values now (the codec keeps record texts, issue
+# 13); bytes that are not UTF-8 are {"$binary": ...} under the records
+# convention, which the session used to apply later.
 @pytest.mark.parametrize(
     ("raw", "record"),
     [
-        (b"plain text line", {"message": b"plain text line"}),
-        (b"", {"message": b""}),
-        (b"[1, 2]", {"message": b"[1, 2]"}),
-        (b'"just a string"', {"message": b'"just a string"'}),
-        (b"42", {"message": b"42"}),
-        (b'{"a": 1', {"message": b'{"a": 1'}),
-        (b'{"bad utf8": "\xff"}', {"message": b'{"bad utf8": "\xff"}'}),
+        (b"plain text line", {"message": "plain text line"}),
+        (b"", {"message": ""}),
+        (b"[1, 2]", {"message": "[1, 2]"}),
+        (b'"just a string"', {"message": '"just a string"'}),
+        (b"42", {"message": "42"}),
+        (b'{"a": 1', {"message": '{"a": 1'}),
+        (b'{"bad utf8": "\xff"}', {"message": b64(b'{"bad utf8": "\xff"}')}),
         (b'{"ok": "caf\xc3\xa9"}', {"ok": "caf\u00e9"}),
         # Events are UTF-8 (Go's encoding/json); other encodings are not sniffed.
-        ('{"a": 1}'.encode("utf-16"), {"message": '{"a": 1}'.encode("utf-16")}),
-        (b'\xef\xbb\xbf{"bom": 1}', {"message": b'\xef\xbb\xbf{"bom": 1}'}),
+        ('{"a": 1}'.encode("utf-16"), {"message": b64('{"a": 1}'.encode("utf-16"))}),
+        (b'\xef\xbb\xbf{"bom": 1}', {"message": '\ufeff{"bom": 1}'}),
     ],
     ids=["text", "empty", "array", "string", "number", "cut", "bad-utf8", "utf8", "utf16", "bom"],
 )
@@ -536,15 +568,17 @@ def test_event_that_is_not_a_json_object_is_kept_as_message(
     raw: bytes, record: dict[str, Any]
 ) -> None:
     received = payload(feed(jdat_of(NONCE, b'{"n":0}', raw)))
-    assert received.records == [{"n": 0}, record]
+    assert parsed(received) == [{"n": 0}, record]
     assert received.not_json == (0 if "ok" in record else 1)
     assert received.count == 2
+    for text in received.records:
+        text.encode("utf-8")  # every record text is valid UTF-8
 
 
 def test_event_nested_deeper_than_the_interpreter_allows_is_kept_as_message() -> None:
     deep = b'{"a":' * 100_000 + b"1" + b"}" * 100_000
     received = payload(feed(jdat_of(NONCE, deep)))
-    assert received.records == [{"message": deep}]
+    assert parsed(received) == [{"message": deep.decode()}]
 
 
 def test_event_over_the_event_limit_is_rejected_from_its_length_prefix() -> None:
@@ -558,7 +592,11 @@ def test_event_over_the_event_limit_is_rejected_from_its_length_prefix() -> None
 def test_payload_over_the_decompressed_limit_is_rejected_without_inflating_it_all() -> None:
     limits = CourierLimits(max_decompressed_bytes=1024 * 1024)
     # 8 MiB of events, each well under max_event_bytes, in under 32 KiB of zlib.
-    bomb = zlib.compress(stream(*[bytes(1020)] * 8192), 9)
+    # (Issue 13: the events were NUL bytes; the codec now keeps each event's
+    # record text at once, where a NUL is the six characters \u0000, so the
+    # bomb is made of "x" to measure decompression alone. The growth of
+    # escapes is bounded by max_payload_memory_bytes: test_courier_hardening.)
+    bomb = zlib.compress(stream(*[b"x" * 1020] * 8192), 9)
     assert len(bomb) < 32 * 1024
     tracemalloc.start()
     try:
@@ -609,7 +647,7 @@ def test_event_split_across_deflate_blocks_and_reads() -> None:
         events += codec.receive_data(data[i : i + 13])
     first, ping = events
     assert isinstance(first, PayloadReceived)
-    assert [r["i"] for r in first.records] == list(range(200))
+    assert [r["i"] for r in parsed(first)] == list(range(200))
     assert ping == Ping()
 
 
@@ -618,7 +656,9 @@ def test_event_split_across_deflate_blocks_and_reads() -> None:
 
 def test_payload_event_validates_its_nonce() -> None:
     with pytest.raises(ValueError, match="16 bytes"):
-        PayloadReceived(b"short", [], "JDAT")
+        PayloadReceived(b"short", "JDAT", [], [], [], [])
+    with pytest.raises(ValueError, match="differ in length"):
+        PayloadReceived(NONCE, "JDAT", ["{}"], [], [], [])
 
 
 @pytest.mark.parametrize(
@@ -719,5 +759,5 @@ def test_generated_payloads_round_trip_at_any_cut(
     assert isinstance(hello, Hello)
     assert ping == Ping()
     assert isinstance(received, PayloadReceived)
-    assert received.records == records
+    assert parsed(received) == records
     assert received.kind == ("EVNT" if streamed else "JDAT")

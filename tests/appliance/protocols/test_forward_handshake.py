@@ -5,8 +5,9 @@ from __future__ import annotations
 import msgpack
 import pytest
 
-from appliance.protocols.errors import RemoteProtocolError
+from appliance.protocols.errors import LocalProtocolError, RemoteProtocolError
 from appliance.protocols.forward import (
+    MAX_PING_BYTES,
     EventsReceived,
     ForwardLimits,
     ForwardServerConnection,
@@ -14,15 +15,18 @@ from appliance.protocols.forward import (
     PingReceived,
 )
 from appliance.protocols.forward_handshake import (
+    MAX_USERNAME_BYTES,
     REASON_SHARED_KEY,
     REASON_USER,
     Helo,
+    InvalidPing,
     Ping,
     password_digest,
     ping_digest,
     pong_bytes,
     verify_ping,
 )
+from appliance.protocols.text import MAX_HOST_BYTES
 
 NONCE = bytes(range(16))
 AUTH = bytes(range(16, 32))
@@ -207,5 +211,153 @@ def test_failed_verdict_closes_with_the_reason() -> None:
 def test_held_bytes_are_bounded_while_authenticating() -> None:
     codec = ForwardServerConnection(ForwardLimits(max_request_bytes=1000), helo=Helo(NONCE))
     codec.receive_data(ping_bytes())
-    with pytest.raises(RemoteProtocolError, match="max_request_bytes"):
+    with pytest.raises(RemoteProtocolError, match="1000 bytes sent before the PONG"):
         codec.receive_data(b"\x90" * 2000)
+
+
+# -- issue 13: strict PING strings, and what a peer may send before the PONG ----
+
+
+def ping_message(hostname: str | bytes = "client.example", user: str | bytes = "") -> bytes:
+    return msgpack.packb(
+        ["PING", hostname, "salt", PING_VECTOR, user, ""],
+        use_bin_type=True,
+        unicode_errors="surrogateescape",
+    )
+
+
+def feed_reads(codec: ForwardServerConnection, reads: list[bytes]) -> None:
+    for read in reads:
+        codec.receive_data(read)
+
+
+def refused(codec: ForwardServerConnection, data: bytes) -> RemoteProtocolError:
+    with pytest.raises(RemoteProtocolError) as excinfo:
+        codec.receive_data(data)
+    assert codec.state is ForwardState.CLOSED
+    return excinfo.value
+
+
+@pytest.mark.parametrize(
+    "hostname",
+    [
+        b"host\xff".decode("utf-8", "surrogateescape"),
+        b"host\xff",
+        b"\xed\xa0\x80",
+        "h" * (MAX_HOST_BYTES + 1),
+        "\u00e9" * 128,  # 256 bytes
+    ],
+    ids=["str-not-utf8", "bin-not-utf8", "surrogate-bytes", "too-long", "too-long-multibyte"],
+)
+def test_ping_with_a_bad_client_hostname_is_an_invalid_ping(hostname: str | bytes) -> None:
+    data = ping_message(hostname)
+    for cut in range(0, len(data) + 1, 7):
+        codec = secured()
+        with pytest.raises(RemoteProtocolError) as excinfo:
+            feed_reads(codec, [data[:cut], data[cut:]])
+        error = excinfo.value
+        assert "client hostname" in error.reason
+        assert msgpack.unpackb(error.reply) == ["PONG", False, "invalid ping message", "", ""]
+
+
+@pytest.mark.parametrize(
+    "hostname", ["", "h" * MAX_HOST_BYTES, "\u00e9" * (MAX_HOST_BYTES // 2), b"bin.example"]
+)
+def test_ping_client_hostname_within_the_rules_is_kept(hostname: str | bytes) -> None:
+    codec = secured()
+    (event,) = codec.receive_data(ping_message(hostname))
+    assert isinstance(event, PingReceived)
+    expected = hostname.decode() if isinstance(hostname, bytes) else hostname
+    assert event.ping.client_hostname == expected
+
+
+@pytest.mark.parametrize(
+    "user", [b"user\xff", "u" * (MAX_USERNAME_BYTES + 1)], ids=["not-utf8", "too-long"]
+)
+def test_ping_with_a_bad_username_is_an_invalid_ping(user: str | bytes) -> None:
+    error = refused(secured(AUTH), ping_message(user=user))
+    assert "username" in error.reason
+    assert msgpack.unpackb(error.reply)[:3] == ["PONG", False, "invalid ping message"]
+
+
+def test_from_message_says_why_a_ping_is_invalid() -> None:
+    with pytest.raises(InvalidPing, match="expected PING"):
+        Ping.from_message(["PONG", "h", "s", "d", "u", "p"])
+    with pytest.raises(InvalidPing, match="neither str nor bin"):
+        Ping.from_message(["PING", 1, "s", "d", "u", "p"])
+    with pytest.raises(InvalidPing, match="client hostname is not valid UTF-8"):
+        Ping.from_message(["PING", b"\xff", "s", "d", "u", "p"])
+
+
+def test_ping_over_max_ping_bytes_is_refused_whatever_max_request_bytes() -> None:
+    data = msgpack.packb(["PING", "client.example", "s" * MAX_PING_BYTES, PING_VECTOR, "", ""])
+    for piece in (1000, len(data)):
+        limits = ForwardLimits(max_request_bytes=16 << 20)
+        codec = ForwardServerConnection(limits, helo=Helo(NONCE))
+        reads = [data[i : i + piece] for i in range(0, len(data), piece)]
+        accepted = MAX_PING_BYTES // piece
+        feed_reads(codec, reads[:accepted])
+        assert codec.buffered_bytes == accepted * piece
+        with pytest.raises(RemoteProtocolError) as excinfo:
+            codec.receive_data(reads[accepted])
+        assert f"PING exceeds {MAX_PING_BYTES} bytes" in excinfo.value.reason
+        assert msgpack.unpackb(excinfo.value.reply)[:3] == ["PONG", False, "invalid ping message"]
+
+
+def test_a_large_first_request_is_refused_after_max_ping_bytes() -> None:
+    # Before: a 16 MiB first request was decoded whole (about 72x its size in
+    # objects) before anything checked that it was a PING.
+    data = request("x" * 100_000)
+    reads = [data[i : i + 1000] for i in range(0, len(data), 1000)]
+    codec = secured()
+    feed_reads(codec, reads[:4])
+    assert codec.buffered_bytes == 4000
+    with pytest.raises(RemoteProtocolError, match="PING exceeds"):
+        codec.receive_data(reads[4])
+
+
+@pytest.mark.parametrize("max_request_bytes", [1000, 16 << 20])
+def test_ping_followed_in_the_same_read_by_too_much_is_a_clean_error(
+    max_request_bytes: int,
+) -> None:
+    # Issue 13: a PING followed in one read by more than max_request_bytes
+    # crashed the connection task (the PING was checked after the codec closed).
+    limit = min(MAX_PING_BYTES, max_request_bytes)
+    extra = request("c1") * (2 * limit // len(request("c1")) + 1)
+    assert len(extra) > limit
+    codec = ForwardServerConnection(
+        ForwardLimits(max_request_bytes=max_request_bytes), helo=Helo(NONCE)
+    )
+    error = refused(codec, ping_bytes() + extra)
+    assert f"more than {limit} bytes sent before the PONG" in error.reason
+    assert msgpack.unpackb(error.reply)[:2] == ["PONG", False]
+    with pytest.raises(LocalProtocolError):
+        codec.receive_data(b"\xc0")
+
+
+def test_bytes_held_while_authenticating_are_counted_and_bounded() -> None:
+    held = request("c1") + request("c2")
+    codec = secured()
+    (event,) = codec.receive_data(ping_bytes() + held)
+    assert isinstance(event, PingReceived)
+    assert codec.state is ForwardState.AUTHENTICATING
+    assert codec.buffered_bytes == len(held)
+    # More bytes while the verdict is pending, up to the limit, are held too.
+    more = b"\xc0" * (MAX_PING_BYTES - len(held))
+    assert codec.receive_data(more) == []
+    assert codec.buffered_bytes == MAX_PING_BYTES
+    with pytest.raises(RemoteProtocolError, match="before the PONG"):
+        codec.receive_data(b"\xc0")
+
+
+def test_held_requests_get_the_full_request_limit_after_the_pong() -> None:
+    codec = secured()
+    codec.receive_data(ping_bytes() + request("c1"))
+    verdict = codec.check_ping(shared_keys=[KEY], users_required=False, password=None)
+    _, held = codec.finish_handshake(verdict, "server.example")
+    assert [e.chunk.text() for e in held if isinstance(e, EventsReceived) and e.chunk] == ["c1"]
+    assert codec.buffered_bytes == 0
+    big = msgpack.packb(["tag", [[1700000000, {"pad": "x" * 10_000}]], {"chunk": "big"}])
+    assert len(big) > MAX_PING_BYTES
+    (event,) = codec.receive_data(big)
+    assert isinstance(event, EventsReceived)

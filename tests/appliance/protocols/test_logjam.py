@@ -145,7 +145,10 @@ def test_bad_meta_is_dropped_without_reply_on_async_router_and_pull() -> None:
 def test_wrong_frame_count_gets_400_on_a_request(count: int) -> None:
     frames = [APP_ENV, TOPIC, BODY, meta(), b"extra", b"more"][:count]
     error = refused(R, request(*frames))
-    assert f"{count} frames" in error.reason
+    # Past MAX_MESSAGE_FRAMES (6 with the routing id and delimiter) the driver
+    # has not read the rest, so the reason does not claim a count.
+    expected = f"{count} frames" if count + 2 <= 6 else "more than 6 frames"
+    assert expected in error.reason
     assert error.reply_frames == bad_request_frames(Route(ID, reply=True))
 
 

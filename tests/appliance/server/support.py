@@ -14,7 +14,8 @@ from typing import Any
 import trio
 import trio.testing
 
-from appliance.lake.rows import RowBlock
+from appliance.lake.errors import BlockRefused
+from appliance.lake.rows import RowBlock, check_block
 from appliance.lake.writer import CommitTicket
 from appliance.server.context import ServiceContext
 from appliance.server.lifecycle import Lifecycle
@@ -29,7 +30,9 @@ class StandInWriter:
     """Records submitted blocks; the test commits them with :meth:`commit`.
 
     With ``resolve_empty``, a block with no rows resolves at once, like the
-    real writer. Unresolved tickets fail at :meth:`close`.
+    real writer. A block the real writer would refuse raises ``BlockRefused``
+    here too (the same :func:`check_block`). :meth:`refuse` refuses a queued
+    block; :meth:`close` refuses those still unresolved.
     """
 
     def __init__(self, *, resolve_empty: bool = False) -> None:
@@ -40,8 +43,9 @@ class StandInWriter:
 
     async def submit(self, block: RowBlock) -> CommitTicket:
         ticket = CommitTicket()
+        check_block(block)
         if self.resolve_empty and block.rows == 0:
-            ticket._resolve(True)
+            ticket._resolve()
             return ticket
         self.blocks.append(block)
         self.tickets.append(ticket)
@@ -50,12 +54,15 @@ class StandInWriter:
         return ticket
 
     def commit(self, index: int) -> None:
-        self.tickets[index]._resolve(True)
+        self.tickets[index]._resolve()
+
+    def refuse(self, index: int, reason: str = "cannot be stored") -> None:
+        self.tickets[index]._refuse(BlockRefused(reason))
 
     def close(self) -> None:
         for ticket in self.tickets:
             if not ticket.done:
-                ticket._resolve(False)
+                ticket._refuse(BlockRefused("the writer closed"))
 
     async def wait_blocks(self, count: int) -> None:
         while len(self.blocks) < count:

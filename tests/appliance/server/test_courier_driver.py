@@ -8,15 +8,22 @@ tests/interop/test_courier_client.py.
 
 from __future__ import annotations
 
+import json
 import struct
 import zlib
 
 import pytest
 import trio
 import trio.testing
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from appliance.config import CourierListenerConfig
-from appliance.server.courier_driver import courier_driver
+from appliance.lake.rows import blocks_to_arrow, check_block
+from appliance.protocols.errors import RemoteProtocolError
+from appliance.protocols.text import MAX_HOST_BYTES, MAX_TAG_BYTES
+from appliance.server.connection import Reply, Submit
+from appliance.server.courier_driver import CourierSession, courier_driver
 from appliance.server.listener import ConnectionInfo
 from tests.appliance.server.support import (
     StandInWriter,
@@ -289,3 +296,135 @@ async def test_empty_payload_is_acked_with_count_zero(
         writer.commit(0)
         assert await receive_exactly(client, 28) == ackn(1, 0)
         await client.aclose()
+
+
+# -- issue 13: hostile input, end to end through the session --------------------------------
+
+
+def submits(actions: list[object]) -> list[Submit]:
+    return [a for a in actions if isinstance(a, Submit)]
+
+
+@pytest.mark.trio
+@pytest.mark.parametrize("length", range(9, 20))
+async def test_helo_of_9_to_19_bytes_is_answered(
+    autojump_clock: trio.testing.MockClock, length: int
+) -> None:
+    # Issue 13 regression: these HELO lengths raised struct.error, which
+    # escaped the connection task. Now they are a HELO like any other.
+    writer = StandInWriter()
+    body = (bytes(4) + struct.pack(">III", 2, 11, 0) + b"LCOR")[:length]
+    async with serving(handler_for(writer), INFO) as client:
+        await client.send_all(b"HELO" + struct.pack(">I", length) + body + PING)
+        answer = await receive_exactly(client, 40 + 8)
+        assert [m[:4] for m in messages(answer)] == [b"VERS", b"PONG"]
+        await client.aclose()
+
+
+@pytest.mark.trio
+async def test_hostile_strings_and_times_are_stored_with_fallbacks(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # Issue 13 regression: a lone surrogate in type/host, a '²' or Go's zero
+    # time in @timestamp, raw bytes that are not UTF-8: each used to reach
+    # the writer and end the process. Now the block is storable: the tag falls
+    # back to the listener's, the host to null, the time to the receive time.
+    writer = StandInWriter()
+    events = [
+        json.dumps({"type": "\ud800", "host": "\udfff", "message": "surrogates"}).encode(),
+        json.dumps(
+            {"type": "t" * (MAX_TAG_BYTES + 1), "host": "h" * (MAX_HOST_BYTES + 1)}
+        ).encode(),
+        b'{"@timestamp":"2024-05-06T07:08:09.12\xc2\xb2Z","type":"ok","host":"web1"}',
+        b'{"@timestamp":"0001-01-01T00:00:00Z"}',
+        b"\xff\xfe not json, not utf-8",
+    ]
+    async with serving(handler_for(writer, tag="shipped"), INFO) as client:
+        await client.send_all(HELO + evnt(5, *events))
+        await trio.sleep(1)
+        writer.commit(0)
+        await client.aclose()
+    (block,) = writer.blocks
+    assert list(block.tag) == ["shipped", "shipped", "ok", "shipped", "shipped"]
+    assert list(block.host) == [None, None, "web1", None, None]  # type: ignore[arg-type]
+    assert list(block.times_ns) == [None] * 5
+    check_block(block)  # what the writer checks before a block joins a commit group
+    table = blocks_to_arrow([block])  # and the conversion that used to raise
+    assert table.num_rows == 5
+    assert json.loads(block.records[0])["message"] == "surrogates"
+    assert json.loads(block.records[4]) == {
+        "message": {"$binary": "//4gbm90IGpzb24sIG5vdCB1dGYtOA=="}
+    }
+
+
+def test_rows_share_one_tag_and_host_when_no_event_names_them() -> None:
+    session = CourierSession(CourierListenerConfig(tag="plain"), INFO)
+    (submit,) = submits(session.receive(jdat(1, b'{"a":1}', b"text"), 10**18))
+    assert submit.block.tag == "plain"
+    assert submit.block.host is None
+    assert submit.block.rows == 2
+    check_block(submit.block)
+
+
+def test_batch_id_is_the_nonce_as_32_hex_characters() -> None:
+    session = CourierSession(CourierListenerConfig(), INFO)
+    (submit,) = submits(session.receive(jdat(0xAB, b"{}"), 10**18))
+    assert submit.block.batch_id == "ab" * 16
+    assert submit.label == "ab" * 16
+
+
+def test_session_buffered_bytes_follows_the_codec() -> None:
+    # Plain calls, no trio: receive() may run in a worker thread.
+    session = CourierSession(CourierListenerConfig(), INFO)
+    assert session.buffered_bytes() == 0
+    data = HELO + jdat(2, b'{"a":1}') + PING
+    actions: list[object] = []
+    for i in range(len(data)):
+        actions += session.receive(data[i : i + 1], 10**18)
+        done = i + 1 in (len(HELO), len(HELO) + len(jdat(2, b'{"a":1}')), len(data))
+        assert (session.buffered_bytes() == 0) == done, f"after byte {i}"
+    assert [type(a) for a in actions] == [Reply, Submit, Reply]
+
+
+def test_session_raises_only_protocol_errors_for_a_bad_helo() -> None:
+    session = CourierSession(CourierListenerConfig(), INFO)
+    with pytest.raises(RemoteProtocolError, match="exceeds 32"):
+        session.receive(b"HELO" + struct.pack(">I", 33) + bytes(33), 10**18)
+    assert session.buffered_bytes() == 0
+
+
+_ODD_TEXT = st.lists(
+    st.one_of(
+        st.sampled_from(["\ud800", "\udfff", "\u00b2", "\u0663", "0001-01-01T00:00:00Z"]),
+        st.characters(),
+        st.text(max_size=4),
+    ),
+    max_size=6,
+).map("".join)
+_ODD_EVENT = st.fixed_dictionaries(
+    {},
+    optional={
+        "type": _ODD_TEXT,
+        "host": _ODD_TEXT | st.fixed_dictionaries({"name": _ODD_TEXT}),
+        "@timestamp": _ODD_TEXT
+        | st.sampled_from(["2024-05-06T07:08:09.1\u00b2Z", "9999-12-31T23:59:59Z"]),
+        "message": _ODD_TEXT,
+    },
+).map(lambda e: json.dumps(e).encode())
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(_ODD_EVENT | st.binary(max_size=16), max_size=10), st.integers(1, 64))
+def test_fuzz_session_blocks_are_always_storable(events: list[bytes], read: int) -> None:
+    # Codec, event-to-row mapping and the Arrow conversion, on odd events:
+    # nothing but storable blocks (or a RemoteProtocolError) comes out.
+    session = CourierSession(CourierListenerConfig(), INFO)
+    data = HELO + evnt(1, *events) + jdat(2, *events)
+    actions: list[object] = []
+    for i in range(0, len(data), read):
+        actions += session.receive(data[i : i + read], 10**18)
+    blocks = [s.block for s in submits(actions)]
+    assert [b.rows for b in blocks] == [len(events)] * 2
+    for block in blocks:
+        check_block(block)
+    assert blocks_to_arrow(blocks).num_rows == 2 * len(events)

@@ -8,15 +8,23 @@ driver, in tests/appliance/test_service.py.
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgpack
 import pytest
 import trio
 import trio.testing
 
 from appliance.config import ForwardListenerConfig
-from appliance.server.forward_driver import forward_driver
+from appliance.lake.rows import ROW_OVERHEAD_BYTES, check_block
+from appliance.protocols.forward import MAX_PING_BYTES, Chunk, EventsReceived
+from appliance.protocols.forward_handshake import ping_digest
+from appliance.server.connection import Submit
+from appliance.server.context import ServiceContext
+from appliance.server.forward_driver import ForwardSession, forward_block, forward_driver
 from appliance.server.lifecycle import Lifecycle
 from appliance.server.listener import ConnectionInfo
+from auth.policy import SourcePolicy
 from tests.appliance.server.support import (
     StandInWriter,
     handler_factory,
@@ -166,3 +174,174 @@ async def test_rows_carry_tag_time_source_and_peer(
     assert block.source == "anonymous"
     assert list(block.times_ns) == [(1700000000 + i) * 10**9 for i in range(3)]
     assert list(block.records) == ['{"i":0}', '{"i":1}', '{"i":2}']
+
+
+# -- issue 13: strict strings, no ack for what is not stored, the handshake's bounds ----
+#
+# These use the real clock: reads over the driver's inline limit are decoded in a
+# worker thread, and an autojump clock would jump every deadline while it runs.
+# Nothing here waits for a deadline; each wait ends when the server answers or closes.
+
+
+async def until_closed(client: trio.abc.ReceiveStream) -> bytes:
+    """Every byte the server sends until it closes the connection."""
+    received = b""
+    with trio.fail_after(30):
+        while data := await client.receive_some(65536):
+            received += data
+    return received
+
+
+@pytest.mark.trio
+async def test_unreadable_entries_stream_is_not_acked() -> None:
+    writer = StandInWriter()
+    corrupt = msgpack.packb([1700000000, {"a": 1}]) + b"\xc1" + msgpack.packb([1, {"lost": 1}])
+    bad = msgpack.packb(["app", corrupt, {"chunk": "bad"}])
+    async with serving(handler_for(writer), INFO) as client:
+        await client.send_all(request("good") + bad)
+        with trio.fail_after(30):
+            await writer.wait_blocks(1)
+        writer.commit(0)
+        # The good request before it is acked, then the connection closes:
+        # the unreadable one is not acked (before: one "dropped" event was
+        # counted and the chunk acked).
+        assert await until_closed(client) == ack("good")
+    assert [b.batch_id for b in writer.blocks] == ["good"]
+
+
+@pytest.mark.trio
+@pytest.mark.parametrize(
+    "bad",
+    [
+        msgpack.packb(["a\udcffb", 1700000000, {"a": 1}, {"chunk": "x"}],
+                      unicode_errors="surrogateescape"),
+        b'["\\ud800", 1700000000, {"a": 1}, {"chunk": "x"}]',
+        b'["t", 1700000000, {"a": 1}, {"chunk": "\\ud800"}]',
+        msgpack.packb(["t" * 1_000_000, [[1700000000, {"i": i}] for i in range(3000)]]),
+        msgpack.packb(["t", [[1700000000, {"i": i}] for i in range(3000)], {"chunk": "c" * 10**6}]),
+    ],
+    ids=["tag-not-utf8", "json-tag-surrogate", "json-chunk-surrogate", "tag-1mb", "chunk-1mb"],
+)  # fmt: skip
+async def test_crash_inputs_close_only_their_connection(bad: bytes) -> None:
+    writer = StandInWriter()
+    async with serving(handler_for(writer), INFO) as client:
+        await client.send_all(bad)
+        assert await until_closed(client) == b""
+    # The handler returned normally: no block, no ack, nothing escaped.
+    assert writer.blocks == []
+
+
+def test_session_buffered_bytes_follows_the_codec() -> None:
+    session = ForwardSession(ForwardListenerConfig(), INFO, None)
+    data = request("c1")
+    assert session.buffered_bytes() == 0
+    assert session.receive(data[:10], 0) == []
+    assert session.buffered_bytes() == 10
+    (submit,) = session.receive(data[10:], 0)
+    assert isinstance(submit, Submit)
+    assert session.buffered_bytes() == 0
+
+
+def test_block_counts_the_tag_host_and_chunk_once_per_row() -> None:
+    event = EventsReceived(
+        "t" * 1000, "forward", [None, None], [{"a": 1}, {"a": 2}], Chunk(b"c" * 200, "str")
+    )
+    block = forward_block(event, INFO, 1, host="h" * 100)
+    strings = len("forward") + len(INFO.source) + len(INFO.peer) + 1000 + 100 + 200
+    assert block.nbytes == 2 * len('{"a":1}') + 2 * (ROW_OVERHEAD_BYTES + strings)
+    # What the writer's byte limits count for it.
+    assert block.nbytes == check_block(block)
+
+
+# -- with the handshake (security = "shared_key") ---------------------------------------
+
+KEY = b"foobar1"
+
+
+class _Store:
+    """A credential store with one network that admits everyone with ``KEY``."""
+
+    def __init__(self) -> None:
+        self.failures: list[str] = []
+
+    def resolve_source(self, address: str) -> SourcePolicy:
+        return SourcePolicy("192.0.2.0/24", (KEY,), allow_anonymous=True)
+
+    def password_of(self, username: str) -> bytes | None:
+        return None
+
+    def note_login(self, username: str | None, address: str) -> None:
+        pass
+
+    def note_failure(self, address: str, username: str | None, reason: str) -> None:
+        self.failures.append(reason)
+
+
+def secured_handler(writer: StandInWriter) -> Any:
+    settings = ForwardListenerConfig(security="shared_key", self_hostname="server.example")
+    context = ServiceContext(writer, Lifecycle(), credentials=_Store())  # type: ignore[arg-type]
+    return forward_driver(settings, context)
+
+
+def ping(helo: bytes, hostname: str | bytes = "client.example") -> bytes:
+    (_, options) = msgpack.unpackb(helo)
+    host = hostname.decode("utf-8", "surrogateescape") if isinstance(hostname, bytes) else hostname
+    digest = ping_digest(b"salt", host, options["nonce"], KEY)
+    return msgpack.packb(["PING", hostname, "salt", digest, "", ""], use_bin_type=True)
+
+
+async def read_message(client: trio.abc.ReceiveStream, unpacker: msgpack.Unpacker) -> Any:
+    with trio.fail_after(30):
+        while True:
+            for message in unpacker:
+                return message
+            data = await client.receive_some(65536)
+            assert data, "closed before a whole message"
+            unpacker.feed(data)
+
+
+@pytest.mark.trio
+async def test_handshake_client_hostname_becomes_the_host() -> None:
+    writer = StandInWriter()
+    async with serving(secured_handler(writer), INFO) as client:
+        unpacker = msgpack.Unpacker()
+        helo = msgpack.packb(await read_message(client, unpacker), use_bin_type=True)
+        await client.send_all(ping(helo))
+        pong = await read_message(client, unpacker)
+        assert pong[:2] == ["PONG", True]
+        await client.send_all(request("c1"))
+        with trio.fail_after(30):
+            await writer.wait_blocks(1)
+        writer.commit(0)
+        assert await read_message(client, unpacker) == {"ack": "c1"}
+        await client.aclose()
+    assert writer.blocks[0].host == "client.example"
+
+
+@pytest.mark.trio
+async def test_handshake_with_a_hostname_that_is_not_utf8_is_refused() -> None:
+    writer = StandInWriter()
+    async with serving(secured_handler(writer), INFO) as client:
+        unpacker = msgpack.Unpacker()
+        helo = msgpack.packb(await read_message(client, unpacker), use_bin_type=True)
+        await client.send_all(ping(helo, b"host\xff"))
+        assert await read_message(client, unpacker) == [
+            "PONG", False, "invalid ping message", "", "",
+        ]  # fmt: skip
+        assert await until_closed(client) == b""
+    assert writer.blocks == []
+
+
+@pytest.mark.trio
+async def test_ping_followed_by_too_much_in_one_read_is_refused_cleanly() -> None:
+    # Issue 13: this crashed the connection task (and, then, the service).
+    writer = StandInWriter()
+    async with serving(secured_handler(writer), INFO) as client:
+        unpacker = msgpack.Unpacker()
+        helo = msgpack.packb(await read_message(client, unpacker), use_bin_type=True)
+        await client.send_all(ping(helo) + request("early", n=400))
+        pong = await read_message(client, unpacker)
+        assert pong[:2] == ["PONG", False]
+        assert f"more than {MAX_PING_BYTES} bytes sent before the PONG" in pong[2]
+        assert await until_closed(client) == b""
+    assert writer.blocks == []

@@ -16,6 +16,8 @@ import os
 import stat
 import subprocess
 import sys
+import threading
+import zlib
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -28,14 +30,23 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from appliance.config import ConfigError, LogjamListenerConfig, parse_config
+from appliance.lake.errors import BlockRefused
+from appliance.lake.rows import RowBlock
 from appliance.lake.table import EventsTable
-from appliance.lake.writer import LakeWriter, WriterSettings
-from appliance.protocols.logjam import LogjamReceiver, pack_meta
+from appliance.lake.writer import CommitTicket, LakeWriter, WriterSettings
+from appliance.protocols.logjam import (
+    MAX_MESSAGE_FRAMES,
+    Compression,
+    LogjamReceiver,
+    pack_meta,
+)
+from appliance.protocols.text import MAX_BATCH_ID_BYTES
 from appliance.server.context import ServiceContext
 from appliance.server.lifecycle import Lifecycle
 from appliance.server.logjam_driver import (
     INLINE_DECODE_BYTES,
     LogjamPorts,
+    _Listener,
     message_block,
     serve_logjam,
 )
@@ -297,7 +308,28 @@ async def test_nothing_uncommitted_is_acknowledged(tmp_path: Path) -> None:
         dealer = client(zmq.DEALER, service.router)
         await in_thread(send, dealer, [b"", *message(1)])
         await writer.wait_blocks(1)
-    # The stop resolved the ticket uncommitted (as a writer that gave up does).
+    # The stand-in refuses what it still holds when it closes: a 400, never a 202.
+    assert await in_thread(receive, dealer) == [b"", b"400 Bad Request"]
+    assert await in_thread(quiet, dealer)
+    dealer.close()
+
+
+@pytest.mark.trio
+async def test_no_reply_when_the_listener_is_cancelled_before_the_commit(tmp_path: Path) -> None:
+    # issue 13: the 202 went out from a ``finally`` when the listener was cancelled.
+    writer = StandInWriter()
+    config = LogjamListenerConfig(bind="127.0.0.1:0", pull_bind="", curve=False,
+                                  self_hostname="logjam.test.example")  # fmt: skip
+    context = ServiceContext(writer, Lifecycle())  # type: ignore[arg-type]
+    async with trio.open_nursery() as nursery:
+        ports = await nursery.start(functools.partial(serve_logjam, config, context, tmp_path))
+        dealer = client(zmq.DEALER, f"tcp://127.0.0.1:{ports.router}")
+        await in_thread(send, dealer, [b"", *message(1)])
+        await in_thread(send, dealer, [b"", b"ping", APP_ENV, b"{}", meta()])
+        await writer.wait_blocks(1)
+        nursery.cancel_scope.cancel()  # a hard stop: the ticket never resolves
+    # serve_logjam has returned: its sockets are closed and every reply has left.
+    assert not writer.tickets[0].done
     assert await in_thread(quiet, dealer)
     dealer.close()
 
@@ -356,6 +388,185 @@ async def test_large_bodies_are_decoded_off_the_event_loop(tmp_path: Path) -> No
         assert await in_thread(receive, dealer) == [b"", b"202 Accepted"]
         assert len(json.loads(writer.blocks[0].records[0])["lines"]) > 60
         dealer.close()
+
+
+# -- hostile input (issue 13) ------------------------------------------------------------------
+
+
+def events(caplog: pytest.LogCaptureFixture, name: str) -> list[dict[str, Any]]:
+    """The fields of every ``name`` log event captured so far."""
+    return [getattr(r, "fields", {}) for r in caplog.records if r.getMessage() == name]
+
+
+@pytest.fixture
+def decode_calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, bool]]:
+    """Every call of the listener's decode: (frames it got, ran on the trio thread)."""
+    calls: list[tuple[int, bool]] = []
+    original = _Listener.decode
+
+    def spy(self: _Listener, kind: Any, frames: Any) -> Any:
+        calls.append((len(frames), threading.current_thread() is threading.main_thread()))
+        return original(self, kind, frames)
+
+    monkeypatch.setattr(_Listener, "decode", spy)
+    return calls
+
+
+@pytest.mark.trio
+async def test_a_host_that_cannot_be_stored_becomes_null_and_is_counted(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # issue 13: a lone surrogate in host reached the writer after a 202.
+    writer = StandInWriter()
+    async with logjam_service(tmp_path, writer=writer) as service:
+        dealer = client(zmq.DEALER, service.router)
+        bodies = [b'{"host": "\\ud800", "seq": 1}', json.dumps({"host": "h" * 256}).encode(),
+                  json.dumps({"host": "w\u00e9b1"}).encode()]  # fmt: skip
+        for sequence, text in enumerate(bodies):
+            await in_thread(send, dealer, [b"", APP_ENV, TOPIC, text, meta(sequence)])
+        await writer.wait_blocks(3)
+        for index in range(3):
+            writer.commit(index)
+            assert await in_thread(receive, dealer) == [b"", b"202 Accepted"]
+        dealer.close()
+    assert [block.host for block in writer.blocks] == [None, None, "w\u00e9b1"]
+    # The record keeps what was sent, in a form that is valid UTF-8.
+    assert json.loads(writer.blocks[0].records[0])["host"] == {"$binary": "7aCA"}
+    reasons = [fields["reason"] for fields in events(caplog, "message.host_dropped")]
+    assert reasons == ["host is not valid UTF-8", "host is 256 bytes, over the limit of 255"]
+
+
+@pytest.mark.trio
+async def test_a_long_app_env_makes_a_batch_id_the_writer_accepts(tmp_path: Path) -> None:
+    writer = StandInWriter()  # checks blocks as the real writer does
+    app_env = b"a" * 240 + b"-production"
+    async with logjam_service(tmp_path, writer=writer) as service:
+        dealer = client(zmq.DEALER, service.router)
+        await in_thread(send, dealer, [b"", app_env, TOPIC, body(), meta()])
+        await writer.wait_blocks(1)
+        writer.commit(0)
+        assert await in_thread(receive, dealer) == [b"", b"202 Accepted"]
+        dealer.close()
+    batch_id = writer.blocks[0].batch_id
+    assert batch_id is not None
+    assert len(batch_id.encode()) <= MAX_BATCH_ID_BYTES
+
+
+@pytest.mark.trio
+async def test_where_a_body_decodes_depends_on_its_decompressed_size(
+    tmp_path: Path, decode_calls: list[tuple[int, bool]]
+) -> None:
+    # issue 13: 33 KB of deflate inflating to 32 MiB was decoded on the event loop.
+    bomb = zlib.compress(b'{"a":"' + b"x" * (1 << 20) + b'"}', 9)
+    assert len(bomb) < INLINE_DECODE_BYTES // 16
+    writer = StandInWriter()
+    async with logjam_service(tmp_path, writer=writer) as service:
+        dealer = client(zmq.DEALER, service.router)
+        await in_thread(send, dealer, [b"", *message(1)])
+        await in_thread(send, dealer, [b"", APP_ENV, TOPIC, bomb,
+                                       meta(2, compression=Compression.ZLIB)])  # fmt: skip
+        await writer.wait_blocks(2)
+        writer.commit(0)
+        writer.commit(1)
+        for _ in range(2):
+            assert await in_thread(receive, dealer) == [b"", b"202 Accepted"]
+        dealer.close()
+    assert [on_loop for _, on_loop in decode_calls] == [True, False]
+    assert len(json.loads(writer.blocks[1].records[0])["a"]) == 1 << 20
+
+
+@pytest.mark.trio
+async def test_frames_past_the_limit_are_refused_without_being_copied(
+    tmp_path: Path, decode_calls: list[tuple[int, bool]], caplog: pytest.LogCaptureFixture
+) -> None:
+    extra = 100_000
+    writer = StandInWriter()
+    async with logjam_service(tmp_path, writer=writer) as service:
+        dealer = client(zmq.DEALER, service.router)
+        push = client(zmq.PUSH, service.pull)
+        await in_thread(send, push, [*message(1), *[b""] * extra])
+        await in_thread(send, dealer, [b"", *message(2), *[b""] * extra])
+        assert await in_thread(receive, dealer) == [b"", b"400 Bad Request"]
+        # Both sockets read on: the next messages are stored and acknowledged.
+        await in_thread(send, push, message(3))
+        await in_thread(send, dealer, [b"", *message(4)])
+        await writer.wait_blocks(2)
+        writer.commit(0)
+        writer.commit(1)
+        assert await in_thread(receive, dealer) == [b"", b"202 Accepted"]
+        dealer.close()
+        push.close()
+    assert sorted(json.loads(b.records[0])["seq"] for b in writer.blocks) == [3, 4]
+    assert max(frames for frames, _ in decode_calls) <= MAX_MESSAGE_FRAMES + 1
+    counted = sorted(fields["frames"] for fields in events(caplog, "message.malformed"))
+    assert counted == [4 + extra, 6 + extra]
+
+
+class RefusingWriter(StandInWriter):
+    """Refuses at submit every block whose record has ``"refuse": true``."""
+
+    async def submit(self, block: RowBlock) -> CommitTicket:
+        if json.loads(block.records[0]).get("refuse"):
+            raise BlockRefused("refused by the test")
+        return await super().submit(block)
+
+
+@pytest.mark.trio
+async def test_a_refused_block_gets_400_in_the_peers_order(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    writer = RefusingWriter()
+    async with logjam_service(tmp_path, writer=writer) as service:
+        dealer = client(zmq.DEALER, service.router)
+        await in_thread(send, dealer, [b"", *message(1)])
+        await in_thread(send, dealer, [b"", *message(2, refuse=True)])  # refused at submit
+        await in_thread(send, dealer, [b"", *message(3)])  # refused at commit
+        await in_thread(send, dealer, [b"", *message(4)])
+        await writer.wait_blocks(3)
+        writer.refuse(1, "cannot be stored")
+        writer.commit(2)
+        assert await in_thread(quiet, dealer)  # all wait behind the first request
+        writer.commit(0)
+        assert [await in_thread(receive, dealer) for _ in range(4)] == [
+            [b"", b"202 Accepted"], [b"", b"400 Bad Request"],
+            [b"", b"400 Bad Request"], [b"", b"202 Accepted"],
+        ]  # fmt: skip
+        dealer.close()
+    reasons = {fields["reason"] for fields in events(caplog, "message.refused")}
+    assert reasons == {"refused by the test", "cannot be stored"}
+
+
+@pytest.mark.trio
+async def test_an_unexpected_exception_fails_that_message_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    original = _Listener.decode
+
+    def decode(self: _Listener, kind: Any, frames: Any) -> Any:
+        if b"explode" in bytes(frames[-2]):
+            raise RuntimeError("a bug nothing anticipated")
+        return original(self, kind, frames)
+
+    monkeypatch.setattr(_Listener, "decode", decode)
+    writer = StandInWriter()
+    async with logjam_service(tmp_path, writer=writer) as service:
+        dealer = client(zmq.DEALER, service.router)
+        push = client(zmq.PUSH, service.pull)
+        await in_thread(send, push, message(1, explode=True))
+        await in_thread(send, dealer, [b"", *message(2, explode=True)])
+        await in_thread(send, dealer, [b"", *message(3)])
+        await writer.wait_blocks(1)
+        writer.commit(0)
+        # No reply for the failed request; the next one is answered.
+        assert await in_thread(receive, dealer) == [b"", b"202 Accepted"]
+        await in_thread(send, push, message(4))
+        await writer.wait_blocks(2)
+        dealer.close()
+        push.close()
+    assert [json.loads(b.records[0])["seq"] for b in writer.blocks] == [3, 4]
+    failed = events(caplog, "message.failed")
+    assert [fields["error"] for fields in failed] == ["RuntimeError", "RuntimeError"]
+    assert {fields["socket"] for fields in failed} == {"router", "pull"}
 
 
 @pytest.mark.trio

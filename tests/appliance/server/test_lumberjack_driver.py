@@ -10,17 +10,26 @@ tests/interop/test_lumberjack_node.py.
 from __future__ import annotations
 
 import json
+import logging
 import struct
+import zlib
+from functools import partial
 from typing import Any
 
 import pytest
 import trio
 import trio.testing
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from appliance.config import LumberjackListenerConfig
-from appliance.lake.rows import RowBlock
+from appliance.lake.rows import RowBlock, check_block
+from appliance.protocols.errors import RemoteProtocolError
+from appliance.protocols.text import MAX_HOST_BYTES, MAX_TAG_BYTES
+from appliance.server.connection import Submit
 from appliance.server.listener import ConnectionInfo
-from appliance.server.lumberjack_driver import lumberjack_driver
+from appliance.server.lumberjack_driver import LumberjackSession, lumberjack_driver
+from appliance.timefmt import MAX_TIME_NS
 from tests.appliance.server.support import (
     StandInWriter,
     handler_factory,
@@ -44,12 +53,12 @@ def j(seq: int, record: dict[str, Any]) -> bytes:
     return b"2J" + u32(seq) + u32(len(payload)) + payload
 
 
-def d(seq: int, pairs: dict[str, str]) -> bytes:
-    body = b"".join(
-        u32(len(k.encode())) + k.encode() + u32(len(v.encode())) + v.encode()
-        for k, v in pairs.items()
+def d(seq: int, pairs: dict[str, str] | list[tuple[bytes, bytes]]) -> bytes:
+    items = (
+        [(k.encode(), v.encode()) for k, v in pairs.items()] if isinstance(pairs, dict) else pairs
     )
-    return b"1D" + u32(seq) + u32(len(pairs)) + body
+    body = b"".join(u32(len(k)) + k + u32(len(v)) + v for k, v in items)
+    return b"1D" + u32(seq) + u32(len(items)) + body
 
 
 def beats(first: int, n: int) -> bytes:
@@ -202,7 +211,9 @@ async def rows_of(stream: bytes, **settings: Any) -> RowBlock:
     writer = stand_in_writer()
     async with serving(handler_for(writer, **settings), INFO) as client:
         await client.send_all(stream)
-        await trio.sleep(1)
+        # Not trio.sleep: a read over the driver's inline limit is decoded in a
+        # worker thread, which the autojump clock does not wait for.
+        await writer.wait_blocks(1)
         writer.commit(0)
         await client.aclose()
     (block,) = writer.blocks
@@ -305,3 +316,186 @@ async def test_v1_pairs_map_type_host_and_timestamp(
     assert list(block.host) == ["lj-1"]
     assert list(block.times_ns) == [1795341607_123_000_000]
     assert json.loads(block.records[0])["line"] == "hi"
+
+
+# -- issue 13: strict strings, times, the highest sequence, buffered bytes ---------
+
+
+def fields_invalid(caplog: pytest.LogCaptureFixture) -> list[dict[str, Any]]:
+    return [getattr(r, "fields", {}) for r in caplog.records if r.getMessage() == "fields.invalid"]
+
+
+@pytest.mark.trio
+async def test_tag_or_host_too_long_falls_back_to_the_defaults_and_is_logged(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING)
+    writer = stand_in_writer()
+    stream = jwindow(
+        {"type": "ok", "host": "web-01"},
+        {"type": "t" * (MAX_TAG_BYTES + 1), "host": "web-02"},
+        {"type": "ok", "host": {"name": "h" * (MAX_HOST_BYTES + 1)}},
+    )
+    async with serving(handler_for(writer, tag="beats-default"), INFO) as client:
+        await client.send_all(stream)
+        await writer.wait_blocks(1)
+        writer.commit(0)
+        # The window is stored and acked: the bad fields did not fail it.
+        assert await receive_within(client, 1) == ack(3)
+        await client.aclose()
+    (block,) = writer.blocks
+    assert list(block.tag) == ["ok", "beats-default", "ok"]
+    assert list(block.host) == ["web-01", "web-02", None]
+    assert json.loads(block.records[1])["type"] == "t" * (MAX_TAG_BYTES + 1)  # kept whole
+    (logged,) = fields_invalid(caplog)
+    assert (logged["tags"], logged["hosts"], logged["peer"]) == (1, 1, INFO.peer)
+
+
+@pytest.mark.trio
+async def test_hostile_timestamps_keep_the_event_with_the_receive_time(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # issue 13: these reached the writer and raised OverflowError there.
+    times: list[Any] = [
+        "2026-11-22T10:00:07.\u00b2Z",
+        "\u0662\u0660\u0662\u0666-11-22T10:00:07Z",
+        "0001-01-01T00:00:00Z",
+        "9999-12-31T23:59:59-14:00",
+        "9999-12-31T23:59:59+14:00",
+        1795341607,
+        ["2026-11-22T10:00:07Z"],
+        None,
+        "2262-04-11T23:47:16.854775807Z",
+    ]
+    block = await rows_of(jwindow(*({"@timestamp": t, "n": i} for i, t in enumerate(times))))
+    assert list(block.times_ns) == [None] * 8 + [MAX_TIME_NS]
+    assert [json.loads(r)["n"] for r in block.records] == list(range(9))
+    check_block(block)  # what the writer checks: storable
+
+
+@pytest.mark.trio
+async def test_d_values_that_are_not_utf8_are_stored_as_binary(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    block = await rows_of(
+        window(1, v=1) + d(1, [(b"line", "café".encode("latin-1")), (b"type", b"\xff"),
+                               (b"host", b"lj-1")])
+    )  # fmt: skip
+    assert json.loads(block.records[0]) == {
+        "line": {"$binary": "Y2Fm6Q=="}, "type": {"$binary": "/w=="}, "host": "lj-1",
+    }  # fmt: skip
+    assert list(block.tag) == ["lumberjack"]  # a binary value is not a string: no tag
+    assert list(block.host) == ["lj-1"]
+
+
+@pytest.mark.trio
+async def test_ack_carries_the_highest_sequence_of_a_backwards_window(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    writer = stand_in_writer()
+    async with serving(handler_for(writer, keepalive_seconds=600), INFO) as client:
+        # Sequences 5, 9, 2: the ack is 9 (Logstash's highest), not 2 (the last).
+        await client.send_all(window(3) + j(5, {}) + j(9, {}) + j(2, {}) + window(0))
+        await trio.sleep(1)
+        writer.commit(0)
+        assert await receive_within(client, 1) == ack(9) + ack(9)
+        await client.aclose()
+
+
+@pytest.mark.trio
+async def test_a_run_of_empty_windows_is_acked_once_per_window(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    writer = stand_in_writer()
+    async with serving(handler_for(writer, keepalive_seconds=600), INFO) as client:
+        await client.send_all(window(0) * 1000)
+        assert await receive_within(client, 1) == ack(0) * 1000
+        await client.aclose()
+    assert writer.blocks == []
+
+
+def session(**config: Any) -> LumberjackSession:
+    return LumberjackSession(LumberjackListenerConfig(**config), INFO)
+
+
+def test_session_buffered_bytes_follow_the_codec() -> None:
+    lumberjack = session()
+    assert lumberjack.buffered_bytes() == 0
+    frame = j(1, {"message": "x"})
+    assert lumberjack.receive(window(2) + frame + frame[:4], 0) == []
+    assert lumberjack.buffered_bytes() == len(frame) + 4
+    (action,) = lumberjack.receive(frame[4:], 0)
+    assert lumberjack.buffered_bytes() == 0
+    assert isinstance(action, Submit)
+    assert action.label == "seq 1"
+
+
+def test_session_counts_invalid_fields() -> None:
+    lumberjack = session()
+    stream = jwindow({"type": "t" * (MAX_TAG_BYTES + 1)}, {"host": "h" * (MAX_HOST_BYTES + 1)})
+    (action,) = lumberjack.receive(stream, 0)
+    assert (lumberjack.invalid_tags, lumberjack.invalid_hosts) == (1, 1)
+    assert isinstance(action, Submit)
+    assert list(action.block.tag) == ["lumberjack", "lumberjack"]
+
+
+def test_session_ack_keeps_no_window_alive() -> None:
+    lumberjack = session()
+    (action,) = lumberjack.receive(jwindow({"m": 1}, {"m": 2}), 0)
+    assert isinstance(action, Submit)
+    ack_now = action.ack
+    # The codec's method and two numbers (highest sequence, acks): not the window.
+    assert isinstance(ack_now, partial)
+    assert ack_now.args == (2, 1)
+    assert ack_now() == ack(2)
+
+
+RAW_STRINGS = st.binary(max_size=12) | st.text(max_size=6).map(str.encode)
+
+
+@st.composite
+def hostile_streams(draw: st.DrawFn) -> bytes:
+    """Valid framing around hostile content: bytes that are not UTF-8, long and odd values."""
+    version = draw(st.sampled_from([1, 2]))
+    frames = b""
+    count = draw(st.integers(1, 4))
+    for seq in draw(st.lists(st.integers(0, 2**32 - 1), min_size=count, max_size=count)):
+        if version == 1:
+            pairs = draw(st.lists(st.tuples(
+                st.sampled_from([b"type", b"host", b"@timestamp", b"line"]) | RAW_STRINGS,
+                RAW_STRINGS | st.sampled_from([b"x" * 2000, "\u00b2".encode(),
+                                               b"0001-01-01T00:00:00Z"]),
+            ), max_size=4))  # fmt: skip
+            frames += d(seq, pairs)
+        else:
+            value = st.text(max_size=8) | st.sampled_from(
+                ["t" * 1100, "0001-01-01T00:00:00Z", "2026-11-22T10:00:07.\u00b2Z", "😀" * 300]
+            ) | st.integers() | st.none()  # fmt: skip
+            record = draw(st.dictionaries(
+                st.sampled_from(["type", "host", "@timestamp", "message"]), value, max_size=4,
+            ))  # fmt: skip
+            if draw(st.booleans()):
+                record = {"@metadata": {"beat": record.pop("type", None)}, "host": record}
+            frames += j(seq, record)
+    if draw(st.booleans()):
+        payload = zlib.compress(frames)
+        frames = f"{version}C".encode() + u32(len(payload)) + payload
+    return window(count, version) + frames
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(hostile_streams(), st.integers(0, 10**6))
+def test_every_block_a_session_makes_is_storable(stream: bytes, cut: int) -> None:
+    """issue 13: what a codec lets through must pass the writer's check (never crash it)."""
+    lumberjack = session()
+    cut = cut % (len(stream) + 1)
+    try:
+        actions = lumberjack.receive(stream[:cut], 1) + lumberjack.receive(stream[cut:], 1)
+    except RemoteProtocolError:
+        return
+    assert lumberjack.pending_error() is None
+    (action,) = actions
+    assert isinstance(action, Submit)
+    check_block(action.block)
+    assert callable(action.ack)
+    action.ack()

@@ -1,8 +1,10 @@
-"""The WebSocket driver over in-memory streams: ordering, acks after commit, auth, tail drops."""
+"""The WebSocket driver over in-memory streams: ordering, acks after commit, auth, tail drops,
+refused blocks, cancellation, peers that vanish, bugs that must not be hidden."""
 
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -18,8 +20,8 @@ from trio_websocket import (
 )
 
 from appliance.config import WebSocketListenerConfig
+from appliance.lake.errors import BlockRefused
 from appliance.lake.rows import RowBlock
-from appliance.lake.writer import CommitTicket
 from appliance.protocols.websocket_messages import TailFilter
 from appliance.server.context import ServiceContext
 from appliance.server.lifecycle import Lifecycle
@@ -33,23 +35,60 @@ TOKENS = {
 }
 
 
+class FakeTicket:
+    """The ticket contract (appliance.lake.writer.CommitTicket): ``wait()``
+    returns None once committed, raises BlockRefused, never returns False."""
+
+    def __init__(self) -> None:
+        self._done = trio.Event()
+        self._refused: BlockRefused | None = None
+
+    def commit(self) -> None:
+        self._done.set()
+
+    def refuse(self, reason: str) -> None:
+        self._refused = BlockRefused(reason)
+        self._done.set()
+
+    async def wait(self) -> None:
+        await self._done.wait()
+        if self._refused is not None:
+            raise self._refused
+
+
 class FakeWriter:
-    """Holds every ticket until the test commits it; tells commit listeners like the writer."""
+    """Holds every ticket until the test commits it; tells commit listeners like the writer.
+
+    ``refuse_batches`` are refused by ``submit`` itself (the writer's check
+    before a block joins a commit group); :meth:`refuse` refuses a pending one.
+    """
 
     def __init__(self) -> None:
         self.commit_listeners: list[Any] = []
-        self.pending: list[tuple[RowBlock, CommitTicket]] = []
+        self.pending: list[tuple[RowBlock, FakeTicket]] = []
         self.committed: list[RowBlock] = []
+        self.refuse_batches: set[str] = set()
+        self.failure: Exception | None = None
 
-    async def submit(self, block: RowBlock) -> CommitTicket:
-        ticket = CommitTicket()
+    async def submit(self, block: RowBlock) -> FakeTicket:
+        if self.failure is not None:
+            raise self.failure
+        if block.batch_id in self.refuse_batches:
+            raise BlockRefused(f"batch {block.batch_id} cannot be stored")
+        ticket = FakeTicket()
         self.pending.append((block, ticket))
         return ticket
+
+    def refuse(self, batch_id: str, reason: str) -> None:
+        for block, ticket in self.pending:
+            if block.batch_id == batch_id:
+                ticket.refuse(reason)
+        self.pending = [(b, t) for b, t in self.pending if b.batch_id != batch_id]
 
     def commit(self) -> None:
         blocks = [b for b, _ in self.pending]
         for _, ticket in self.pending:
-            ticket._resolve(True)
+            ticket.commit()
         self.pending.clear()
         self.committed += blocks
         for listener in self.commit_listeners:
@@ -247,3 +286,281 @@ async def test_subscription_reports_drops_after_the_queued_rows() -> None:
         items, dropped = await sub.next()
         assert ([len(rows) for _, rows in items], dropped) == ([1], 0)
     assert hub.subscribers == 0
+
+
+# -- the ticket contract: ack only after wait() returned; BlockRefused is an error answer --
+
+
+async def answers(ws: WebSocketConnection, count: int) -> list[dict[str, Any]]:
+    return [json.loads(await ws.get_message()) for _ in range(count)]
+
+
+@pytest.mark.trio
+async def test_a_block_refused_by_submit_gets_its_error_and_the_connection_goes_on() -> None:
+    handler, writer, _ = make_handler()
+    writer.refuse_batches.add("bad")
+    async with client(handler) as ws:
+        for message_id in ("a", "bad", "c"):
+            await ws.send_message(msg(message_id))
+        await trio.testing.wait_all_tasks_blocked()
+        writer.commit()
+        got = await answers(ws, 3)
+    assert got == [
+        {"ack": "a"},
+        {"error": "not stored: batch bad cannot be stored", "id": "bad"},
+        {"ack": "c"},
+    ]
+    assert [b.batch_id for b in writer.committed] == ["a", "c"]
+
+
+@pytest.mark.trio
+async def test_a_ticket_refused_at_commit_gets_its_error_not_an_ack() -> None:
+    handler, writer, _ = make_handler()
+    async with client(handler) as ws:
+        for message_id in ("a", "b", "c"):
+            await ws.send_message(msg(message_id))
+        await trio.testing.wait_all_tasks_blocked()
+        writer.refuse("b", "record is not valid UTF-8")
+        writer.commit()
+        got = await answers(ws, 3)
+        await ws.send_message(msg("d"))  # still open and reading
+        await trio.testing.wait_all_tasks_blocked()
+        writer.commit()
+        (last,) = await answers(ws, 1)
+    assert got == [
+        {"ack": "a"},
+        {"error": "not stored: record is not valid UTF-8", "id": "b"},
+        {"ack": "c"},
+    ]
+    assert last == {"ack": "d"}
+
+
+async def until_closed(ws: WebSocketConnection) -> tuple[list[str], int | None]:
+    """Every message until the server closes, and its close code."""
+    received: list[str] = []
+    while True:
+        try:
+            message = await ws.get_message()
+        except ConnectionClosed as closed:
+            return received, closed.reason.code if closed.reason else None
+        assert isinstance(message, str)
+        received.append(message)
+
+
+@pytest.mark.trio
+async def test_cancellation_answers_nothing_for_an_unresolved_ticket() -> None:
+    handler, writer, _ = make_handler()
+    server_stream, client_stream = trio.testing.memory_stream_pair()
+    info = ConnectionInfo("websocket", "127.0.0.1:5000", True, "anonymous")
+    headers = [(b"authorization", b"Bearer apt_ingest")]
+    async with trio.open_nursery() as nursery:
+        server = trio.CancelScope()
+
+        async def serve() -> None:
+            with server:
+                await handler(server_stream, info)
+
+        nursery.start_soon(serve)
+        ws = await wrap_client_stream(nursery, client_stream, "localhost", "/ingest",
+                                      extra_headers=headers)  # fmt: skip
+        await ws.send_message(msg("a"))
+        await ws.send_message(msg("b"))
+        await trio.testing.wait_all_tasks_blocked()
+        assert len(writer.pending) == 2
+        writer.pending[0][1].commit()  # "a" commits; "b" never resolves
+        await trio.testing.wait_all_tasks_blocked()
+        server.cancel()  # the service stops the connection task
+        received, code = await until_closed(ws)
+        nursery.cancel_scope.cancel()
+    assert [json.loads(text) for text in received] == [{"ack": "a"}]
+    assert code == 1001
+
+
+# -- failures: the peer's doing is logged and ends quietly; a bug is never hidden ----------
+
+
+UPGRADE = (
+    b"GET /ingest HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+    b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n"
+    b"Authorization: Bearer apt_ingest\r\n\r\n"
+)
+
+
+@pytest.mark.trio
+@pytest.mark.parametrize(
+    "sent",
+    [
+        b"garbage\r\n\r\n",  # trio-websocket answers 400 on a socket already closed
+        b"GET /ingest HTTP/1.1\r\nHost: x\r\n\r\n",  # not an upgrade
+        UPGRADE,  # the peer leaves before the 101 can be sent
+    ],
+    ids=["garbage", "no-upgrade", "gone-before-accept"],
+)
+async def test_a_peer_that_sends_junk_and_leaves_ends_only_its_connection(
+    sent: bytes, autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Each of these raised ConnectionClosed out of the handler (and, with no
+    # boundary above it, ended the service).
+    handler, writer, _ = make_handler()
+    server_stream, client_stream = trio.testing.memory_stream_pair()
+    info = ConnectionInfo("websocket", "127.0.0.1:5000", True, "anonymous")
+    await client_stream.send_all(sent)
+    await client_stream.aclose()
+    await handler(server_stream, info)  # returns: nothing escapes
+    assert writer.pending == []
+    logged = events(caplog, "websocket.aborted") + events(caplog, "websocket.handshake_failed")
+    assert [fields["peer"] for fields in logged] == ["127.0.0.1:5000"]
+    assert all(fields["reason"] for fields in logged)
+
+
+@pytest.mark.trio
+@pytest.mark.parametrize(
+    "frame",
+    [
+        b"\x81\x85abcd\xff\xff\xff\xff\xff",  # a text frame that is not UTF-8
+        b"\x8f\x80abcd",  # a reserved opcode
+        b"\x01\x81abcd" + b"\x00" * 5,  # a text fragment, then an unmasked continuation
+    ],
+    ids=["bad-utf8", "reserved-opcode", "bad-continuation"],
+)
+async def test_a_bad_frame_after_the_handshake_ends_only_its_connection(
+    frame: bytes, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    handler, writer, _ = make_handler()
+    server_stream, client_stream = trio.testing.memory_stream_pair()
+    info = ConnectionInfo("websocket", "127.0.0.1:5000", True, "anonymous")
+
+    async def peer() -> None:
+        await client_stream.send_all(UPGRADE)
+        head = b""
+        while b"\r\n\r\n" not in head:
+            head += await client_stream.receive_some()
+        assert head.startswith(b"HTTP/1.1 101 ")
+        await client_stream.send_all(frame)
+        await client_stream.aclose()
+
+    with trio.fail_after(5):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(peer)
+            await handler(server_stream, info)  # returns: nothing escapes
+    assert writer.pending == []
+    (closed,) = events(caplog, "websocket.closed")
+    assert closed["peer"] == "127.0.0.1:5000"
+
+
+@pytest.mark.trio
+async def test_a_bug_closes_with_1011_and_propagates_to_the_listener() -> None:
+    handler, writer, _ = make_handler()
+    writer.failure = RuntimeError("a bug in the writer")
+    server_stream, client_stream = trio.testing.memory_stream_pair()
+    info = ConnectionInfo("websocket", "127.0.0.1:5000", True, "anonymous")
+    headers = [(b"authorization", b"Bearer apt_ingest")]
+    bugs: list[BaseException] = []
+    close_code: int | None = None
+
+    async def serve() -> None:
+        try:
+            await handler(server_stream, info)
+        except* RuntimeError as group:
+            bugs.extend(_leaves(group))
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(serve)
+        ws = await wrap_client_stream(nursery, client_stream, "localhost", "/ingest",
+                                      extra_headers=headers)  # fmt: skip
+        await ws.send_message(msg("a"))
+        with pytest.raises(ConnectionClosed) as caught:
+            await ws.get_message()
+        assert caught.value.reason is not None
+        close_code = caught.value.reason.code
+        nursery.cancel_scope.cancel()
+    assert close_code == 1011
+    assert [str(bug) for bug in bugs] == ["a bug in the writer"]
+
+
+class StallingStream(trio.abc.Stream):
+    """A server stream whose sends block once :attr:`stalled` (a client that
+    reads nothing: its TCP window is full); a send cancelled there breaks the
+    stream, as it does a TLS stream."""
+
+    def __init__(self, inner: trio.abc.Stream) -> None:
+        self.inner = inner
+        self.stalled = False
+        self.broken = False
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        if self.broken:
+            raise trio.BrokenResourceError("a send was cancelled")
+        if self.stalled:
+            try:
+                await trio.sleep_forever()
+            finally:
+                self.broken = True
+        await self.inner.send_all(data)
+
+    async def wait_send_all_might_not_block(self) -> None:
+        await self.inner.wait_send_all_might_not_block()
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes:
+        return await self.inner.receive_some(max_bytes)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+def events(caplog: pytest.LogCaptureFixture, name: str) -> list[dict[str, Any]]:
+    """The fields of every ``name`` log line."""
+    return [getattr(r, "fields", {}) for r in caplog.records if r.getMessage() == name]
+
+
+@pytest.mark.trio
+async def test_a_client_that_reads_no_answers_is_closed(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A client that never reads must not hold its connection forever: each
+    # answer must be taken within idle_timeout_seconds.
+    caplog.set_level(logging.INFO)
+    handler, writer, _ = make_handler(idle_timeout_seconds=5.0)
+    server_stream, client_stream = trio.testing.memory_stream_pair()
+    stalling = StallingStream(server_stream)
+    info = ConnectionInfo("websocket", "127.0.0.1:5000", True, "anonymous")
+    headers = [(b"authorization", b"Bearer apt_ingest")]
+    handled = trio.Event()
+
+    async def serve() -> None:
+        await handler(stalling, info)
+        handled.set()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(serve)
+        ws = await wrap_client_stream(nursery, client_stream, "localhost", "/ingest",
+                                      extra_headers=headers)  # fmt: skip
+        stalling.stalled = True
+        await ws.send_message(msg("a"))
+        await trio.testing.wait_all_tasks_blocked()
+        writer.commit()
+        with trio.fail_after(60):  # mock clock: jumps, never waits
+            await handled.wait()
+        nursery.cancel_scope.cancel()
+    (closed,) = events(caplog, "websocket.closed")
+    assert (closed["code"], closed["reason"]) == (1008, "read nothing for 5.0s")
+
+
+# -- strict strings through the driver ----------------------------------------------------
+
+
+@pytest.mark.trio
+async def test_a_tag_over_its_byte_limit_is_answered_and_the_connection_goes_on() -> None:
+    handler, writer, _ = make_handler()
+    async with client(handler) as ws:
+        await ws.send_message(msg("a", tag="web." + "\u00e9" * 511))  # 1026 bytes
+        await ws.send_message(msg("b"))
+        await trio.testing.wait_all_tasks_blocked()
+        writer.commit()
+        got = await answers(ws, 2)
+    assert got == [
+        {"error": "tag is 1026 bytes, over the limit of 1024", "id": "a"},
+        {"ack": "b"},
+    ]
+    assert [b.batch_id for b in writer.committed] == ["b"]

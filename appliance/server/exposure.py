@@ -1,0 +1,51 @@
+"""Which listeners take data from anyone on the network (a start-up warning, DESIGN §5).
+
+A listener bound to a non-loopback address that authenticates nobody lets
+any host that can reach it write into the table. That can be a deliberate
+choice on a trusted network, so it is not refused, but it is said at every
+start (``listener.unauthenticated``), and the packaged example config
+authenticates every non-loopback listener.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+
+from appliance.config import (
+    Config,
+    ForwardListenerConfig,
+    ListenerConfig,
+    LogjamListenerConfig,
+    WebSocketListenerConfig,
+)
+
+__all__ = ["is_loopback", "unauthenticated_listeners"]
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (an address or ``localhost``) is reachable only from this machine."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a host name or "" (every address): assume reachable
+
+
+def _authenticates(listener: ListenerConfig) -> bool:
+    if isinstance(listener, LogjamListenerConfig):
+        return listener.curve
+    if isinstance(listener, WebSocketListenerConfig):
+        return True  # every ingest connection needs a token or a client certificate
+    if listener.tls and listener.client_auth == "required":
+        return True
+    return isinstance(listener, ForwardListenerConfig) and listener.security != "off"
+
+
+def unauthenticated_listeners(config: Config) -> list[ListenerConfig]:
+    """The listeners bound beyond loopback that authenticate nobody."""
+    return [
+        listener
+        for listener in config.listeners
+        if not is_loopback(listener.host) and not _authenticates(listener)
+    ]
