@@ -23,6 +23,7 @@ from appliance.lake import writer as lake_writer
 from appliance.protocols import courier as courier_codec
 from appliance.protocols import forward as forward_codec
 from appliance.protocols import logjam as logjam_codec
+from appliance.protocols import lumberjack as lumberjack_codec
 from appliance.protocols import websocket_messages as websocket_codec
 
 __all__ = [
@@ -107,6 +108,8 @@ class LakeConfig:
     retry_max_seconds: float = lake_writer.DEFAULT_RETRY_MAX_SECONDS
     dedupe_window_seconds: float = lake_writer.DEFAULT_DEDUPE_WINDOW_SECONDS
     dedupe_max_keys: int = lake_writer.DEFAULT_DEDUPE_MAX_KEYS
+    #: Seconds this node's claim on its app id lasts without a commit (one writer per app id).
+    lease_seconds: float = lake_writer.DEFAULT_LEASE_SECONDS
 
     def writer_settings(self) -> lake_writer.WriterSettings:
         """The writer's settings taken from this section."""
@@ -291,6 +294,9 @@ class LumberjackListenerConfig(ListenerConfig):
     max_frame_bytes: int = 64 * 1024 * 1024
     #: Largest decompressed C frame, in bytes.
     max_decompressed_bytes: int = 256 * 1024 * 1024
+    #: Largest window, in bytes of its data frames after decompression: what an
+    #: unfinished window may make the appliance hold.
+    max_window_bytes: int = lumberjack_codec.DEFAULT_MAX_WINDOW_BYTES
     #: Seconds between keepalive acks while a window waits for its commit.
     keepalive_seconds: float = DEFAULT_KEEPALIVE_SECONDS
     #: Record fields whose value becomes the tag, first present wins (dotted paths).
@@ -456,6 +462,9 @@ class Config:
     maintenance: MaintenanceConfig = field(default_factory=MaintenanceConfig)
     spark: SparkConfig = field(default_factory=SparkConfig)
     listeners: list[ListenerConfig] = field(default_factory=lambda: [ForwardListenerConfig()])
+    #: The file this configuration was read from (None: the embedded default);
+    #: a reload (SIGHUP) reads it again.
+    source: Path | None = None
 
     @property
     def table_uri(self) -> str:
@@ -650,10 +659,55 @@ def parse_config(text: str, source: str = "<config>") -> Config:
         raise builder.error(
             ("auth", "database_url"), "must be a sqlite:///PATH or postgresql+psycopg://... URL"
         )
-    binds = [(listener.host, listener.port) for listener in config.listeners]
-    if len(set(binds)) != len(binds):
-        raise ConfigError(f"{source}: listeners: two listeners bind the same address")
+    _check_binds(builder, config.listeners, data.get("listeners"))
     return config
+
+
+def _check_binds(builder: _Builder, listeners: list[ListenerConfig], raw: Any) -> None:
+    """Two sockets on one address: name both listeners, at the line of the second.
+
+    A wildcard host (``0.0.0.0``, ``::``) takes the port on every address of its family.
+    """
+
+    def family(host: str) -> int:  # 0: a name, which may resolve to either family
+        if host in ("0.0.0.0", "", "*"):  # noqa: S104 -- a comparison, not a bind
+            return 4
+        if host == "::" or ":" in host:
+            return 6
+        return 4 if host.replace(".", "").isdigit() else 0
+
+    def overlap(a: str, b: str) -> bool:
+        wild = {"0.0.0.0", "", "*", "::"}  # noqa: S104
+        if a == b:
+            return True
+        if a in wild and b not in wild:
+            return family(b) in (0, family(a))
+        return b in wild and a not in wild and family(a) in (0, family(b))
+
+    seen: list[tuple[str, str, str]] = []  # host, port, "listener 'a' (bind host:port)"
+    for index, listener in enumerate(listeners):
+        sockets = [("bind", listener.bind)]
+        if isinstance(listener, LogjamListenerConfig) and listener.pull_bind is not None:
+            sockets.append(("pull_bind", listener.pull_bind))
+        for key, address in sockets:
+            host, _, port = address.rpartition(":")
+            host = host.strip("[]")
+            this = f"listener {listener.name!r} ({key} {address})"
+            for other_host, other_port, other in seen:
+                if port != "0" and port == other_port and overlap(host, other_host):
+                    message = f"two listeners bind the same address: {this} and {other}"
+                    explicit = isinstance(raw, list) and key in raw[index]
+                    headers = [
+                        number
+                        for number, line in enumerate(builder.text.splitlines(), start=1)
+                        if line.strip().startswith("[[") and line.strip("[] \t") == "listeners"
+                    ]
+                    if explicit or index >= len(headers):
+                        raise builder.error(("listeners", index, key), message)
+                    # A default bind: point at the listener's own [[listeners]] header.
+                    where = f"{builder.source}:{headers[index]}"
+                    raise ConfigError(f"{where}: listeners[{index}].{key}: {message}")
+            seen.append((host, port, this))
 
 
 def load_config(path: Path) -> Config:
@@ -664,4 +718,4 @@ def load_config(path: Path) -> Config:
         raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
     except UnicodeDecodeError:
         raise ConfigError(f"{path}: not UTF-8 text") from None
-    return parse_config(text, str(path))
+    return dataclasses.replace(parse_config(text, str(path)), source=path)

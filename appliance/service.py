@@ -17,12 +17,16 @@ resend it and the resend is deduplicated.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import hashlib
 import os
+import secrets
 import signal
+import socket
 import ssl
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
@@ -31,15 +35,18 @@ import trio
 
 from appliance.config import (
     Config,
+    ConfigError,
     ForwardListenerConfig,
     ListenerConfig,
     LogjamListenerConfig,
     WebSocketListenerConfig,
+    load_config,
 )
 from appliance.lake.maintenance import run_maintenance
 from appliance.lake.table import EventsTable
 from appliance.lake.writer import LakeWriter
 from appliance.logs import get_logger
+from appliance.reload_status import ReloadStatus, write_status
 from appliance.server.context import ServiceContext
 from appliance.server.exposure import unauthenticated_listeners
 from appliance.server.heartbeat import serve_udp_heartbeat
@@ -47,8 +54,11 @@ from appliance.server.lifecycle import Lifecycle
 from appliance.server.listener import TcpService
 from appliance.server.logjam_driver import serve_logjam
 from appliance.server.registry import handler_for
+from appliance.server.reload import FIXED_KEYS as _FIXED_KEYS
+from appliance.server.reload import ReloadPlan, plan_reload
 from appliance.server.tls import TlsManager
 from appliance.server.websocket_driver import open_token_verifier
+from appliance.state_lock import StateLock
 from auth.policy import CredentialStore
 
 __all__ = ["Running", "node_id", "prepare_state", "serve"]
@@ -68,6 +78,17 @@ class Running:
     writer: LakeWriter | None = None
     services: dict[str, TcpService] = field(default_factory=dict)
     tls_manager: TlsManager | None = None
+    #: Stops a listener's accept loop, by name (a reload that removes it).
+    accepting: dict[str, trio.CancelScope] = field(default_factory=dict)
+    #: Re-read the config file and apply it, as SIGHUP does (set once started).
+    reload: Callable[[str], Awaitable[ReloadStatus]] | None = None
+
+
+class BindError(OSError):
+    """A listener cannot bind its address; the message names the listener and address."""
+
+    def __str__(self) -> str:
+        return str(self.strerror)
 
 
 def prepare_state(config: Config) -> None:
@@ -87,6 +108,29 @@ def node_id(config: Config) -> str:
         value = f"appliance-{uuid.uuid4().hex}"
         path.write_text(value + "\n", encoding="ascii")
         return value
+
+
+def writer_token(config: Config) -> int:
+    """This state directory's writer token on this machine (the app id lease, table.py).
+
+    A restart of the same state directory reclaims its app id at once; another
+    state directory, or a clone of this one on a machine with another
+    ``/etc/machine-id``, has another token, so a shared ``node_id`` is caught.
+    """
+    path = config.state_dir / "writer-token"
+    try:
+        secret = path.read_text(encoding="ascii").strip()
+    except FileNotFoundError:
+        secret = secrets.token_hex(16)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w", encoding="ascii") as out:
+            out.write(secret + "\n")
+    try:
+        machine = Path("/etc/machine-id").read_text(encoding="ascii").strip()
+    except OSError:
+        machine = socket.gethostname()
+    digest = hashlib.sha256(f"{secret}:{machine}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") >> 2  # positive, fits a Delta txn version
 
 
 def _credentials(config: Config) -> CredentialStore | None:
@@ -112,11 +156,11 @@ def pid_file(config: Config) -> Path:
     return config.state_dir / "appliance.pid"
 
 
-async def _handle_signals(stop: trio.Event, reload: Callable[[str], object]) -> None:
+async def _handle_signals(stop: trio.Event, reload: Callable[[str], Awaitable[object]]) -> None:
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
         async for signum in signals:
             if signum == signal.SIGHUP:
-                reload("SIGHUP")
+                await reload("SIGHUP")
                 continue
             log.info("service.stopping", signal=signal.Signals(signum).name)
             stop.set()
@@ -141,12 +185,27 @@ async def serve(
 ) -> None:
     """Run the appliance until ``stop`` is set, or SIGTERM/SIGINT when ``stop`` is None."""
     prepare_state(config)
+    # One process per state directory (issue 20): before anything is written.
+    state_lock = StateLock(config.state_dir)
+    try:
+        await _serve_locked(config, state_lock, stop, task_status)
+    finally:
+        state_lock.release()
+
+
+async def _serve_locked(
+    config: Config,
+    state_lock: StateLock,
+    stop: trio.Event | None,
+    task_status: trio.TaskStatus[Running],
+) -> None:
     tls = TlsManager(config)
     ca_file = tls.prepare()
     writer = LakeWriter(
         EventsTable(config.table_uri, config.lake.storage_options or None),
         node_id(config),
         config.lake.writer_settings(),
+        token=writer_token(config),
     )
     await writer.open()
     lifecycle = Lifecycle()
@@ -170,33 +229,26 @@ async def serve(
         async with trio.open_nursery() as writer_nursery:
             writer_nursery.start_soon(writer.run)
             async with trio.open_nursery() as connections:
-                accepting: list[trio.CancelScope] = []
                 async with trio.open_nursery() as acceptors:
                     for listener in config.listeners:
                         if isinstance(listener, LogjamListenerConfig):
                             await _start_logjam(listener, config, context, connections, running)
                             continue
                         await acceptors.start(
-                            _start_listener,
-                            listener,
-                            tls.context_for(listener),
-                            context,
-                            connections,
-                            running,
-                            accepting,
-                        )
+                            _start_listener, listener, tls.context_for(listener), context,
+                            connections, running,
+                        )  # fmt: skip
+                    reloader = _Reloader(config, tls, context, running, acceptors, connections)
+                    running.reload = reloader.reload
                     if stop is None:
-                        acceptors.start_soon(
-                            _handle_signals,
-                            stop_event,
-                            lambda why: tls.reload(running.services, why),
-                        )
+                        acceptors.start_soon(_handle_signals, stop_event, reloader.reload)
                     if ca_file is not None:
                         acceptors.start_soon(_refresh_tls, tls, running)
                     # Compaction, checkpoints and vacuum, serialized with commits;
                     # in acceptors so that a stop ends the schedule.
                     acceptors.start_soon(run_maintenance, writer, config)
-                    pid_file(config).write_text(f"{os.getpid()}\n", encoding="ascii")
+                    state_lock.write_pid_file()
+                    write_status(config.state_dir, ReloadStatus(os.getpid(), 0, ok=True))
                     log.info(
                         "service.ready",
                         listeners=",".join(f"{n}:{p}" for n, p in running.ports.items()),
@@ -208,13 +260,12 @@ async def serve(
                     task_status.started(running)
                     await stop_event.wait()
                     shutdown.deadline = trio.current_time() + config.shutdown_timeout_seconds
-                    for scope in accepting:
+                    for scope in running.accepting.values():
                         scope.cancel()
                     acceptors.cancel_scope.cancel()
                 lifecycle.stop_reading()
                 await lifecycle.wait_no_readers()
                 await writer.close_input()
-    pid_file(config).unlink(missing_ok=True)
     if close_tokens is not None:
         close_tokens()
     if shutdown.cancelled_caught:
@@ -257,7 +308,6 @@ async def _start_listener(
     context: ServiceContext,
     connections: trio.Nursery,
     running: Running,
-    accepting: list[trio.CancelScope],
     *,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
@@ -270,17 +320,119 @@ async def _start_listener(
         max_connections=listener.max_connections,
         max_connections_per_address=listener.max_connections_per_address,
     )
-    sockets = await trio.open_tcp_listeners(listener.port, host=listener.host)
+    try:
+        sockets = await trio.open_tcp_listeners(listener.port, host=listener.host)
+    except OSError as exc:
+        # Name the listener and its address: "address already in use" alone
+        # does not say which of several listeners failed (issue 20).
+        raise BindError(
+            exc.errno, f"listener {listener.name!r} cannot bind {listener.bind}: {exc.strerror}"
+        ) from exc
     port = sockets[0].socket.getsockname()[1]
     running.ports[listener.name] = port
     running.services[listener.name] = service
     if not listener.tls:
         log.warning("listener.plaintext", listener=listener.name, bind=listener.bind)
     scope = trio.CancelScope()
-    accepting.append(scope)
+    running.accepting[listener.name] = scope
     with scope:
         async with trio.open_nursery() as nursery:
             if isinstance(listener, ForwardListenerConfig) and listener.udp_heartbeat:
                 await nursery.start(serve_udp_heartbeat, listener.host, port)
             nursery.start_soon(service.serve, sockets, connections)
             task_status.started()
+
+
+class _Reloader:
+    """Applies a re-read configuration to the running service (SIGHUP; reload.py says what)."""
+
+    def __init__(
+        self,
+        config: Config,
+        tls: TlsManager,
+        context: ServiceContext,
+        running: Running,
+        acceptors: trio.Nursery,
+        connections: trio.Nursery,
+    ) -> None:
+        self.config = config
+        self._tls = tls
+        self._context = context
+        self._running = running
+        self._acceptors = acceptors
+        self._connections = connections
+        self._generation = 0
+        self._lock = trio.Lock()
+
+    async def reload(self, why: str) -> ReloadStatus:
+        """Re-read the config file, apply what can change live, re-read TLS; write the status."""
+        async with self._lock:
+            self._generation += 1
+            status = await self._reload(why)
+            write_status(self.config.state_dir, status)
+            return status
+
+    async def _reload(self, why: str) -> ReloadStatus:
+        applied: list[str] = []
+        restart: list[str] = []
+        config = self.config
+        if config.source is not None:
+            try:
+                new = load_config(config.source)
+            except ConfigError as exc:
+                log.error("config.reload_failed", trigger=why, reason=str(exc))
+                return ReloadStatus(os.getpid(), self._generation, ok=False, error=str(exc))
+            plan = plan_reload(config, new)
+            restart = plan.restart_required
+            # The fixed parts stay as they run; the rest is the new file's.
+            config = dataclasses.replace(new, **{k: getattr(config, k) for k in _FIXED_KEYS})
+            try:
+                await self._apply(plan, config)
+            except OSError as exc:
+                log.error("config.reload_failed", trigger=why, reason=str(exc))
+                return ReloadStatus(os.getpid(), self._generation, ok=False, error=str(exc))
+            if plan.listener_changes:
+                applied.append("listeners")
+            self.config = config
+            if restart:
+                log.warning("config.changed", trigger=why, restart_required=restart)
+        self._tls.use_config(config)
+        if not self._tls.reload(self._running.services, why):
+            return ReloadStatus(
+                os.getpid(), self._generation, ok=False, applied=applied,
+                restart_required=restart, error="TLS reload failed: see the service log",
+            )  # fmt: skip
+        applied.append("tls")
+        log.info("config.reloaded", trigger=why, applied=applied, restart_required=restart)
+        return ReloadStatus(
+            os.getpid(), self._generation, ok=True, applied=applied, restart_required=restart
+        )
+
+    async def _apply(self, plan: ReloadPlan, config: Config) -> None:
+        running = self._running
+        for name in plan.stop + [listener.name for listener in plan.reopen]:
+            scope = running.accepting.pop(name, None)
+            if scope is not None:
+                scope.cancel()  # its open connections finish in their own nursery
+            running.services.pop(name, None)
+            running.ports.pop(name, None)
+            log.info("listener.stopped", listener=name, trigger="reload")
+        if self._context.credentials is None:
+            self._context.credentials = _credentials(config)
+        self._tls.use_config(config)
+        for listener in plan.update:
+            service = running.services.get(listener.name)
+            if service is not None:
+                service.update(
+                    handler_for(listener, self._context),
+                    tls_handshake_timeout=listener.tls_handshake_timeout_seconds,
+                    max_connections=listener.max_connections,
+                    max_connections_per_address=listener.max_connections_per_address,
+                )
+                log.info("listener.updated", listener=listener.name, trigger="reload")
+        for listener in plan.start + plan.reopen:
+            await self._acceptors.start(
+                _start_listener, listener, self._tls.context_for(listener), self._context,
+                self._connections, running,
+            )  # fmt: skip
+            log.info("listener.started", listener=listener.name, trigger="reload")

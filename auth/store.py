@@ -717,6 +717,30 @@ class SqlCredentialStore:
 
     # -- audit -----------------------------------------------------------------------------
 
+    def record_audit(
+        self,
+        action: str,
+        target: str,
+        *,
+        actor: str | None,
+        detail: str = "",
+        source_address: str | None = None,
+    ) -> None:
+        """Append one audit entry of a change made outside this store (``cert.issue``, ...).
+
+        The caller guarantees that ``detail`` holds no secret; ``target`` and
+        ``detail`` are cut to the column sizes, control characters escaped.
+        """
+        with self._write() as session:
+            self._audit(
+                session,
+                action,
+                target,
+                actor=actor,
+                detail=detail,
+                source_address=source_address,
+            )
+
     def audit_entries(self, limit: int = 100) -> list[AuditInfo]:
         """The newest ``limit`` audit entries, newest first."""
         with self._read() as session:

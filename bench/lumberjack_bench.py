@@ -145,7 +145,7 @@ def measure_ceilings(
 
         return block_ceilings(
             windows,
-            lambda w: len(w.records),
+            lambda w: len(w.texts),
             lambda w, now: window_block(w, settings, info, now),
             seconds,
             with_commit,

@@ -72,16 +72,16 @@ def _wait_ready(app: ApplianceProcess) -> None:
 
 
 def start_appliance(
-    directory: Path, listeners: dict[str, str], extra: str = "", index: int = 0
+    directory: Path, listeners: dict[str, str], extra: str = "", index: int = 0, lake: str = ""
 ) -> ApplianceProcess:
     """Start ``appliance serve`` with ``listeners`` (name -> TOML body) under ``directory``.
 
     The config is ``directory/appliance{index}.toml``; every listener gets a free
-    loopback port.
+    loopback port. ``lake`` adds keys to ``[lake]``.
     """
     state = directory / f"state{index}"
     ports = {name: free_port() for name in listeners}
-    parts = [f'state_dir = "{state}"', extra, "[lake]", "commit_max_delay_seconds = 0.1"]
+    parts = [f'state_dir = "{state}"', extra, "[lake]", "commit_max_delay_seconds = 0.1", lake]
     for name, body in listeners.items():
         bind = f'bind = "127.0.0.1:{ports[name]}"'
         parts += ["[[listeners]]", f'name = "{name}"', bind, body]

@@ -20,6 +20,7 @@ from contextlib import AbstractContextManager, contextmanager
 from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, TypeVar
 
 from appliance import console
+from appliance.commands.state import require_auth_database, require_state_dir, sqlite_file
 from appliance.config import Config
 from auth.errors import AuthError
 
@@ -77,13 +78,22 @@ _Store = TypeVar("_Store", bound=_Closable)
 
 
 @contextmanager
-def prepared_store(config: Config, make: Callable[[str], _Store]) -> Iterator[_Store]:
+def prepared_store(
+    config: Config, make: Callable[[str], _Store], *, create: bool = False
+) -> Iterator[_Store]:
     """``make(url)`` on ``config``'s auth database; the embedded default is brought to head first.
+
+    Args:
+        create: the command adds something: it may create the embedded
+            database inside an existing state directory. Otherwise a missing
+            database (or state directory) is an error, and nothing is created
+            (:func:`appliance.commands.state.require_auth_database`).
 
     The store is closed when the block ends.
     """
     from auth import schema
 
+    require_auth_database(config, create=create)
     url = config.auth_database_url
     # The same rule as the service: only the embedded default upgrades itself.
     schema.prepare(url, upgrade_in_place=config.auth.database_url is None)
@@ -94,12 +104,19 @@ def prepared_store(config: Config, make: Callable[[str], _Store]) -> Iterator[_S
         store.close()
 
 
-def open_store(config: Config) -> AbstractContextManager[SqlCredentialStore]:
-    """The credential store of ``config``; the embedded default is brought to head first."""
+def open_store(
+    config: Config, *, create: bool = False
+) -> AbstractContextManager[SqlCredentialStore]:
+    """The credential store of ``config``; the embedded default is brought to head first.
+
+    ``create``: as for :func:`prepared_store`.
+    """
     from auth.store import SqlCredentialStore
 
     return prepared_store(
-        config, lambda url: SqlCredentialStore(url, config.auth_secret_key_file, pool_size=1)
+        config,
+        lambda url: SqlCredentialStore(url, config.auth_secret_key_file, pool_size=1),
+        create=create,
     )
 
 
@@ -232,11 +249,18 @@ def _db_current(args: argparse.Namespace, config: Config) -> int:
     from auth.db import display_url
 
     url = config.auth_database_url
-    found = schema.status(url)
+    if config.auth.database_url is None:
+        require_state_dir(config)
+    database = sqlite_file(url)
+    exists = database is None or database.exists()
+    # A missing SQLite file is reported as an empty database, not created by status().
+    found = schema.status(url) if exists else schema.SchemaStatus((), schema.head_revision())
     if args.json:
-        print_json(_status_json(url, found))
+        print_json({**_status_json(url, found), "exists": exists})
     else:
-        if found.up_to_date:
+        if not exists:
+            state = f"no database file yet: {schema.UPGRADE_ADVICE}"
+        elif found.up_to_date:
             state = "up to date"
         elif not found.known:
             state = "at a revision this appliance does not know (newer?)"
@@ -278,6 +302,7 @@ def _db_downgrade(args: argparse.Namespace, config: Config) -> int:
     from auth.db import display_url
 
     url = config.auth_database_url
+    require_auth_database(config, create=False)
     if not args.yes:
         raise AuthError(
             f"a downgrade drops tables and the credentials in them: pass --yes to downgrade "

@@ -7,7 +7,7 @@
   key from the next handshake on (a running service needs no restart).
 * ``server-key`` prints the server's public key, the ``curve_serverkey`` every
   client needs; it creates the keypair under ``<state>/curve`` if the service
-  has not yet done so.
+  has not yet done so (in an existing state directory only).
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from appliance.commands.auth import (
     print_json,
     when,
 )
+from appliance.commands.state import require_state_dir
 from appliance.config import Config
 
 if TYPE_CHECKING:
@@ -35,11 +36,14 @@ if TYPE_CHECKING:
 __all__ = ["add_parser"]
 
 
-def _store(config: Config) -> AbstractContextManager[CurveKeyStore]:
-    """The CURVE keys of ``config``'s auth database; the embedded default is brought to head."""
+def _store(config: Config, *, create: bool = False) -> AbstractContextManager[CurveKeyStore]:
+    """The CURVE keys of ``config``'s auth database; the embedded default is brought to head.
+
+    ``create``: as for :func:`appliance.commands.auth.prepared_store`.
+    """
     from auth.curve import CurveKeyStore
 
-    return prepared_store(config, lambda url: CurveKeyStore(url, pool_size=1))
+    return prepared_store(config, lambda url: CurveKeyStore(url, pool_size=1), create=create)
 
 
 def _add(args: argparse.Namespace, config: Config) -> int:
@@ -55,7 +59,7 @@ def _add(args: argparse.Namespace, config: Config) -> int:
         public = args.public_key
     else:
         raise InvalidValueError("give the client's PUBLIC_KEY (Z85), or --generate")
-    with _store(config) as store:
+    with _store(config, create=True) as store:
         key = store.add(args.name, public, actor=admin())
     lines = [f"added CURVE key {key.name}: {key.public_key}"]
     if secret is not None:
@@ -86,6 +90,7 @@ def _revoke(args: argparse.Namespace, config: Config) -> int:
 def _server_key(args: argparse.Namespace, config: Config) -> int:
     from auth.curve import ensure_server_keypair
 
+    require_state_dir(config)  # the keypair goes into it: never a new state directory
     keypair = ensure_server_keypair(config.state_dir)
     public = keypair.public.decode("ascii")
     if args.json:

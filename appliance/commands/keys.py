@@ -36,7 +36,7 @@ def _create(args: argparse.Namespace, config: Config, generate: bool) -> int:
         secret = text.encode()
     else:
         secret = read_secret(args.secret_stdin, f"shared key {args.name}")
-    with open_store(config) as store:
+    with open_store(config, create=True) as store:
         key = store.add_key(args.name, secret, network=args.network, actor=admin())
     lines = [f"added shared key {key.name} ({key.scope})"]
     if generate:

@@ -50,7 +50,7 @@ def _print(network: NetworkInfo, as_json: bool) -> None:
 
 
 def _add(args: argparse.Namespace, config: Config) -> int:
-    with open_store(config) as store:
+    with open_store(config, create=True) as store:
         network = store.add_network(
             args.cidr,
             keys=args.key or (),

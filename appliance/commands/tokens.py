@@ -12,11 +12,10 @@
 from __future__ import annotations
 
 import argparse
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING
 
-from appliance.commands.auth import Subparsers, add_command, admin, when
+from appliance.commands.auth import Subparsers, add_command, admin, prepared_store, when
 from appliance.config import Config
 from appliance.console import print_json, print_table
 
@@ -26,24 +25,18 @@ if TYPE_CHECKING:
 __all__ = ["add_parser"]
 
 
-@contextmanager
-def _store(config: Config) -> Iterator[TokenStore]:
-    """The tokens of ``config``'s auth database; the embedded default is brought to head."""
-    from auth import schema
+def _store(config: Config, *, create: bool = False) -> AbstractContextManager[TokenStore]:
+    """The tokens of ``config``'s auth database; the embedded default is brought to head.
+
+    ``create``: as for :func:`appliance.commands.auth.prepared_store`.
+    """
     from auth.tokens import TokenStore
 
-    url = config.auth_database_url
-    # The same rule as the service: only the embedded default upgrades itself.
-    schema.prepare(url, upgrade_in_place=config.auth.database_url is None)
-    store = TokenStore(url, pool_size=1)
-    try:
-        yield store
-    finally:
-        store.close()
+    return prepared_store(config, lambda url: TokenStore(url, pool_size=1), create=create)
 
 
 def _add(args: argparse.Namespace, config: Config) -> int:
-    with _store(config) as store:
+    with _store(config, create=True) as store:
         info, token = store.add(args.name, args.scope, args.tag_prefix or (), actor=admin())
     if args.json:
         document = info.to_json()

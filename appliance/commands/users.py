@@ -44,7 +44,7 @@ def _print_user(user: UserInfo, as_json: bool) -> None:
 
 def _add(args: argparse.Namespace, config: Config) -> int:
     password = read_secret(args.password_stdin, f"password for {args.name}")
-    with open_store(config) as store:
+    with open_store(config, create=True) as store:
         user = store.add_user(args.name, password, actor=admin(), enabled=not args.disabled)
     print_item(user, args.json, f"added user {user.name}{'' if user.enabled else ' (disabled)'}")
     return 0

@@ -25,3 +25,13 @@ class BlockRefused(LakeError):
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
+
+
+class AppIdInUse(LakeError):
+    """Another live process commits under this node's app id to the same table.
+
+    Two writers sharing an app id would each take the other's commits for
+    their own and acknowledge batches that were never written (issue 20), so
+    the second refuses to start, and a writer that finds a foreign commit
+    under its app id stops acknowledging.
+    """

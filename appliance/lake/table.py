@@ -11,6 +11,14 @@ transaction ``(app_id, version)``, ``app_id`` being the appliance node and
 refreshes its snapshot and skips the write when the table already records
 that version, so a commit retried after an ambiguous failure (or a crash) is
 never applied twice.
+
+One live writer per app id (issue 20): every commit also records two more
+app transactions, ``<app_id>#writer`` (a random token the process drew at
+start) and ``<app_id>#lease`` (the commit's time in epoch milliseconds). A
+process claims its app id at start with a commit of only those two
+(:meth:`EventsTable.claim`), refused while another token's lease is fresh;
+and before every commit it checks that the last writer under its app id is
+still itself. So a version it did not write is never taken for its own.
 """
 
 from __future__ import annotations
@@ -29,7 +37,7 @@ from deltalake import (
 )
 from deltalake.exceptions import DeltaError
 
-from appliance.lake.errors import CommitError, LakeError, TableSchemaError
+from appliance.lake.errors import AppIdInUse, CommitError, LakeError, TableSchemaError
 from appliance.lake.rows import DedupeKey, dedupe_scope
 from appliance.lake.schema import (
     EVENTS_SCHEMA,
@@ -39,7 +47,22 @@ from appliance.lake.schema import (
     WRITER_VERSION,
 )
 
-__all__ = ["EventsTable"]
+__all__ = ["EventsTable", "Lease", "lease_app_ids"]
+
+
+def lease_app_ids(app_id: str) -> tuple[str, str]:
+    """The app transaction ids that hold ``app_id``'s writer token and lease time."""
+    return f"{app_id}#writer", f"{app_id}#lease"
+
+
+class Lease:
+    """Who last committed under an app id, and when (epoch ms)."""
+
+    __slots__ = ("at_ms", "token")
+
+    def __init__(self, token: int | None, at_ms: int | None) -> None:
+        self.token = token
+        self.at_ms = at_ms
 
 
 class EventsTable:
@@ -116,18 +139,125 @@ class EventsTable:
             raise LakeError(f"cannot read the events table: {exc}") from exc
         return None if version is None else int(version)
 
-    def commit(self, data: pa.Table, app_id: str, version: int) -> bool:
+    def lease(self, app_id: str) -> Lease:
+        """The writer token and lease time last recorded under ``app_id``."""
+        writer_id, lease_id = lease_app_ids(app_id)
+        try:
+            self._dt.update_incremental()
+            token = self._dt.transaction_version(writer_id)
+            at_ms = self._dt.transaction_version(lease_id)
+        except (DeltaError, OSError) as exc:
+            raise LakeError(f"cannot read the events table: {exc}") from exc
+        return Lease(None if token is None else int(token), None if at_ms is None else int(at_ms))
+
+    def claim(self, app_id: str, token: int, now_ms: int, lease_ms: int) -> Lease:
+        """Take ``app_id`` for the writer ``token`` with a commit of no rows.
+
+        Returns:
+            The lease found before (its token is the previous writer's).
+
+        Raises:
+            AppIdInUse: another token's lease is younger than ``lease_ms``, or
+                another process claimed it at the same moment.
+            LakeError: the table cannot be read or written.
+        """
+        before = self.lease(app_id)
+        if before.token is not None and before.token != token and before.at_ms is not None:
+            age_ms = now_ms - before.at_ms
+            if age_ms < lease_ms:
+                raise AppIdInUse(
+                    f"app id {app_id!r} is in use: another appliance committed to {self.uri} "
+                    f"under it {max(age_ms, 0) / 1000:.0f}s ago (lease {lease_ms / 1000:.0f}s). "
+                    "Every node needs its own node_id: a cloned machine keeps the "
+                    "<state_dir>/node-id of its image (docs/table.md, 'One writer per app id')"
+                )
+        empty = EVENTS_SCHEMA.empty_table()
+        try:
+            write_deltalake(
+                self._dt,
+                empty,
+                mode="append",
+                partition_by=PARTITION_COLUMNS,
+                commit_properties=CommitProperties(
+                    app_transactions=self._lease_transactions(app_id, token, now_ms)
+                ),
+            )
+        except DeltaError as exc:
+            if "oncurrent" in str(exc):
+                raise AppIdInUse(
+                    f"app id {app_id!r} was claimed by another appliance at the same moment"
+                ) from exc
+            raise LakeError(f"cannot claim app id {app_id!r}: {exc}") from exc
+        except OSError as exc:
+            raise LakeError(f"cannot claim app id {app_id!r}: {exc}") from exc
+        return before
+
+    def renew(self, app_id: str, token: int, now_ms: int) -> None:
+        """Renew the lease of ``token`` on ``app_id`` with a commit of no rows (an idle node).
+
+        Raises:
+            AppIdInUse: another writer committed under ``app_id``.
+            CommitError: the renewal was not written; the caller may retry.
+        """
+        try:
+            self._dt.update_incremental()
+            self._check_writer(app_id, token)
+            write_deltalake(
+                self._dt,
+                EVENTS_SCHEMA.empty_table(),
+                mode="append",
+                partition_by=PARTITION_COLUMNS,
+                commit_properties=CommitProperties(
+                    app_transactions=self._lease_transactions(app_id, token, now_ms)
+                ),
+            )
+        except (DeltaError, OSError) as exc:
+            raise CommitError(str(exc)) from exc
+
+    @staticmethod
+    def _lease_transactions(app_id: str, token: int, now_ms: int) -> list[Transaction]:
+        writer_id, lease_id = lease_app_ids(app_id)
+        return [Transaction(writer_id, token), Transaction(lease_id, now_ms)]
+
+    def _check_writer(self, app_id: str, token: int | None) -> None:
+        if token is None:
+            return
+        found = self._dt.transaction_version(lease_app_ids(app_id)[0])
+        if found is not None and int(found) != token:
+            raise AppIdInUse(
+                f"another appliance committed to {self.uri} under this node's app id "
+                f"{app_id!r}: two nodes share a node_id; this one stops acknowledging"
+            )
+
+    def commit(
+        self,
+        data: pa.Table,
+        app_id: str,
+        version: int,
+        token: int | None = None,
+        now_ms: int | None = None,
+    ) -> bool:
         """Append ``data`` as the commit ``(app_id, version)``, at most once.
+
+        With ``token``, the commit renews the writer's lease (at ``now_ms``),
+        and is refused when another writer committed under ``app_id``.
 
         Returns:
             True when this call wrote the rows, False when the table already
             held that commit (a retry after an ambiguous failure).
 
         Raises:
+            AppIdInUse: the last writer under ``app_id`` is not ``token``.
             CommitError: nothing was committed; the caller may retry.
         """
+        transactions = [Transaction(app_id, version)]
+        if token is not None:
+            transactions += self._lease_transactions(app_id, token, now_ms or 0)
         try:
             self._dt.update_incremental()
+            # Before the version check: a version recorded by another writer
+            # must never pass for this writer's own commit.
+            self._check_writer(app_id, token)
             done = self._dt.transaction_version(app_id)
             if done is not None and int(done) >= version:
                 return False
@@ -136,7 +266,7 @@ class EventsTable:
                 data,
                 mode="append",
                 partition_by=PARTITION_COLUMNS,
-                commit_properties=CommitProperties(app_transactions=[Transaction(app_id, version)]),
+                commit_properties=CommitProperties(app_transactions=transactions),
                 post_commithook_properties=PostCommitHookProperties(create_checkpoint=True),
             )
         except (DeltaError, OSError) as exc:

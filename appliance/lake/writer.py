@@ -39,6 +39,7 @@ fail, so one connection's bad block never costs another connection its ack.
 from __future__ import annotations
 
 import math
+import secrets
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -48,7 +49,7 @@ from typing import Final, TypeVar, TypeVarTuple, Unpack
 import pyarrow as pa
 import trio
 
-from appliance.lake.errors import BlockRefused, CommitError
+from appliance.lake.errors import AppIdInUse, BlockRefused, CommitError
 from appliance.lake.rows import DedupeKey, RowBlock, blocks_to_arrow, check_block
 from appliance.lake.table import EventsTable
 from appliance.logs import get_logger
@@ -74,6 +75,9 @@ DEFAULT_RETRY_MAX_SECONDS: Final = 30.0
 #: How long, and how many, committed batch ids are remembered for dedupe.
 DEFAULT_DEDUPE_WINDOW_SECONDS: Final = 3600.0
 DEFAULT_DEDUPE_MAX_KEYS: Final = 1_000_000
+#: Seconds a writer's claim on its app id lasts without a commit; an idle
+#: writer renews it (a commit of no rows) every third of it.
+DEFAULT_LEASE_SECONDS: Final = 120.0
 
 
 #: Errors that a block's data, not the table's storage, causes while a group
@@ -99,6 +103,7 @@ class WriterSettings:
     retry_max_seconds: float = DEFAULT_RETRY_MAX_SECONDS
     dedupe_window_seconds: float = DEFAULT_DEDUPE_WINDOW_SECONDS
     dedupe_max_keys: int = DEFAULT_DEDUPE_MAX_KEYS
+    lease_seconds: float = DEFAULT_LEASE_SECONDS
 
 
 class CommitTicket:
@@ -155,10 +160,17 @@ class LakeWriter:
         table: the table, driven only from this writer's worker thread.
         app_id: the node's stable id, used as the Delta app transaction id.
         settings: thresholds and limits.
+        token: this writer's identity in the app id's lease; a restart of the
+            same node must pass the same one to reclaim its app id at once.
     """
 
     def __init__(
-        self, table: EventsTable, app_id: str, settings: WriterSettings | None = None
+        self,
+        table: EventsTable,
+        app_id: str,
+        settings: WriterSettings | None = None,
+        *,
+        token: int | None = None,
     ) -> None:
         self.table = table
         self.app_id = app_id
@@ -171,6 +183,10 @@ class LakeWriter:
         # committer per table per appliance).
         self._limiter = trio.CapacityLimiter(1)
         self._next_version = 1
+        #: The writer token the app id's lease names (table.py): stable across
+        #: restarts of one state directory (the service passes it), else random.
+        self._token = token if token is not None else secrets.randbits(62) + 1
+        self._last_commit = 0.0
         self._committed: OrderedDict[DedupeKey, float] = OrderedDict()
         self._pending: dict[DedupeKey, list[CommitTicket]] = {}
         #: Counters for logs, tests and benchmarks.
@@ -183,8 +199,18 @@ class LakeWriter:
         self.commit_listeners: list[CommitListener] = []
 
     async def open(self) -> None:
-        """Open or create the table, and recover the commit sequence and dedupe keys."""
+        """Open or create the table, claim the app id, recover the sequence and dedupe keys.
+
+        Raises:
+            AppIdInUse: another live appliance commits under this app id.
+        """
         await trio.to_thread.run_sync(self.table.open_or_create, limiter=self._limiter)
+        lease_ms = int(self.settings.lease_seconds * 1000)
+        await trio.to_thread.run_sync(
+            self.table.claim, self.app_id, self._token, time.time_ns() // 1_000_000, lease_ms,
+            limiter=self._limiter,
+        )  # fmt: skip
+        self._last_commit = trio.current_time()
         last = await trio.to_thread.run_sync(
             self.table.committed_version, self.app_id, limiter=self._limiter
         )
@@ -240,9 +266,30 @@ class LakeWriter:
 
     async def run(self) -> None:
         """Collect and commit until :meth:`close_input` and every queued block is done."""
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._collect)
-            nursery.start_soon(self._commit_loop)
+        async with trio.open_nursery() as outer:
+            outer.start_soon(self._renew_loop)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._collect)
+                nursery.start_soon(self._commit_loop)
+            outer.cancel_scope.cancel()  # the lease ends with the last commit
+
+    async def _renew_loop(self) -> None:
+        """Keep the app id's lease while no data commits (an idle node)."""
+        interval = self.settings.lease_seconds / 3
+        while True:
+            await trio.sleep_until(self._last_commit + interval)
+            if trio.current_time() < self._last_commit + interval:
+                continue  # a data commit renewed it meanwhile
+            try:
+                await trio.to_thread.run_sync(
+                    self.table.renew, self.app_id, self._token, time.time_ns() // 1_000_000,
+                    limiter=self._limiter,
+                )  # fmt: skip
+            except CommitError as exc:
+                log.warning("lease.renew_failed", app_id=self.app_id, reason=str(exc)[:300])
+                await trio.sleep(min(interval, self.settings.retry_max_seconds))
+                continue
+            self._last_commit = trio.current_time()
 
     # -- collector -----------------------------------------------------------
 
@@ -361,8 +408,13 @@ class LakeWriter:
         while True:
             try:
                 wrote = await trio.to_thread.run_sync(
-                    self.table.commit, data, self.app_id, version, limiter=self._limiter
-                )
+                    self.table.commit, data, self.app_id, version, self._token,
+                    time.time_ns() // 1_000_000, limiter=self._limiter,
+                )  # fmt: skip
+            except AppIdInUse as exc:
+                # Never ack on a version another writer may have written: stop.
+                log.error("writer.app_id_in_use", app_id=self.app_id, reason=str(exc))
+                raise
             except CommitError as exc:
                 # No ack for anything in the group until a retry succeeds;
                 # clients that time out resend, and the resend is deduped.
@@ -379,6 +431,7 @@ class LakeWriter:
                 continue
             break
         self._next_version = version + 1
+        self._last_commit = trio.current_time()
         self.commits += 1
         self.rows_committed += rows
         log.debug("commit.ok", commit=version, rows=rows, wrote=wrote)

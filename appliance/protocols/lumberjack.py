@@ -82,9 +82,9 @@ Limits (bytes are counted as parsed, that is after decompression):
 
 Work and memory: parsing is linear in the bytes received (a ``D`` frame
 that arrives in pieces is scanned once, resuming where the last read
-stopped; ``J`` and ``C`` frames are parsed once they are whole; a ``D`` or
-``J`` frame that cannot fit the window or the frame limit is refused from
-its header, before its bytes are buffered). The codec holds the unfinished
+stopped; ``J`` and ``C`` frames are parsed once they are whole; a frame
+that cannot fit the frame limit or what is left of the window's is refused
+as soon as its length fields show it, before its bytes are buffered). The codec holds the unfinished
 frame (at most ``max_frame_bytes``) and the unfinished window's events.
 An event costs its JSON text (a ``str``: one byte per character, four when
 it holds one character past U+FFFF), the copies of its tag and host (shared
@@ -330,6 +330,11 @@ class LumberjackServerConnection:
     def buffered_bytes(self) -> int:
         """Bytes of an unfinished frame or window held: 0 between windows."""
         return len(self._buffer) + self._window_bytes
+
+    @property
+    def frame_bytes(self) -> int:
+        """Bytes of an unfinished frame held: 0 between frames."""
+        return len(self._buffer)
 
     def _move(self, new: LumberjackState) -> None:
         if new not in _TRANSITIONS[self._state]:
@@ -644,7 +649,7 @@ class LumberjackServerConnection:
         try:
             check_text(value, what, limit)
         except InvalidText:
-            return value, True
+            return None, False
         if len(self._shared) < _MAX_SHARED_STRINGS:
             self._shared[value] = value
         return value, True

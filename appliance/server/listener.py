@@ -28,6 +28,7 @@ opens slow sockets cannot lock every other client out.
 from __future__ import annotations
 
 import errno
+import socket
 import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -99,6 +100,37 @@ async def _close(stream: trio.abc.Stream) -> None:
         await trio.aclose_forcefully(stream)
 
 
+#: The first byte of every TLS connection: a handshake record (RFC 8446 §5.1).
+_TLS_HANDSHAKE_RECORD: Final = 0x16
+#: First bytes of a msgpack array (fixarray, array 16, array 32): a forward request.
+_MSGPACK_ARRAY: Final = frozenset(range(0x90, 0xA0)) | {0xDC, 0xDD}
+
+
+async def _plaintext_guess(sock: trio.SocketStream) -> str | None:
+    """Why the client's first byte says it is not speaking TLS, or None when it may be.
+
+    Peeks without consuming, so the TLS handshake reads the same bytes. A
+    plaintext forward client on a TLS listener is a common set-up mistake;
+    saying so (and the fix) beats a bare "wrong version number".
+    """
+    try:
+        first = await sock.socket.recv(1, socket.MSG_PEEK)
+    except OSError:
+        return None  # the handshake reports the broken connection
+    if not first or first[0] == _TLS_HANDSHAKE_RECORD:
+        return None
+    if first[0] in _MSGPACK_ARRAY or first[:1] in (b"[", b"{"):
+        return (
+            "a plaintext Fluentd forward client on a TLS listener: enable TLS in the client "
+            "(fluent-bit: tls on; fluentd out_forward: transport tls; fluent-logger: tls options)"
+        )
+    if first[:1] in (b"1", b"2"):
+        return "a plaintext Lumberjack client on a TLS listener: enable TLS (ssl) in the client"
+    if first[:1].isalpha():
+        return "a plaintext client (HTTP or text) on a TLS listener: connect with TLS"
+    return f"the client's first byte 0x{first[0]:02x} is not a TLS handshake: connect with TLS"
+
+
 def _peer_address(sock: trio.SocketStream) -> tuple[str, str]:
     """The peer's IP address and its ``address:port`` name (``[v6]:port`` for IPv6)."""
     try:
@@ -145,6 +177,23 @@ class TcpService:
         self.refused = 0
         #: Connections closed by an unexpected exception (``connection.failed``).
         self.failed = 0
+
+    def update(
+        self,
+        handler: Handler,
+        *,
+        tls_handshake_timeout: float,
+        max_connections: int,
+        max_connections_per_address: int | None = None,
+    ) -> None:
+        """New settings for the connections accepted from now on (a reload).
+
+        Open connections keep the handler and settings they started with.
+        """
+        self._handler = handler
+        self._handshake_timeout = tls_handshake_timeout
+        self._max_connections = max_connections
+        self._max_per_address = max_connections_per_address or max_connections
 
     async def serve(
         self, listeners: list[trio.SocketListener], connection_nursery: trio.Nursery
@@ -216,6 +265,13 @@ class TcpService:
                 tls = trio.SSLStream(sock, context, server_side=True)
                 stream = tls
                 with trio.move_on_after(self._handshake_timeout) as scope:
+                    plaintext = await _plaintext_guess(sock)
+                    if plaintext is not None:
+                        log.warning(
+                            "tls.plaintext_client", listener=self.name, peer=peer,
+                            reason=plaintext,
+                        )  # fmt: skip
+                        return
                     try:
                         await tls.do_handshake()
                     except trio.BrokenResourceError as exc:

@@ -36,7 +36,6 @@ from appliance.lake.rows import ROW_OVERHEAD_BYTES, RowBlock
 from appliance.logs import get_logger
 from appliance.protocols.errors import RemoteProtocolError
 from appliance.protocols.lumberjack import (
-    DEFAULT_MAX_WINDOW_BYTES,
     LumberjackLimits,
     LumberjackServerConnection,
     Window,
@@ -85,7 +84,7 @@ class LumberjackSession:
                 max_frame_bytes=settings.max_frame_bytes,
                 max_decompressed_bytes=settings.max_decompressed_bytes,
                 # Until config.py has the key (the lead wires it), the default.
-                max_window_bytes=getattr(settings, "max_window_bytes", DEFAULT_MAX_WINDOW_BYTES),
+                max_window_bytes=settings.max_window_bytes,
             ),
             tag_fields=settings.tag_fields,
         )
@@ -102,8 +101,14 @@ class LumberjackSession:
         return True  # Lumberjack has no handshake beyond TLS
 
     def buffered_bytes(self) -> int:
-        """Bytes of an unfinished frame or window the codec holds (0 between windows)."""
-        return self._codec.buffered_bytes
+        """Bytes of an unfinished frame (0 between frames).
+
+        A frame, not a window, is the unit the request deadline times: a v1
+        client may announce a window and send its events as they come (npm
+        lumberjack-protocol), and a window's bytes are bounded by
+        ``max_window_bytes`` anyway.
+        """
+        return self._codec.frame_bytes
 
     def pending_error(self) -> RemoteProtocolError | None:
         error, self._error = self._error, None

@@ -88,6 +88,10 @@ class TlsManager:
             cert, key, client_auth=listener.client_auth, client_ca=client_ca, crl=crl
         )
 
+    def use_config(self, config: Config) -> None:
+        """Take a re-read configuration (its ``[tls]`` files and listeners) for the next build."""
+        self._config = config
+
     def context_for(self, listener: ListenerConfig) -> ssl.SSLContext | None:
         """The current context of ``listener`` (None for a plaintext listener)."""
         if not listener.tls:

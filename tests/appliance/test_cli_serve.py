@@ -32,7 +32,11 @@ def test_port_in_use_exits_1_with_the_reason(tmp_path: Path) -> None:
         )
         result = serve(config)
     assert result.returncode == 1
-    assert "appliance: [Errno 98] Address already in use" in result.stderr
+    # Issue 20: the message names the listener and the address.
+    assert (
+        f"appliance: listener 'forward' cannot bind 127.0.0.1:{port}: Address already in use"
+        in result.stderr
+    )
     assert "Traceback" not in result.stderr
 
 

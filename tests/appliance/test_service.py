@@ -11,6 +11,7 @@ from pathlib import Path
 import msgpack
 import pytest
 import trio
+from deltalake import DeltaTable
 
 from appliance.config import Config, ForwardListenerConfig
 from appliance.service import Running, serve
@@ -177,7 +178,7 @@ async def test_plaintext_client_on_tls_listener_is_refused(tmp_path: Path) -> No
             data = await sock.receive_some(100)
             while data:
                 data = await sock.receive_some(100)
-    assert not Path(config.table_uri, "_delta_log", "00000000000000000001.json").exists()
+    assert DeltaTable(config.table_uri).to_pyarrow_table().num_rows == 0
 
 
 @pytest.mark.trio

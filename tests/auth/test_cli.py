@@ -206,7 +206,13 @@ def test_secrets_cannot_be_given_in_argv(tmp_path: Path) -> None:
         result = cli(*args, ok=False)
         assert result.returncode == 2
         assert "unrecognized arguments" in result.stderr
+    # No state directory yet: an admin command creates none.
+    refused = cli("key", "add", "k", "--secret-stdin", stdin="shared\n", ok=False)
+    assert refused.returncode == 1
+    assert f"no state in {tmp_path / 'state'}" in refused.stderr
+    assert not (tmp_path / "state").exists()
     # The embedded default: SQLite and the key file under the state directory.
+    (tmp_path / "state").mkdir()
     cli("key", "add", "k", "--secret-stdin", stdin="shared\n")
     assert (tmp_path / "state" / "auth" / "auth.db").stat().st_mode & 0o777 == 0o600
     assert (tmp_path / "state" / "auth" / "secret.key").stat().st_mode & 0o777 == 0o600
@@ -225,6 +231,7 @@ def test_prompted_passwords_are_asked_twice(
         return next(answers)
 
     monkeypatch.setattr(getpass, "getpass", fake_getpass)
+    (tmp_path / "state").mkdir()
     assert main(["user", "add", "carol", "--config", str(config)]) == 0
     assert prompts == ["password for carol: ", "again: "]
     assert main(["user", "passwd", "carol", "--config", str(config)]) == 1

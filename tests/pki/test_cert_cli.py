@@ -171,11 +171,153 @@ def test_revoke_and_rotate_reach_the_running_service_by_sighup(appliance, tmp_pa
 
     ack, first_serial = exchange("before")
     assert ack == {"ack": "before"}
-    assert "pid" in cert("rotate-server")  # "the running service (pid N) reloads ..."
+    pid = app.process.pid
+    # Exit 0 only once the service has confirmed its reload.
+    assert f"the running service (pid {pid}) reloaded" in cert("rotate-server")
     wait_for_reload(1)
     ack, second_serial = exchange("after-rotate")
     assert ack == {"ack": "after-rotate"}
     assert second_serial != first_serial
-    cert("revoke", "agent-7")
+
+    # Issue 20: a second `serve` on the same state directory (another port) fails
+    # to start, and must leave the first one reachable by the CLI.
+    from tests.conftest import free_port
+
+    second = tmp_path / "second.toml"
+    second.write_text(
+        config.read_text().replace(f":{app.ports['mtls']}", f":{free_port()}"), encoding="utf-8"
+    )
+    failed = subprocess.run(
+        [sys.executable, "-m", "appliance", "serve", "--config", str(second)],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert failed.returncode != 0
+    assert str(pid) in failed.stderr
+
+    assert f"the running service (pid {pid}) reloaded" in cert("revoke", "agent-7")
+    assert exchange("after-revoke")[0] is None  # confirmed means applied: no waiting
     wait_for_reload(2)
-    assert exchange("after-revoke")[0] is None
+
+
+def _names(path: Path) -> set[str]:
+    cert = x509.load_pem_x509_certificate(path.read_bytes())
+    san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    return {
+        *san.get_values_for_type(x509.DNSName),
+        *map(str, san.get_values_for_type(x509.IPAddress)),
+    }
+
+
+def test_rotate_server_adds_names_and_keeps_the_others(tmp_path: Path) -> None:
+    config = tmp_path / "appliance.toml"
+    config.write_text(
+        f'state_dir = "{tmp_path / "state"}"\n[tls]\nserver_names = ["from-config"]\n'
+    )
+
+    def cert(*args: str) -> subprocess.CompletedProcess[str]:
+        result = subprocess.run(
+            [sys.executable, "-m", "appliance", "cert", *args, "--config", str(config)],
+            capture_output=True, text=True,
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr
+        return result
+
+    cert("init", "--server-name", "first.example")
+    server = tmp_path / "state" / "pki" / "server.pem"
+    assert {"from-config", "first.example", "localhost", "127.0.0.1"} <= _names(server)
+    rotated = cert("rotate-server", "--server-name", "second.example")
+    names = _names(server)
+    assert {"from-config", "first.example", "second.example", "localhost"} <= names
+    assert "second.example" in rotated.stdout  # "  names: ..."
+    cert("rotate-server")
+    assert _names(server) == names  # nothing is dropped by a rotation
+    cert("rotate-server", "--reset-names")
+    reset = _names(server)
+    assert "from-config" in reset
+    assert "first.example" not in reset
+    assert "second.example" not in reset
+
+
+def test_cert_changes_are_in_the_audit_log_and_list_marks_the_active_server_cert(
+    cli, tmp_path: Path
+) -> None:
+    config = tmp_path / "appliance.toml"
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        result = subprocess.run(
+            [sys.executable, "-m", "appliance", *args, "--config", str(config)],
+            capture_output=True, text=True,
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr
+        return result
+
+    # A fresh install: cert init creates the state, the CA and the auth database.
+    assert not (tmp_path / "state").exists()
+    cli("init")
+    first = json.loads(cli("list", "--json").stdout)
+    assert [(e["kind"], e["active"]) for e in first] == [("server", True)]
+    cli("issue-client", "web-01", "--org", "Acme", "--out", str(tmp_path / "out"))
+    client = json.loads(cli("show", "web-01", "--json").stdout)
+    assert client["active"] is False
+    cli("rotate-server")
+    cli("revoke", "web-01", "--reason", "keyCompromise")
+
+    listed = json.loads(cli("list", "--json").stdout)
+    active = [e for e in listed if e["active"]]
+    assert len(active) == 1
+    assert active[0]["kind"] == "server"
+    assert active[0]["serial"] != first[0]["serial"]
+    table = cli("list")
+    header, *rows = table.stdout.splitlines()
+    assert header.split() == ["serial", "kind", "subject", "expires", "status", "active", "reason"]
+    active_rows = [row for row in rows if row.split()[0] == active[0]["serial"]]
+    assert "yes" in active_rows[0].split()
+    server_pem = tmp_path / "state" / "pki" / "server.pem"
+    assert f"active server certificate: {server_pem}: serial {active[0]['serial']}" in table.stdout
+    assert "auth database sqlite:///" in table.stderr  # which state it used
+
+    audit = json.loads(run("audit", "list", "--json").stdout)
+    entries = [(e["action"], e["target"], e["detail"]) for e in reversed(audit)]
+    ca_subject = next(e for e in entries if e[0] == "cert.ca-create")[1]
+    assert ca_subject.startswith("CN=Appliance CA")
+    assert [e[0] for e in entries] == [
+        "cert.ca-create",
+        "cert.issue",
+        "cert.issue",
+        "cert.rotate-server",
+        "cert.revoke",
+    ]
+    by_action = {action: (target, detail) for action, target, detail in entries[2:]}
+    assert by_action["cert.issue"] == (
+        "O=Acme,CN=web-01",
+        f"serial={client['serial']} kind=client",
+    )
+    target, detail = by_action["cert.rotate-server"]
+    assert target == "CN=localhost"
+    assert detail.startswith(
+        f"serial={active[0]['serial']} kind=server replaces={first[0]['serial']}"
+    )
+    assert by_action["cert.revoke"] == (
+        "O=Acme,CN=web-01",
+        f"serial={client['serial']} kind=client reason=keyCompromise",
+    )
+    assert all(e["actor"].startswith("cli:") for e in audit)
+    table = run("audit", "list").stdout
+    assert "cert.revoke" in table
+    assert client["serial"] in table
+
+
+def test_an_operators_server_certificate_is_the_active_one(cli, tmp_path: Path) -> None:
+    cli("init")
+    cli("issue-server", "ingest.example.net", "--out", str(tmp_path / "own"))
+    config = tmp_path / "appliance.toml"
+    own = tmp_path / "own"
+    config.write_text(
+        f'state_dir = "{tmp_path / "state"}"\n[tls]\n'
+        f'cert_file = "{own / "ingest.example.net.crt"}"\n'
+        f'key_file = "{own / "ingest.example.net.key"}"\n'
+    )
+    listed = json.loads(cli("list", "--json").stdout)
+    assert [e["subject"] for e in listed if e["active"]] == ["CN=ingest.example.net"]
+    rotated = cli("rotate-server")
+    assert "[tls] cert_file is set: the service presents" in rotated.stderr

@@ -78,6 +78,8 @@ def test_the_packaged_config_authenticates_every_listener_beyond_loopback(tmp_pa
     shipped = Path(__file__).parents[3] / "packaging" / "appliance.toml"
     text = _with_examples_enabled(shipped.read_text(encoding="utf-8"))
     text = text.replace('state_dir = "/var/lib/appliance"', f'state_dir = "{tmp_path}"')
+    # The network forward example replaces the loopback one; both on, they would share a port.
+    text = text.replace('bind = "127.0.0.1:24224"', 'bind = "127.0.0.1:24230"')
     config_file = tmp_path / "appliance.toml"
     config_file.write_text(text, encoding="utf-8")
     config = load_config(config_file)
