@@ -99,14 +99,23 @@ class LakeConfig:
 
     #: Table location: a directory, or an object-store URI. Default <state>/lake/events.
     path: str | None = None
+    #: deltalake storage options (credentials, region, endpoint).
     storage_options: dict[str, str] = field(default_factory=dict)
+    #: Rows that seal a commit group.
     commit_max_rows: int = lake_writer.DEFAULT_COMMIT_MAX_ROWS
+    #: Bytes (strings as copied onto each row, plus a per-row overhead) that seal a commit group.
     commit_max_bytes: int = lake_writer.DEFAULT_COMMIT_MAX_BYTES
+    #: Seconds a commit group stays open: the floor of ack latency.
     commit_max_delay_seconds: float = lake_writer.DEFAULT_COMMIT_MAX_DELAY_SECONDS
+    #: Batches waiting between connections and the writer; when full, connections stop reading.
     queue_blocks: int = lake_writer.DEFAULT_QUEUE_BLOCKS
+    #: First wait after a failed commit, in seconds (doubles each time).
     retry_initial_seconds: float = lake_writer.DEFAULT_RETRY_INITIAL_SECONDS
+    #: Longest wait between retries, in seconds; retries never stop, acks wait.
     retry_max_seconds: float = lake_writer.DEFAULT_RETRY_MAX_SECONDS
+    #: Seconds committed batch ids are remembered for dedupe (seeded from the table at start).
     dedupe_window_seconds: float = lake_writer.DEFAULT_DEDUPE_WINDOW_SECONDS
+    #: Most batch ids remembered.
     dedupe_max_keys: int = lake_writer.DEFAULT_DEDUPE_MAX_KEYS
     #: Seconds this node's claim on its app id lasts without a commit (one writer per app id).
     lease_seconds: float = lake_writer.DEFAULT_LEASE_SECONDS
@@ -185,6 +194,7 @@ class ListenerConfig:
     """What every ``[[listeners]]`` entry has; each protocol adds its own keys."""
 
     protocol: str = ""
+    #: Unique name of the listener, used in logs.
     name: str = ""
     #: host:port to listen on.
     bind: str = ""
@@ -192,12 +202,19 @@ class ListenerConfig:
     tls: bool = True
     #: Client certificates: "off", "optional" or "required" (mutual TLS).
     client_auth: Literal["off", "optional", "required"] = "off"
+    #: Open connections; more are accepted and closed at once.
     max_connections: int = DEFAULT_MAX_CONNECTIONS
+    #: Open connections from one client IP address (raise it behind a load balancer).
     max_connections_per_address: int = DEFAULT_MAX_CONNECTIONS_PER_ADDRESS
+    #: Seconds a client has to finish the TLS handshake.
     tls_handshake_timeout_seconds: float = DEFAULT_TLS_HANDSHAKE_TIMEOUT_SECONDS
+    #: Seconds of silence before a connection is closed.
     idle_timeout_seconds: float = DEFAULT_IDLE_TIMEOUT_SECONDS
+    #: Seconds from a request's first byte to its last (a frame, for Lumberjack).
     request_timeout_seconds: float = DEFAULT_REQUEST_TIMEOUT_SECONDS
+    #: Requests of one connection awaiting their commit before it stops reading.
     max_pending_acks: int = DEFAULT_MAX_PENDING_ACKS
+    #: Bytes asked of the socket per read.
     read_size_bytes: int = DEFAULT_READ_SIZE_BYTES
 
     @property
@@ -235,8 +252,11 @@ class ForwardListenerConfig(ListenerConfig):
     failed_handshake_backoff_seconds: float = 2.0
     #: Longest wait, in seconds.
     failed_handshake_max_backoff_seconds: float = 600.0
+    #: Largest request (one msgpack array or JSON value), in bytes.
     max_request_bytes: int = forward_codec.DEFAULT_MAX_REQUEST_BYTES
+    #: Largest decompressed entries of a CompressedPackedForward request, in bytes.
     max_decompressed_bytes: int = forward_codec.DEFAULT_MAX_DECOMPRESSED_BYTES
+    #: Most events in one request.
     max_events_per_request: int = forward_codec.DEFAULT_MAX_EVENTS_PER_REQUEST
 
     def limits(self) -> forward_codec.ForwardLimits:
@@ -354,6 +374,7 @@ class LogjamListenerConfig(ListenerConfig):
     #: ZMQ_HEARTBEAT_IVL and ZMQ_HEARTBEAT_TIMEOUT: a peer that answers no
     #: heartbeat for heartbeat_timeout_seconds is dropped.
     heartbeat_interval_seconds: float = 30.0
+    #: Seconds without an answer to heartbeats before a peer is dropped.
     heartbeat_timeout_seconds: float = 90.0
     #: The fqdn of the ping reply; default: this machine's FQDN.
     self_hostname: str | None = None
@@ -454,6 +475,7 @@ class Config:
     #: Stable id of this appliance node (Delta app transaction id). Default:
     #: generated once and kept in <state>/node-id.
     node_id: str | None = None
+    #: Seconds a stop waits for in-flight batches to commit and be acked.
     shutdown_timeout_seconds: float = DEFAULT_SHUTDOWN_TIMEOUT_SECONDS
     log: LogConfig = field(default_factory=LogConfig)
     tls: TlsConfig = field(default_factory=TlsConfig)
