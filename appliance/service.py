@@ -156,8 +156,16 @@ def pid_file(config: Config) -> Path:
     return config.state_dir / "appliance.pid"
 
 
-async def _handle_signals(stop: trio.Event, reload: Callable[[str], Awaitable[object]]) -> None:
+async def _handle_signals(
+    stop: trio.Event,
+    reload: Callable[[str], Awaitable[object]],
+    *,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
+        # Started only once SIGHUP is caught: the pid file and the first reload
+        # status, which tell the CLI it may signal, come after this.
+        task_status.started()
         async for signum in signals:
             if signum == signal.SIGHUP:
                 await reload("SIGHUP")
@@ -241,7 +249,7 @@ async def _serve_locked(
                     reloader = _Reloader(config, tls, context, running, acceptors, connections)
                     running.reload = reloader.reload
                     if stop is None:
-                        acceptors.start_soon(_handle_signals, stop_event, reloader.reload)
+                        await acceptors.start(_handle_signals, stop_event, reloader.reload)
                     if ca_file is not None:
                         acceptors.start_soon(_refresh_tls, tls, running)
                     # Compaction, checkpoints and vacuum, serialized with commits;

@@ -21,7 +21,13 @@ if [ ! -x "$venv/bin/appliance" ]; then
     exit 1
 fi
 if [ "$(id -u)" = 0 ] && id "$user" >/dev/null 2>&1; then
-    case "${1:-}" in
+    # The subcommand may follow a global --config FILE (or --config=FILE).
+    first="${1:-}"
+    case "$first" in
+        --config) first="${3:-}" ;;
+        --config=*) first="${2:-}" ;;
+    esac
+    case "$first" in
         "" | -h | --help | --version | config) ;;
         *)
             exec setpriv --reuid="$user" --regid="$user" --init-groups -- \

@@ -1,9 +1,13 @@
 """UDP heartbeat responder on the forward port (spec "Heartbeat Message").
 
 Clients may send a datagram to the TCP port's number to check that the
-server is there; the server answers each with one byte ``0x00``, as
-in_forward does. The answer is never larger than the question, so the
-responder cannot amplify a spoofed flood.
+server is there; the server answers each with one byte ``0x00``. Like
+Fluentd's in_forward, it answers **any** datagram, whatever its length or
+content (fluent/fluentd at ff8682d, lib/fluent/plugin/in_forward.rb:192:
+the UDP server block writes ``HEARTBEAT_UDP_PAYLOAD`` for every ``data``,
+reading at most 128 bytes). The answer is one byte, no larger than the
+smallest question (an empty datagram still carries 28 bytes of IP and UDP
+headers), so the responder cannot amplify a spoofed flood.
 """
 
 from __future__ import annotations
@@ -19,8 +23,8 @@ __all__ = ["MAX_HEARTBEAT_DATAGRAM_BYTES", "serve_udp_heartbeat"]
 
 log = get_logger("heartbeat")
 
-#: Bytes read per datagram; anything longer is truncated (heartbeats are 1 byte).
-MAX_HEARTBEAT_DATAGRAM_BYTES: Final = 64
+#: Bytes read per datagram; anything longer is truncated (in_forward reads 128).
+MAX_HEARTBEAT_DATAGRAM_BYTES: Final = 128
 
 
 async def serve_udp_heartbeat(
@@ -34,12 +38,10 @@ async def serve_udp_heartbeat(
         task_status.started(sock.getsockname()[1])
         while True:
             try:
-                data, peer = await sock.recvfrom(MAX_HEARTBEAT_DATAGRAM_BYTES)
+                _data, peer = await sock.recvfrom(MAX_HEARTBEAT_DATAGRAM_BYTES)
             except OSError as exc:  # e.g. ICMP port unreachable from an earlier reply
                 log.debug("heartbeat.receive_failed", reason=str(exc))
                 continue
-            if len(data) != 1:
-                continue  # not a heartbeat (spec: a byte of 0x00)
             try:
                 await sock.sendto(b"\x00", peer)
             except OSError as exc:

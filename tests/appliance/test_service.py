@@ -194,12 +194,14 @@ async def test_connection_limit_closes_extra_connections(tmp_path: Path) -> None
 
 
 @pytest.mark.trio
-async def test_udp_heartbeat_is_answered(tmp_path: Path) -> None:
+@pytest.mark.parametrize("question", [b"\x00", b"", b"ping", b"x" * 500])
+async def test_udp_heartbeat_answers_any_datagram(tmp_path: Path, question: bytes) -> None:
+    """Fluentd's in_forward answers every datagram with one 0x00 byte (heartbeat.py)."""
     config = make_config(tmp_path)
     async with running(config) as info:
         udp = trio.socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         with udp:
-            await udp.sendto(b"\x00", ("127.0.0.1", info.ports["forward"]))
+            await udp.sendto(question, ("127.0.0.1", info.ports["forward"]))
             with trio.fail_after(5):
                 data, _ = await udp.recvfrom(16)
         assert data == b"\x00"

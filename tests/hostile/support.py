@@ -914,6 +914,10 @@ class Case:
     address: str
     mark: int
     good: GoodTraffic
+    #: Set by a test whose hostile input must leave no row from its address.
+    expect_no_rows: bool = False
+    #: The table read once when the case ends (one read per case: it is the slow part).
+    final_rows: list[dict[str, Any]] | None = None
 
     def log_for(self, peer: str, events: frozenset[str] | set[str]) -> dict[str, str] | None:
         """The first line after the mark with one of ``events`` for exactly ``peer``."""
@@ -922,22 +926,27 @@ class Case:
         )
 
     def expect_closed_with_reason(
-        self, sock: socket.socket, peer: str, *, timeout: float = 30.0
+        self, sock: socket.socket, peer: str, *, timeout: float = 30.0, what: str = ""
     ) -> bytes:
-        """The service closes ``sock`` and logs why; returns what it sent before closing."""
+        """The service closes ``sock`` and logs why; returns what it sent before closing.
+
+        ``what`` names the input in failure messages.
+        """
         received, closed = read_until_closed(sock, timeout)
         sock.close()
-        assert closed, f"the hostile connection {peer} was not closed within {timeout}s"
+        assert closed, f"{what}: the hostile connection {peer} was not closed within {timeout}s"
         line = self.log_for(peer, CLOSE_EVENTS | BUG_EVENTS)
         assert line is not None, (
-            f"no log line with a reason for {peer}:\n{self.service.log_tail(self.mark)}"
+            f"{what}: no log line with a reason for {peer}:\n{self.service.log_tail(self.mark)}"
         )
-        assert line["event"] not in BUG_EVENTS, f"an exception escaped for {peer}: {line}"
-        assert line.get("reason") or line["event"] == "request.timeout", line
+        assert line["event"] not in BUG_EVENTS, f"{what}: an exception escaped for {peer}: {line}"
+        assert line.get("reason") or line["event"] == "request.timeout", (what, line)
         return received
 
     def hostile_rows(self) -> list[dict[str, Any]]:
-        return rows_from(self.service.rows(), self.address)
+        """The rows from the case's address (as the case ended, when it has)."""
+        rows = self.final_rows if self.final_rows is not None else self.service.rows()
+        return rows_from(rows, self.address)
 
 
 def expect_connection_refused(case: Case) -> None:
@@ -972,7 +981,8 @@ def hostile_case(service: HostileService, protocol: str) -> Iterator[Case]:
     rss_before = reset_peak_rss(pid)
     traffic = GoodTraffic(lambda: GOOD_CLIENTS[protocol](service))
     with traffic:
-        yield Case(service, protocol, next_address(), mark, traffic)
+        case = Case(service, protocol, next_address(), mark, traffic)
+        yield case
     assert app.process.poll() is None, (
         f"the service exited ({app.process.returncode}):\n{service.log_tail(mark)}"
     )
@@ -980,6 +990,9 @@ def hostile_case(service: HostileService, protocol: str) -> Iterator[Case]:
     assert growth <= RSS_GROWTH_BOUND_BYTES, (
         f"peak RSS grew by {growth / MIB:.0f} MiB (bound {RSS_GROWTH_BOUND_BYTES / MIB:.0f} MiB)"
     )
-    traffic.assert_stored(service.rows())
+    case.final_rows = service.rows()
+    traffic.assert_stored(case.final_rows)
+    if case.expect_no_rows:
+        assert case.hostile_rows() == [], "rows of a refused hostile input were stored"
     bugs = [f for f in service.log_lines(mark) if f.get("event") in BUG_EVENTS]
     assert not bugs, f"an exception escaped a codec or driver: {bugs}"

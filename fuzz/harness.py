@@ -1,0 +1,250 @@
+"""What every fuzz target shares: the input layout, the session driver and the row checks.
+
+A target's input is a few header bytes and a payload (fuzz/README.md):
+
+* byte 0: flags. :data:`BYTEWISE` feeds the payload one byte per read,
+  :data:`SMALL_LIMITS` gives the codec tiny limits (so the limit paths are
+  reached with short inputs), :data:`BYTEARRAY` passes ``bytearray`` reads
+  (what trio's SSLStream returns); the low five bits are the target's own.
+* bytes 1-2 and 3-4: two cut points (big-endian u16, taken modulo the
+  payload's length + 1): the payload reaches the session in up to three
+  reads, split where the fuzzer chose.
+* the rest: the bytes the peer sends.
+
+:func:`drive` does what ``appliance.server.connection.StreamDriver`` does
+with a session, minus the socket and the clock: it feeds the reads, runs the
+actions in order (an ``Await`` runs to completion at once), materialises
+every ack and keepalive, and stops where the driver would close the
+connection (a ``RemoteProtocolError``, a pending error, a refused block).
+Each block goes through :func:`check_rows`: ``check_block``, then, for a
+block it accepts, ``blocks_to_arrow`` and the live tail's rendering.
+
+Whatever else escapes is a finding: the fuzzer reports it as a crash.
+``RemoteProtocolError`` (the peer's fault, that connection closes) and
+``BlockRefused`` from ``check_block`` (the connection closes, nothing is
+acked) are the only expected exceptions. With ``FUZZ_STRICT_BLOCKS=1`` in the
+environment a refused block is a finding too: the codecs are meant to refuse
+bad strings themselves, so a block that reaches ``check_block`` and fails
+means a codec let a value through.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Final, Protocol
+
+from appliance.lake.errors import BlockRefused
+from appliance.lake.rows import RowBlock, blocks_to_arrow, check_block
+from appliance.logs import configure
+from appliance.protocols.errors import RemoteProtocolError
+from appliance.protocols.websocket_messages import TailFilter, tail_events_json
+from appliance.server.connection import Action, Await, Reply, Submit
+from appliance.server.listener import ConnectionInfo
+
+__all__ = [
+    "BYTEARRAY",
+    "BYTEWISE",
+    "BYTEWISE_MAX_BYTES",
+    "FRAME_SEPARATOR",
+    "HEADER_BYTES",
+    "PEER",
+    "RECEIVED_AT_NS",
+    "SMALL_LIMITS",
+    "STRICT_BLOCKS",
+    "FuzzInput",
+    "Session",
+    "check_rows",
+    "connection_info",
+    "drive",
+    "fuzz_main",
+    "run_await",
+    "split_frames",
+]
+
+#: Flag: one read per payload byte (at most :data:`BYTEWISE_MAX_BYTES` of payload).
+BYTEWISE: Final = 0x80
+#: Flag: the codec gets tiny limits (each target says which).
+SMALL_LIMITS: Final = 0x40
+#: Flag: reads are ``bytearray`` rather than ``bytes``.
+BYTEARRAY: Final = 0x20
+#: Longest payload fed a byte at a time (a read per byte is slow; longer ones are cut).
+BYTEWISE_MAX_BYTES: Final = 4096
+#: Flags byte and two u16 cut points.
+HEADER_BYTES: Final = 5
+#: Splits a payload into frames or messages (Logjam, WebSocket): four bytes
+#: that occur in no seed's own data.
+FRAME_SEPARATOR: Final = b"\xfe|\xfe|"
+#: A fixed receive time (2026-01-01T00:00:00Z), so a run is reproducible.
+RECEIVED_AT_NS: Final = 1_767_225_600 * 1_000_000_000
+#: The peer every session sees (TEST-NET-1).
+PEER: Final = "192.0.2.7:40000"
+#: A refused block is a finding too (module docstring).
+STRICT_BLOCKS: Final = os.environ.get("FUZZ_STRICT_BLOCKS", "") == "1"
+
+
+@dataclass(frozen=True, slots=True)
+class FuzzInput:
+    """One fuzz input taken apart (module docstring)."""
+
+    flags: int
+    cut_a: int
+    cut_b: int
+    payload: bytes
+
+    @classmethod
+    def parse(cls, data: bytes) -> FuzzInput:
+        """Header and payload; a short input is padded with zero bytes."""
+        head = data[:HEADER_BYTES].ljust(HEADER_BYTES, b"\0")
+        return cls(
+            flags=head[0],
+            cut_a=int.from_bytes(head[1:3], "big"),
+            cut_b=int.from_bytes(head[3:5], "big"),
+            payload=bytes(data[HEADER_BYTES:]),
+        )
+
+    def has(self, flag: int) -> bool:
+        """Whether ``flag`` is set."""
+        return bool(self.flags & flag)
+
+    def reads(self) -> list[bytes | bytearray]:
+        """The payload as the reads the session gets (never an empty read: the
+        driver takes an empty read for the peer closing)."""
+        payload = self.payload
+        pieces: list[bytes]
+        if self.has(BYTEWISE) and len(payload) <= BYTEWISE_MAX_BYTES:
+            pieces = [payload[i : i + 1] for i in range(len(payload))]
+        else:
+            n = len(payload)
+            a, b = sorted((self.cut_a % (n + 1), self.cut_b % (n + 1)))
+            pieces = [p for p in (payload[:a], payload[a:b], payload[b:]) if p]
+        if self.has(BYTEARRAY):
+            return [bytearray(p) for p in pieces]
+        return list(pieces)
+
+
+def split_frames(payload: bytes, most: int) -> list[bytes]:
+    """``payload`` cut at every :data:`FRAME_SEPARATOR`, at most ``most`` pieces
+    (the rest joins the last one)."""
+    return payload.split(FRAME_SEPARATOR, most - 1)
+
+
+def connection_info(source: str = "anonymous") -> ConnectionInfo:
+    """The ConnectionInfo of the fuzzed connection."""
+    return ConnectionInfo(listener="fuzz", peer=PEER, tls=True, source=source)
+
+
+class Session(Protocol):
+    """What :func:`drive` needs of a session (``appliance.server.connection.Session``)."""
+
+    def receive(self, data: bytes | bytearray, received_at_ns: int) -> list[Action]: ...
+
+    def pending_error(self) -> RemoteProtocolError | None: ...
+
+    def greeting(self) -> bytes | None: ...
+
+    def handshake_done(self) -> bool: ...
+
+    def buffered_bytes(self) -> int: ...
+
+
+def check_rows(block: RowBlock) -> bool:
+    """Run a block through what the writer and the live tail do with it.
+
+    Returns False when ``check_block`` refuses it (the driver then closes the
+    connection); True once the block has been converted to Arrow and rendered
+    for the tail. Anything else raised is a finding.
+    """
+    try:
+        check_block(block)
+    except BlockRefused as exc:
+        if STRICT_BLOCKS:
+            raise AssertionError(f"a codec let through a block check_block refuses: {exc}") from exc
+        return False
+    table = blocks_to_arrow([block])
+    assert table.num_rows == block.rows, (table.num_rows, block.rows)
+    texts = tail_events_json(block, TailFilter().rows(block))
+    assert len(texts) == block.rows
+    return True
+
+
+def _materialize(value: bytes | Callable[[], bytes] | None) -> None:
+    data = value() if callable(value) else value
+    assert data is None or isinstance(data, bytes), type(data)
+
+
+def run_await(action: Await) -> list[Action]:
+    """Run an ``Await`` to completion without an event loop.
+
+    The fuzz targets replace what such work awaits (a worker thread) with a
+    direct call, so the coroutine finishes at its first step; one that
+    suspends would need trio, and is a harness bug.
+    """
+    coroutine = action.run()
+    try:
+        coroutine.send(None)
+    except StopIteration as done:
+        result: list[Action] = done.value
+        return result
+    coroutine.close()
+    raise RuntimeError("an Await suspended: the fuzz harness runs it without an event loop")
+
+
+def _run_actions(actions: Sequence[Action]) -> bool:
+    """The driver's ``_handle`` loop; False when a block was refused (connection closes)."""
+    queue = list(actions)
+    while queue:
+        action = queue.pop(0)
+        if isinstance(action, Await):
+            queue[:0] = run_await(action)
+            continue
+        if isinstance(action, Reply):
+            assert isinstance(action.data, bytes), type(action.data)
+            continue
+        assert isinstance(action, Submit), type(action)
+        if not check_rows(action.block):
+            return False
+        _materialize(action.ack)
+        _materialize(action.keepalive)
+    return True
+
+
+def drive(session: Session, reads: Sequence[bytes | bytearray]) -> None:
+    """Feed ``reads`` to ``session`` as ``StreamDriver`` would, until it closes."""
+    greeting = session.greeting()
+    assert greeting is None or isinstance(greeting, bytes)
+    for data in reads:
+        session.handshake_done()
+        try:
+            if not _run_actions(session.receive(data, RECEIVED_AT_NS)):
+                return
+        except RemoteProtocolError as raised:
+            error: RemoteProtocolError | None = raised
+        else:
+            error = session.pending_error()
+        if error is not None:
+            assert isinstance(error.reply, bytes), type(error.reply)
+            return
+        held = session.buffered_bytes()
+        assert isinstance(held, int), type(held)
+        assert held >= 0, held
+
+
+def fuzz_main(test_one_input: Callable[[bytes], None]) -> None:
+    """Run ``test_one_input`` under atheris with ``sys.argv``'s libFuzzer flags.
+
+    The appliance's log lines are formatted as in production (the formatter
+    sees every field the peer's bytes put in a line) and written to
+    ``os.devnull``.
+    """
+    import atheris  # only the fuzzing entry point needs it
+
+    configure("info")
+    for handler in logging.getLogger("appliance").handlers:
+        if isinstance(handler, logging.StreamHandler):
+            handler.setStream(open(os.devnull, "w"))  # noqa: SIM115 - lives as long as the process
+    atheris.Setup(sys.argv, test_one_input)
+    atheris.Fuzz()
