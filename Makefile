@@ -62,3 +62,23 @@ package:
 # rpm with rpm --root. Needs root.
 package-test: env
 	bash scripts/package-test.sh
+
+# Coverage-guided fuzzing of every codec (fuzz/README.md): each target in
+# FUZZ_TARGETS runs FUZZ_RUNS inputs, starting from its seeds in
+# fuzz/corpus/<target> and keeping what it learns in var/fuzz/<target>; a
+# crash (or an input slower than FUZZ_TIMEOUT seconds) is written to
+# fuzz/crashes/<target>/ and stops the run. Short pass: make fuzz FUZZ_RUNS=20000
+.PHONY: fuzz
+fuzz: FUZZ_RUNS ?= 1000000
+fuzz: FUZZ_MAX_LEN ?= 65536
+fuzz: FUZZ_TIMEOUT ?= 20
+fuzz: FUZZ_TARGETS ?= forward lumberjack courier logjam websocket
+fuzz: env
+	$(BIN)/python -c 'import atheris' 2>/dev/null || $(BIN)/python -m pip install --quiet -e '.[fuzz]'
+	@set -e; for target in $(FUZZ_TARGETS); do \
+		mkdir -p var/fuzz/$$target fuzz/crashes/$$target; \
+		echo "fuzz: $$target, $(FUZZ_RUNS) inputs"; \
+		$(BIN)/python fuzz/fuzz_$$target.py -runs=$(FUZZ_RUNS) -max_len=$(FUZZ_MAX_LEN) \
+			-timeout=$(FUZZ_TIMEOUT) -print_final_stats=1 \
+			-artifact_prefix=fuzz/crashes/$$target/ var/fuzz/$$target fuzz/corpus/$$target; \
+	done

@@ -445,6 +445,9 @@ class WebSocketListenerConfig(ListenerConfig):
     max_message_bytes: int = websocket_codec.DEFAULT_MAX_MESSAGE_BYTES
     #: Events in one ingest message.
     max_events_per_message: int = websocket_codec.DEFAULT_MAX_EVENTS_PER_MESSAGE
+    #: JSON objects and arrays in one message (counted as ``{`` and ``[``): parsing
+    #: ``[[],[],...]`` costs tens of times its bytes as Python objects.
+    max_containers_per_message: int = websocket_codec.DEFAULT_MAX_CONTAINERS_PER_MESSAGE
     #: Messages per second per ingest connection; more get an error and are not written.
     max_messages_per_second: int = DEFAULT_MAX_MESSAGES_PER_SECOND
     #: Events a tail connection may have waiting; past it events are dropped and counted.
@@ -455,6 +458,7 @@ class WebSocketListenerConfig(ListenerConfig):
         return websocket_codec.MessageLimits(
             max_message_bytes=self.max_message_bytes,
             max_events_per_message=self.max_events_per_message,
+            max_containers_per_message=self.max_containers_per_message,
         )
 
 

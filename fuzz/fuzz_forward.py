@@ -130,13 +130,14 @@ def _zero_bytes(n: int) -> bytes:
 @contextmanager
 def _no_threads_no_randomness() -> Iterator[None]:
     """The driver module's ``trio`` and ``os``, replaced for one run (restored after)."""
-    saved = forward_driver.trio, forward_driver.os
-    forward_driver.trio = SimpleNamespace(to_thread=SimpleNamespace(run_sync=_run_sync))  # type: ignore[assignment]
-    forward_driver.os = SimpleNamespace(urandom=_zero_bytes)  # type: ignore[assignment]
+    namespace = vars(forward_driver)
+    saved = namespace["trio"], namespace["os"]
+    namespace["trio"] = SimpleNamespace(to_thread=SimpleNamespace(run_sync=_run_sync))
+    namespace["os"] = SimpleNamespace(urandom=_zero_bytes)
     try:
         yield
     finally:
-        forward_driver.trio, forward_driver.os = saved
+        namespace["trio"], namespace["os"] = saved
 
 
 def run_one(data: bytes) -> None:

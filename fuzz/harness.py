@@ -33,7 +33,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Final, Protocol
 
@@ -184,6 +184,7 @@ def run_await(action: Await) -> list[Action]:
     suspends would need trio, and is a harness bug.
     """
     coroutine = action.run()
+    assert isinstance(coroutine, Coroutine), type(coroutine)
     try:
         coroutine.send(None)
     except StopIteration as done:

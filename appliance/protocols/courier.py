@@ -90,6 +90,7 @@ Invariants this module keeps (the h11 way):
 from __future__ import annotations
 
 import enum
+import hashlib
 import json
 import re
 import struct
@@ -137,7 +138,7 @@ DEFAULT_MAX_PAYLOAD_BYTES: Final = 10 * 1024 * 1024
 #: Largest decompressed payload (length prefixes included), in bytes.
 DEFAULT_MAX_DECOMPRESSED_BYTES: Final = 64 * 1024 * 1024
 #: Largest single event, in bytes of JSON.
-DEFAULT_MAX_EVENT_BYTES: Final = 1024 * 1024
+DEFAULT_MAX_EVENT_BYTES: Final = 2 * 1024 * 1024
 #: Most events one payload may carry. Log Courier spools 1,024 events by
 #: default; empty events cost 4 bytes of zlib output each, so this bounds the
 #: work and per-event memory of a payload of tiny events, which the byte
@@ -155,6 +156,8 @@ DEFAULT_MAX_PAYLOAD_MEMORY_BYTES: Final = 128 * 1024 * 1024
 #: int of epoch nanoseconds (36 bytes).
 ROW_OVERHEAD_BYTES: Final = 80
 
+#: Bytes of the content digest in a batch id (:attr:`PayloadReceived.batch_id`).
+_CONTENT_DIGEST_BYTES: Final = 8
 #: Bytes of the nonce that opens a JDAT or EVNT body and every ACKN.
 NONCE_BYTES: Final = 16
 #: The length field of an EVNT message: "streamed, ends with the zlib stream".
@@ -302,6 +305,8 @@ class PayloadReceived:
     invalid_hosts: int = 0
     #: What the rows hold in memory, in bytes, as the codec counts it.
     memory_bytes: int = field(default=0, compare=False)
+    #: A digest of the decompressed payload (empty when not computed).
+    content_digest: bytes = field(default=b"", compare=False)
 
     def __post_init__(self) -> None:
         if len(self.nonce) != NONCE_BYTES:
@@ -317,8 +322,22 @@ class PayloadReceived:
 
     @property
     def nonce_hex(self) -> str:
-        """The nonce as lowercase hex: the ``batch_id`` and the name in logs."""
+        """The nonce as lowercase hex: the name in logs."""
         return self.nonce.hex()
+
+    @property
+    def batch_id(self) -> str:
+        """The nonce in hex, then ``:`` and the payload's content digest in hex.
+
+        Log Courier's Go client before v2.6.4 repeats its nonce sequence on
+        every run: with the nonce alone, a restarted client's new payload
+        could be taken for a resend of an old one and acked unwritten. A
+        true resend carries the same events (the appliance never
+        acknowledges part of a payload), so it has the same digest.
+        """
+        if not self.content_digest:
+            return self.nonce_hex
+        return f"{self.nonce_hex}:{self.content_digest.hex()}"
 
 
 CourierEvent = Hello | Ping | Unsupported | UnknownMessage | PayloadReceived
@@ -403,7 +422,9 @@ class _Rows:
         self.times_ns.append(time_ns)
         self.memory_bytes += sys.getsizeof(text) + ROW_OVERHEAD_BYTES
 
-    def payload(self, nonce: bytes, kind: Literal["JDAT", "EVNT"]) -> PayloadReceived:
+    def payload(
+        self, nonce: bytes, kind: Literal["JDAT", "EVNT"], digest: bytes = b""
+    ) -> PayloadReceived:
         return PayloadReceived(
             nonce,
             kind,
@@ -415,6 +436,7 @@ class _Rows:
             invalid_types=self.invalid_types,
             invalid_hosts=self.invalid_hosts,
             memory_bytes=self.memory_bytes,
+            content_digest=digest,
         )
 
 
@@ -468,6 +490,7 @@ class CourierServerConnection:
         self._message_bytes = 0  # wire bytes of the current message taken so far
         # The payload being received.
         self._nonce = b""
+        self._digest = hashlib.blake2b(digest_size=_CONTENT_DIGEST_BYTES)
         self._inflater: Any = None  # zlib.Decompress; typeshed names it privately
         self._compressed = 0
         self._decompressed = 0
@@ -666,6 +689,7 @@ class CourierServerConnection:
 
     def _start_inflate(self, nonce: bytes) -> None:
         self._nonce = nonce
+        self._digest = hashlib.blake2b(digest_size=_CONTENT_DIGEST_BYTES)
         self._inflater = zlib.decompressobj()
         self._compressed = 0
         self._decompressed = 0
@@ -723,6 +747,7 @@ class CourierServerConnection:
                         f"payload {self._nonce.hex()} decompresses past "
                         f"max_decompressed_bytes={limit}"
                     )
+                self._digest.update(out)
                 self._split_events(out)
                 pending = inflater.unconsumed_tail
                 if not pending and len(out) < step:
@@ -800,7 +825,7 @@ class CourierServerConnection:
             )
         kind: Literal["JDAT", "EVNT"] = "EVNT" if self._kind == b"EVNT" else "JDAT"
         rows, self._rows = self._rows, _Rows()
-        events.append(rows.payload(self._nonce, kind))
+        events.append(rows.payload(self._nonce, kind, self._digest.digest()))
         self._inflater = None
         self._expect(_Phase.HEADER, _HEADER.size)
 

@@ -20,7 +20,9 @@ memory) and applied the strict-string rules; here they become columns:
   becomes null, counted and logged the same way;
 * the event time is ``@timestamp`` (RFC 3339, nanoseconds kept, ASCII digits
   only, within int64 nanoseconds), else the receive time;
-* ``batch_id`` is the payload's nonce in lowercase hex (32 ASCII characters,
+* ``batch_id`` is the payload's nonce in lowercase hex (32 ASCII characters),
+  ``:``, and a 16-hex digest of the decompressed payload (a restarted old
+  client that repeats nonces is not taken for a resend; PayloadReceived.batch_id;
   checked against ``MAX_BATCH_ID_BYTES``), so a payload resent after a
   reconnect is acked again without a second write (the writer dedupes by
   ``(protocol, source, batch_id)``).
@@ -90,7 +92,7 @@ def payload_block(
         source=info.source,
         peer=info.peer,
         received_at_ns=received_at_ns,
-        batch_id=text_or_error(payload.nonce_hex, "batch id (nonce)", MAX_BATCH_ID_BYTES),
+        batch_id=text_or_error(payload.batch_id, "batch id (nonce)", MAX_BATCH_ID_BYTES),
         tag=tag,
         host=hosts,
         times_ns=payload.times_ns,

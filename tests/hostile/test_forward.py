@@ -400,9 +400,6 @@ UNREADABLE = {
     "unsupported compression": lambda: msgpack.packb(
         ["t", entries([{"a": 1}]), {"chunk": chunk_id(), "compressed": "zstd"}]
     ),
-    "compressed a lone surrogate": lambda: (
-        b'["t", 1700000000, {"a": 1}, {"chunk": "c", "compressed": "\\ud800"}]'
-    ),
 }
 
 

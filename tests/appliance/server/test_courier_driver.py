@@ -147,7 +147,9 @@ async def test_ackns_go_out_in_arrival_order(autojump_clock: trio.testing.MockCl
     async with serving(handler_for(writer, keepalive_seconds=5.0), INFO) as client:
         await client.send_all(jdat(1, b"{}") + evnt(2, b"{}", b"{}") + jdat(3, b"{}"))
         await trio.sleep(1)
-        assert [b.batch_id for b in writer.blocks] == [nonce(n).hex() for n in (1, 2, 3)]
+        assert [str(b.batch_id).split(":")[0] for b in writer.blocks] == [
+            nonce(n).hex() for n in (1, 2, 3)
+        ]
         # The later payloads commit first: nothing final may overtake the first.
         writer.commit(2)
         writer.commit(1)
@@ -242,7 +244,7 @@ async def test_rows_carry_type_host_time_source_peer_and_nonce(
         writer.commit(0)
     (block,) = writer.blocks
     assert block.protocol == "courier"
-    assert block.batch_id == nonce(3).hex()
+    assert str(block.batch_id).split(":")[0] == nonce(3).hex()
     assert block.source == "CN=shipper"
     assert block.peer == "192.0.2.7:41000"
     assert list(block.tag) == ["nginx", "shipped", "shipped", "shipped"]
@@ -366,11 +368,22 @@ def test_rows_share_one_tag_and_host_when_no_event_names_them() -> None:
     check_block(submit.block)
 
 
-def test_batch_id_is_the_nonce_as_32_hex_characters() -> None:
+def test_batch_id_is_the_nonce_in_hex_and_a_digest_of_the_payload() -> None:
+    """A restarted old Go client repeats nonces: the same nonce with other events is new."""
     session = CourierSession(CourierListenerConfig(), INFO)
     (submit,) = submits(session.receive(jdat(0xAB, b"{}"), 10**18))
-    assert submit.block.batch_id == "ab" * 16
+    nonce_hex, _, digest = str(submit.block.batch_id).partition(":")
+    assert nonce_hex == "ab" * 16
+    assert len(digest) == 16
     assert submit.label == "ab" * 16
+    # A true resend (same nonce, same events) has the same batch id.
+    (again,) = submits(CourierSession(CourierListenerConfig(), INFO).receive(
+        jdat(0xAB, b"{}"), 10**18))  # fmt: skip
+    assert again.block.batch_id == submit.block.batch_id
+    # The same nonce with other events is another batch.
+    (other,) = submits(CourierSession(CourierListenerConfig(), INFO).receive(
+        jdat(0xAB, b'{"message":"new run"}'), 10**18))  # fmt: skip
+    assert other.block.batch_id != submit.block.batch_id
 
 
 def test_session_buffered_bytes_follows_the_codec() -> None:

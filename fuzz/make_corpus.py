@@ -1,0 +1,441 @@
+"""Writes the seed corpora of the fuzz targets: ``python fuzz/make_corpus.py``.
+
+Each seed is a valid (or a known-hostile) exchange of its protocol, in the
+input layout of fuzz/harness.py: a flags byte, two cut points, the payload.
+The hostile ones are the inputs issue 13 lists (a tag that is not UTF-8, a
+lone surrogate, a non-ASCII digit or Go's zero time in ``@timestamp``, a
+9-19 byte Courier HELO, a PING followed by too much, ...), so the fuzzer
+starts next to the places that once crashed. Output is deterministic (gzip
+with a zero mtime), so regenerating changes nothing unless this file does.
+
+Seeds go to ``fuzz/corpus/<target>/<name>``; old seeds are removed first.
+Snappy and LZ4 Logjam seeds need cramjam (the ``test`` extra).
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import shutil
+import struct
+import sys
+import zlib
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any, Final
+
+import msgpack
+
+if not __package__:  # run as a script: make the repository importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from fuzz.fuzz_forward import (
+    ACCEPT_ANY_PING,
+    ALLOW_ANONYMOUS_USER,
+    PASSWORD,
+    SECURITY,
+    SHARED_KEY,
+    UNKNOWN_NETWORK,
+    USERNAME,
+    USERS,
+)
+from fuzz.fuzz_logjam import CURVE, MEMORYVIEW, ROUTER
+from fuzz.fuzz_websocket import BINARY, HANDSHAKE
+from fuzz.harness import BYTEARRAY, BYTEWISE, FRAME_SEPARATOR, SMALL_LIMITS
+
+CORPUS: Final = Path(__file__).resolve().parent / "corpus"
+
+Seed = tuple[str, bytes]
+
+
+def seed(name: str, payload: bytes, flags: int = 0, cut_a: int = 0, cut_b: int = 0) -> Seed:
+    """A named input: the harness header, then ``payload``."""
+    header = bytes([flags]) + cut_a.to_bytes(2, "big") + cut_b.to_bytes(2, "big")
+    return name, header + payload
+
+
+def split_variants(name: str, payload: bytes, flags: int = 0) -> list[Seed]:
+    """``payload`` in one read, in three reads, and a byte per read (if short)."""
+    n = len(payload)
+    seeds = [seed(name, payload, flags), seed(f"{name}.split", payload, flags, n // 3, 2 * n // 3)]
+    if n <= 512:
+        seeds.append(seed(f"{name}.bytewise", payload, flags | BYTEWISE))
+    return seeds
+
+
+def gz(data: bytes) -> bytes:
+    return gzip.compress(data, mtime=0)
+
+
+# -- forward ---------------------------------------------------------------------
+
+_T: Final = 1_732_270_000
+
+
+def _pack(obj: Any) -> bytes:
+    packed: bytes = msgpack.packb(obj, use_bin_type=True)
+    return packed
+
+
+def _event_time(seconds: int, nanoseconds: int = 0) -> msgpack.ExtType:
+    return msgpack.ExtType(0, struct.pack(">II", seconds, nanoseconds))
+
+
+def _str_header(n: int) -> bytes:
+    return bytes([0xA0 | n]) if n < 32 else b"\xd9" + bytes([n])
+
+
+def _raw_str(raw: bytes) -> bytes:
+    """A msgpack str holding ``raw`` as is (not necessarily UTF-8)."""
+    return _str_header(len(raw)) + raw
+
+
+def _sha512_hex(*parts: bytes) -> bytes:
+    return hashlib.sha512(b"".join(parts)).hexdigest().encode()
+
+
+def _ping(hostname: str = "client.fuzz", username: str = "", users: bool = False) -> bytes:
+    """A PING the fuzz target's handshake accepts (nonce and auth salt are zero bytes)."""
+    salt = b"salt-0123456789a"
+    nonce = b"\0" * 16
+    digest = _sha512_hex(salt, hostname.encode(), nonce, SHARED_KEY)
+    password = b""
+    if users and username:
+        password = _sha512_hex(b"\0" * 16, username.encode(), PASSWORD)
+    return _pack(["PING", hostname, salt, digest, username, password])
+
+
+def forward_seeds() -> Iterable[Seed]:
+    record = {"message": "hello", "level": "info", "n": 1}
+    entries = [[_event_time(_T, 5), record], [_T + 1, {"message": "two"}]]
+    stream = b"".join(_pack(e) for e in entries)
+    requests = {
+        "heartbeat": b"\xc0",
+        "message-int-time": _pack(["app.web", _T, record]),
+        "message-eventtime": _pack(["app.web", _event_time(_T, 123), record, {"chunk": "c1"}]),
+        "message-float-time": _pack(["app.web", _T + 0.25, record]),
+        "message-nil-time": _pack(["app.web", None, record]),
+        "forward": _pack(["app.web", entries, {"chunk": "Y2h1bmstMQ=="}]),
+        "forward-fluentbit-metadata": _pack(
+            ["app.web", [[[_event_time(_T), {"m": 1}], record]], {"chunk": "fb"}]
+        ),
+        "packed-bin": _pack(["app.web", stream, {"chunk": "p1", "size": 2}]),
+        "packed-str": b"\x93\xa7app.web"
+        + b"\xdb"
+        + struct.pack(">I", len(stream))
+        + stream
+        + _pack({"chunk": "p2"}),
+        "compressed": _pack(["app.web", gz(stream), {"compressed": "gzip", "chunk": "z1"}]),
+        "compressed-multi-member": _pack(
+            ["app.web", gz(stream) + gz(stream) + gz(b""), {"compressed": "gzip", "chunk": "z2"}]
+        ),
+        "compressed-text": _pack(["app.web", stream, {"compressed": "text"}]),
+        "chunk-binary": _pack(["app.web", _T, record, {"chunk": b"\xff\x00\x01"}]),
+        "two-requests": _pack(["a", _T, record]) + _pack(["b", [[_T, record]]]),
+        "dropped-entries": _pack(["app.web", [[_T, "not a map"], [2**40, {}], "x", [1.5, {}]]]),
+        # issue 13: a msgpack str tag that is not UTF-8; a 1 KiB+ tag; an empty chunk.
+        "issue13-tag-not-utf8": b"\x93" + _raw_str(b"a\xffb") + _pack(_T) + _pack(record),
+        "issue13-tag-long": _pack(["t" * 1100, _T, record]),
+        "issue13-chunk-empty": _pack(["app.web", _T, record, {"chunk": ""}]),
+        "issue13-gzip-unlabelled": _pack(["app.web", gz(stream), {"chunk": "u"}]),
+        "issue13-entries-corrupt": _pack(["app.web", stream[:-3] + b"\xc1\xc1\xc1", {}]),
+        "time-out-of-range": _pack(["app.web", 2**62, record]),
+        "time-float-huge": _pack(["app.web", 1e300, record]),
+    }
+    for name, payload in requests.items():
+        yield from split_variants(name, payload)
+    json_requests = {
+        "json-message": b'["app.web", 1732270000, {"message": "hi"}, {"chunk": "j1"}]',
+        "json-forward": b'["app.web", [[1732270000, {"a": 1}], [0, {"b": [1, 2]}]]]\n'
+        b'["x", 1.5, {"c": null}]',
+        # issue 13: lone surrogates in a JSON tag and chunk.
+        "issue13-json-tag-surrogate": b'["\\ud800", 1732270000, {"a": 1}]',
+        "issue13-json-chunk-surrogate": b'["t", 1732270000, {"a": 1}, {"chunk": "\\udfff"}]',
+        "json-escapes": b'["t\\"[{", 1, {"k\\\\": "]}\\u00e9"}]',
+    }
+    for name, payload in json_requests.items():
+        yield from split_variants(name, payload)
+    yield from split_variants("small-limits-forward", requests["forward"], SMALL_LIMITS)
+    yield from split_variants("bytearray-forward", requests["compressed"], BYTEARRAY)
+    after = requests["forward"] + requests["message-eventtime"]
+    yield from split_variants("handshake-shared-key", _ping() + after, SECURITY)
+    yield from split_variants(
+        "handshake-users", _ping(username=USERNAME, users=True) + after, SECURITY | USERS
+    )
+    yield from split_variants(
+        "handshake-users-anonymous", _ping(users=True) + after, USERS | ALLOW_ANONYMOUS_USER
+    )
+    bad_digest = _pack(["PING", "client.fuzz", b"salt", b"0" * 128, "", ""])
+    yield from split_variants("handshake-bad-digest", bad_digest + after, SECURITY)
+    yield from split_variants(
+        "handshake-unknown-network", _ping() + after, SECURITY | UNKNOWN_NETWORK
+    )
+    yield from split_variants(
+        "handshake-accept-any", _ping("host\u00e9.fuzz", "someone") + after,
+        SECURITY | USERS | ACCEPT_ANY_PING,
+    )  # fmt: skip
+    yield from split_variants("handshake-request-first", after, SECURITY)
+    # issue 13: a PING followed, in the same read, by more than a PING may hold.
+    yield seed("issue13-ping-then-flood", _ping() + _pack(["t", _T, {"x": "y" * 8000}]), SECURITY)
+    yield seed(
+        "issue13-ping-host-not-utf8",
+        _pack(["PING", b"h\xff", b"s", b"d", "", ""]),
+        SECURITY | ACCEPT_ANY_PING,
+    )
+
+
+# -- lumberjack --------------------------------------------------------------------
+
+
+def _lj_window(count: int, version: bytes = b"2") -> bytes:
+    return version + b"W" + struct.pack(">I", count)
+
+
+def _lj_json(seq: int, event: Any) -> bytes:
+    body = event if isinstance(event, bytes) else json.dumps(event).encode()
+    return b"2J" + struct.pack(">II", seq, len(body)) + body
+
+
+def _lj_data_v1(seq: int, pairs: dict[bytes, bytes]) -> bytes:
+    out = b"1D" + struct.pack(">II", seq, len(pairs))
+    for key, value in pairs.items():
+        out += struct.pack(">I", len(key)) + key + struct.pack(">I", len(value)) + value
+    return out
+
+
+def _lj_compressed(frames: bytes, version: bytes = b"2") -> bytes:
+    body = zlib.compress(frames)
+    return version + b"C" + struct.pack(">I", len(body)) + body
+
+
+def lumberjack_seeds() -> Iterable[Seed]:
+    beat = {
+        "@timestamp": "2024-11-22T10:00:00.123456789Z",
+        "@metadata": {"beat": "filebeat", "version": "8.15.0"},
+        "host": {"name": "web-1"},
+        "message": "GET / 200",
+    }
+    events = [
+        beat,
+        {"@timestamp": "2024-11-22T10:00:01+02:00", "type": "syslog", "beat": {"hostname": "b"}},
+        {"message": "no time", "host": "plain-host"},
+    ]
+    v2 = _lj_window(3) + b"".join(_lj_json(i + 1, e) for i, e in enumerate(events))
+    v1 = _lj_window(2, b"1") + _lj_data_v1(1, {b"line": b"hello", b"host": b"h1"})
+    v1 += _lj_data_v1(2, {b"line": b"caf\xe9 latin-1", b"file": b"/var/log/x", b"\xffkey": b"v"})
+    payloads = {
+        "v2-window": v2,
+        "v2-compressed": _lj_window(3) + _lj_compressed(v2[6:]),
+        "v2-compressed-with-window": _lj_compressed(v2),
+        "v2-nested-compressed": _lj_window(1) + _lj_compressed(_lj_compressed(_lj_json(1, beat))),
+        "v2-two-windows": v2 + _lj_window(1) + _lj_json(9, {"message": "next"}),
+        "v2-empty-windows": _lj_window(0) * 3 + _lj_window(1) + _lj_json(1, {}),
+        "v1-window": v1,
+        "v1-compressed": _lj_compressed(v1, b"1"),
+        "v1-window-reused": v1 + _lj_data_v1(3, {b"line": b"after"}),
+        # issue 13: non-ASCII digits, Go's zero time, lone surrogates in tag and host.
+        "issue13-timestamp-superscript": _lj_window(1)
+        + _lj_json(1, b'{"@timestamp": "2024-11-22T10:00:00.\xc2\xb2Z"}'),
+        "issue13-timestamp-go-zero": _lj_window(1)
+        + _lj_json(1, {"@timestamp": "0001-01-01T00:00:00Z"}),
+        "issue13-host-surrogate": _lj_window(1)
+        + _lj_json(1, b'{"host": {"name": "\\ud800"}, "type": "\\udc00x"}'),
+        "issue13-tag-long": _lj_window(1) + _lj_json(1, {"type": "t" * 1100, "host": "h" * 300}),
+        "issue13-w0-in-c": _lj_window(1) + _lj_compressed(_lj_window(0) * 200 + _lj_json(1, {})),
+        "issue13-empty-nested-c": _lj_window(1)
+        + _lj_compressed(_lj_compressed(b"") * 20 + _lj_json(1, {})),
+        "bad-json": _lj_window(1) + _lj_json(1, b'{"a": '),
+        "version-mix": _lj_window(1) + _lj_data_v1(1, {b"a": b"b"}),
+        "data-outside-window": _lj_json(1, {}),
+    }
+    for name, payload in payloads.items():
+        yield from split_variants(name, payload)
+    yield from split_variants("small-limits-v2", v2, SMALL_LIMITS)
+    yield from split_variants("bytearray-v1", v1, BYTEARRAY)
+
+
+# -- courier -----------------------------------------------------------------------
+
+
+def _courier(kind: bytes, body: bytes = b"") -> bytes:
+    return kind + struct.pack(">I", len(body)) + body
+
+
+def _courier_events(events: list[bytes]) -> bytes:
+    return zlib.compress(b"".join(struct.pack(">I", len(e)) + e for e in events))
+
+
+def courier_seeds() -> Iterable[Seed]:
+    nonce = bytes(range(16))
+    events = [
+        json.dumps(
+            {"@timestamp": "2024-11-22T10:00:00.5Z", "message": "hi", "type": "app",
+             "host": {"name": "web-1"}}
+        ).encode(),
+        json.dumps({"message": "x", "beat": {"hostname": "b"}, "host": "h"}).encode(),
+        b"not json at all",
+        b"\xff\xfe raw bytes",
+    ]  # fmt: skip
+    hello = b"\x01\x00\x02\x07\x00LCOR" + b"\0" * 20
+    payloads = {
+        "hello-ping": _courier(b"HELO", hello) + _courier(b"PING"),
+        "jdat": _courier(b"JDAT", nonce + _courier_events(events)),
+        "evnt": _courier(b"HELO", hello)
+        + b"EVNT\xff\xff\xff\xff"
+        + nonce
+        + _courier_events(events)
+        + _courier(b"PING"),
+        "two-jdat": _courier(b"JDAT", nonce + _courier_events(events[:1]))
+        + _courier(b"JDAT", bytes(16) + _courier_events(events[1:])),
+        "unknown-type": _courier(b"ABCD", b"xyz") + _courier(b"PING"),
+        "hello-compact": _courier(b"HELO", b"\x01\x02\x07\x00RUBY"),
+        "hello-empty": _courier(b"HELO"),
+        "hello-20": _courier(b"HELO", hello[:20]),
+        # issue 13: HELO bodies of 9-19 bytes; lone surrogates in type and host;
+        # odd digits and Go's zero time in @timestamp.
+        "issue13-hello-9": _courier(b"HELO", hello[:9]),
+        "issue13-hello-19": _courier(b"HELO", hello[:19]),
+        "issue13-type-host-surrogate": _courier(
+            b"JDAT", nonce + _courier_events([b'{"type": "\\ud800", "host": "\\udfff"}'])
+        ),
+        "issue13-timestamp-odd": _courier(
+            b"JDAT",
+            nonce
+            + _courier_events(
+                [
+                    '{"@timestamp": "2024-11-22T10:00:00.\u00b2Z"}'.encode(),
+                    b'{"@timestamp": "0001-01-01T00:00:00Z"}',
+                    '{"@timestamp": "\u0662024-11-22T10:00:00Z"}'.encode(),
+                ]
+            ),
+        ),
+        "truncated-zlib": _courier(b"JDAT", nonce + _courier_events(events)[:-4]),
+        "server-message": _courier(b"ACKN", nonce + b"\0\0\0\1"),
+    }
+    for name, payload in payloads.items():
+        yield from split_variants(name, payload)
+    yield from split_variants("small-limits-jdat", payloads["jdat"], SMALL_LIMITS)
+    yield from split_variants("bytearray-evnt", payloads["evnt"], BYTEARRAY)
+
+
+# -- logjam ------------------------------------------------------------------------
+
+
+def _meta(compression: int = 0, little_endian: bool = False, sequence: int = 7) -> bytes:
+    layout = "<HBBIQQ" if little_endian else ">HBBIQQ"
+    return struct.pack(layout, 0xCABD, compression, 1, 3, 1_732_270_000_123, sequence)
+
+
+def _frames(*frames: bytes) -> bytes:
+    return FRAME_SEPARATOR.join(frames)
+
+
+def logjam_seeds() -> Iterable[Seed]:
+    body = json.dumps(
+        {"action": "Home#index", "started_ms": 1_732_270_000_000, "host": "web-1",
+         "total_time": 12.5, "lines": [[1, "2024-11-22T10:00:00", "hello"]]}
+    ).encode()  # fmt: skip
+    data = [b"myapp-production", b"logs.myapp.web", body]
+    router_id = b"\x00\x80\x00\x00\x29"
+    seeds = {
+        "pull": (_frames(*data, _meta()), 0),
+        "pull-memoryview": (_frames(*data, _meta()), MEMORYVIEW),
+        "router-request": (_frames(router_id, b"", *data, _meta()), ROUTER),
+        "router-request-curve": (_frames(router_id, b"", *data, _meta()), ROUTER | CURVE),
+        "router-async": (_frames(router_id, *data, _meta()), ROUTER),
+        "router-ping": (_frames(router_id, b"", b"ping", b"myapp-production", b"{}", _meta()),
+                        ROUTER),
+        "zlib": (_frames(data[0], data[1], zlib.compress(body), _meta(1)), 0),
+        "gzip": (_frames(data[0], data[1], gz(body), _meta(1)), 0),
+        "little-endian-meta": (_frames(*data, _meta(little_endian=True)), 0),
+        "javascript-topic": (_frames(b"app-prod", b"javascript", b'{"host": 5}', _meta()), 0),
+        "too-many-frames": (_frames(router_id, b"", *data, _meta(), b"x", b"y"), ROUTER),
+        # issue 13: a lone surrogate host (stored as null) and a long one.
+        "issue13-host-surrogate": (_frames(data[0], data[1], b'{"host": "\\ud800"}', _meta()), 0),
+        "issue13-host-long": (
+            _frames(data[0], data[1], json.dumps({"host": "h" * 300}).encode(), _meta()), 0
+        ),
+        "issue13-app-env-not-utf8": (_frames(b"my\xffapp-prod", data[1], body, _meta()), 0),
+        "started-ms-huge": (_frames(data[0], data[1], b'{"started_ms": 99999999999999999}',
+                                    _meta()), 0),
+        "not-json": (_frames(*data[:2], b"{not json", _meta()), 0),
+    }  # fmt: skip
+    try:
+        import cramjam
+    except ImportError:  # optional: the test extra
+        pass
+    else:
+        snappy = bytes(cramjam.snappy.compress_raw(body))
+        lz4 = struct.pack(">I", len(body)) + bytes(
+            cramjam.lz4.compress_block(body, store_size=False)
+        )
+        seeds["snappy"] = (_frames(*data[:2], snappy, _meta(2)), 0)
+        seeds["lz4"] = (_frames(*data[:2], lz4, _meta(3)), 0)
+    for name, (payload, flags) in seeds.items():
+        yield seed(name, payload, flags)
+    yield seed("small-limits-zlib", seeds["zlib"][0], SMALL_LIMITS)
+
+
+# -- websocket ---------------------------------------------------------------------
+
+
+def websocket_seeds() -> Iterable[Seed]:
+    good = {
+        "id": "b-1", "tag": "web.app",
+        "events": [{"time": 1732270000.5, "record": {"msg": "hi", "n": [1, 2]}},
+                   {"time": "2024-11-22T10:00:00.123456789+01:00", "record": {}},
+                   {"record": {"nested": {"a": None}}}],
+    }  # fmt: skip
+    messages = {
+        "ingest": json.dumps(good).encode(),
+        "ingest-int-id": json.dumps({"id": 42, "tag": "t", "events": [{"time": None,
+                                                                        "record": {}}]}).encode(),
+        "two-messages": _frames(json.dumps(good).encode(), b'{"id": 2, "tag": "t", "events": []}'),
+        # issue 13: the shared RFC 3339 parser (odd digits, Go's zero time), lone surrogates.
+        "issue13-time-superscript": '{"id": "a", "tag": "t", "events": [{"time": '
+        '"2024-11-22T10:00:00.\u00b2Z", "record": {}}]}'.encode(),
+        "issue13-time-go-zero": b'{"id": "a", "tag": "t", "events": [{"time": '
+        b'"0001-01-01T00:00:00Z", "record": {}}]}',
+        "issue13-surrogates": b'{"id": "\\ud800", "tag": "\\udfff", "events": [{"record": '
+        b'{"\\ud800": "\\udc00"}}]}',
+        "time-huge": b'{"id": "a", "tag": "t", "events": [{"time": 1e300, "record": {}}]}',
+        "not-json": b'{"id": ',
+        "not-utf8": b'{"id": "\xff", "tag": "t", "events": []}',
+    }  # fmt: skip
+    for name, payload in messages.items():
+        yield seed(name, payload)
+    yield seed("ingest-binary", messages["ingest"], BINARY)
+    yield seed("small-limits-ingest", messages["ingest"], SMALL_LIMITS)
+    yield seed(
+        "handshake",
+        b"/ingest?tag=web.&protocol=forward\r\nOrigin: https://app.example\r\n"
+        b"Authorization: Bearer abc.def\r\nSec-WebSocket-Protocol: appliance.v1, bearer.tok",
+        HANDSHAKE,
+    )
+    yield seed("handshake-long-filter", b"/tail?tag=" + b"a" * 1100, HANDSHAKE)
+
+
+TARGETS: Final = {
+    "forward": forward_seeds,
+    "lumberjack": lumberjack_seeds,
+    "courier": courier_seeds,
+    "logjam": logjam_seeds,
+    "websocket": websocket_seeds,
+}
+
+
+def main() -> None:
+    for target, make in TARGETS.items():
+        directory = CORPUS / target
+        shutil.rmtree(directory, ignore_errors=True)
+        directory.mkdir(parents=True)
+        count = 0
+        for name, data in make():
+            (directory / name).write_bytes(data)
+            count += 1
+        print(f"{target}: {count} seeds in {directory}")
+
+
+if __name__ == "__main__":
+    main()
