@@ -57,6 +57,7 @@ from appliance.server.registry import handler_for
 from appliance.server.reload import FIXED_KEYS as _FIXED_KEYS
 from appliance.server.reload import ReloadPlan, plan_reload
 from appliance.server.tls import TlsManager
+from appliance.server.tls_audit import TlsRefusalAudit
 from appliance.server.websocket_driver import open_token_verifier
 from appliance.state_lock import StateLock
 from auth.policy import CredentialStore
@@ -78,6 +79,8 @@ class Running:
     writer: LakeWriter | None = None
     services: dict[str, TcpService] = field(default_factory=dict)
     tls_manager: TlsManager | None = None
+    #: Certificates refused at the handshake, into the audit log (mutual TLS only).
+    tls_audit: TlsRefusalAudit | None = None
     #: Stops a listener's accept loop, by name (a reload that removes it).
     accepting: dict[str, trio.CancelScope] = field(default_factory=dict)
     #: Re-read the config file and apply it, as SIGHUP does (set once started).
@@ -149,6 +152,26 @@ def _credentials(config: Config) -> CredentialStore | None:
     # configured database must be upgraded by the operator (appliance db upgrade).
     prepare(url, upgrade_in_place=config.auth.database_url is None)
     return SqlCredentialStore(url, config.auth_secret_key_file)
+
+
+def _tls_audit(config: Config, context: ServiceContext) -> TlsRefusalAudit | None:
+    """The audit of refused client certificates, when any listener asks for them."""
+    if not any(listener.tls and listener.client_auth != "off" for listener in config.listeners):
+        return None
+    from auth.schema import prepare
+    from auth.store import SqlCredentialStore
+
+    url = config.auth_database_url
+    prepare(url, upgrade_in_place=config.auth.database_url is None)
+    store = SqlCredentialStore(url, config.auth_secret_key_file)
+
+    def write(listener: str, peer: str, reason: str) -> None:
+        store.record_audit(
+            "tls.refused", peer.rsplit(":", 1)[0].strip("[]"), actor=None,
+            detail=f"listener={listener} reason={reason}", source_address=peer,
+        )  # fmt: skip
+
+    return TlsRefusalAudit(write, context.auth_threads)
 
 
 def pid_file(config: Config) -> Path:
@@ -230,7 +253,8 @@ async def _serve_locked(
             advice="anyone who reaches this address can write events: require client "
             "certificates (client_auth), the forward handshake (security) or CURVE",
         )  # fmt: skip
-    running = Running(ca_file=ca_file, writer=writer, tls_manager=tls)
+    tls_audit = _tls_audit(config, context)
+    running = Running(ca_file=ca_file, writer=writer, tls_manager=tls, tls_audit=tls_audit)
     stop_event = stop if stop is not None else trio.Event()
     shutdown = trio.CancelScope()
     with shutdown:
@@ -246,6 +270,8 @@ async def _serve_locked(
                             _start_listener, listener, tls.context_for(listener), context,
                             connections, running,
                         )  # fmt: skip
+                    if tls_audit is not None:
+                        acceptors.start_soon(tls_audit.run)
                     reloader = _Reloader(config, tls, context, running, acceptors, connections)
                     running.reload = reloader.reload
                     if stop is None:
@@ -339,6 +365,8 @@ async def _start_listener(
     port = sockets[0].socket.getsockname()[1]
     running.ports[listener.name] = port
     running.services[listener.name] = service
+    if running.tls_audit is not None and listener.client_auth != "off":
+        service.on_tls_failure = running.tls_audit.note
     if not listener.tls:
         log.warning("listener.plaintext", listener=listener.name, bind=listener.bind)
     scope = trio.CancelScope()

@@ -9,13 +9,18 @@ frames; the driver owns the sockets and hands every message to
 Frames (after the ROUTER's routing-id frame)::
 
     async data   [app-env][topic][body][meta]
-    request      [""][app-env][topic][body][meta]      -> 202 Accepted | 400 Bad Request
-    ping         [""]["ping"][app-env][body][meta]      -> 200 OK + fqdn | 400 Bad Request
+    request      [""][app-env][topic][body][meta]  -> [app-env]["202 Accepted" | "400 Bad Request"]
+    ping         [""]["ping"][app-env][body][meta]  -> ["ping"]["200 OK"][fqdn] | ["ping"]["400 Bad Request"]
 
-Replies, as logjam-tools' device builds them (``src/logjam-device.c``
-``read_router_message_and_forward``): the routing id, the empty delimiter,
-then the status (and the fqdn for a ping). A DEALER therefore reads
-``["", "202 Accepted"]``, which is what the Ruby, Elixir and Go agents check.
+Replies are the spec's ``reply-msg`` and ``pong-msg`` as logjam-tools' device
+builds them at HEAD (``src/logjam-device.c``,
+``read_router_message_and_forward``): the routing id, then the request's
+app-env frame as sent (``"ping"`` for a ping; ``"unknown-unknown"`` when the
+request has no app-env frame), then the status (and the fqdn for a ping). No
+empty delimiter: a DEALER reads ``[app-env, "202 Accepted"]``, which is what
+``logjam_agent`` checks (``answer_parts.first == app_env``). An app-env frame
+longer than :data:`MAX_APP_ENV_BYTES` is not echoed (its 400 carries
+``"unknown-unknown"``), so a reply never copies more than that of a frame.
 
 The meta frame is 24 bytes, big-endian: tag ``0xCABD`` (u16), compression
 (u8: 0 none, 1 zlib or gzip, 2 snappy, 3 lz4), version (u8, 1), device (u32),
@@ -34,10 +39,19 @@ Invariants:
 
 Strict strings (issue 13; the limits are ``appliance.protocols.text``'s):
 
-* app-env and topic (the row's ``tag``) are frames of the message itself:
-  strict UTF-8, at most :data:`MAX_APP_ENV_BYTES` and :data:`MAX_TOPIC_BYTES`
-  (which is below ``MAX_TAG_BYTES``), and then the spec's ASCII grammar; a
-  violation is a 400 for the message (nothing of it is stored).
+* app-env and topic (the row's ``tag``) are frames of the message itself,
+  checked by the device's rules at logjam-tools HEAD (``src/logjam-util.c``):
+  an app-env is printable ASCII (every byte 0x20 to 0x7F) with at least one
+  ``-`` (``well_formed_stream_name``); a topic begins with ``logs``,
+  ``javascript``, ``events``, ``frontend.page``, ``frontend.ajax`` or
+  ``mobile`` (``well_formed_topic``, a prefix test: ``logs.x.worker:1`` and
+  ``frontend.page.shop`` pass). On top of the device's rules both are at
+  most :data:`MAX_APP_ENV_BYTES` and :data:`MAX_TOPIC_BYTES` (below
+  ``MAX_TAG_BYTES``), and the topic, which the device takes as any bytes,
+  must be strict UTF-8 (it becomes the row's tag, verbatim). A violation is
+  a 400 for the message (nothing of it is stored). The application is what
+  precedes the *last* ``-`` (the device's ``extract_app_env``):
+  :func:`split_app_env`.
 * ``host`` comes from inside the JSON body, where Logjam keeps no per-field
   errors and the record is still good: a ``host`` that is not valid UTF-8
   (a JSON ``"\\ud800"`` escape) or is longer than ``MAX_HOST_BYTES`` falls
@@ -46,8 +60,8 @@ Strict strings (issue 13; the limits are ``appliance.protocols.text``'s):
   it. The record keeps the original value (``records.record_json`` renders a
   lone surrogate as ``{"$binary": ...}``).
 * The batch id is built here and is at most ``MAX_BATCH_ID_BYTES``: an
-  app-env too long to fit is shortened to a prefix plus a digest of the
-  whole app-env (see :func:`_batch_id`).
+  app-env too long to fit, or one holding ``~``, is written as a prefix plus
+  a digest of the whole app-env (see :func:`_batch_id`).
 
 Bounded work (issue 13):
 
@@ -105,11 +119,13 @@ __all__ = [
     "MAX_APP_ENV_BYTES",
     "MAX_MESSAGE_FRAMES",
     "MAX_TOPIC_BYTES",
+    "TOPIC_PREFIXES",
     "META_BYTES",
     "META_TAG",
     "META_VERSION",
     "PING",
     "PONG",
+    "UNKNOWN_APP_ENV",
     "Compression",
     "DataMessage",
     "FrameData",
@@ -124,12 +140,14 @@ __all__ = [
     "pack_meta",
     "parse_meta",
     "pong_frames",
+    "split_app_env",
 ]
 
 #: Largest body frame accepted, as sent (compressed), in bytes.
 DEFAULT_MAX_BODY_BYTES: Final = 16 * 1024 * 1024
-#: Largest body after decompression, in bytes (logjam-tools gives up at 32 MiB:
-#: ``max_buffer_size`` in src/logjam-util.c).
+#: Largest body after decompression, in bytes. logjam-tools gives up at 64 MiB
+#: (``max_buffer_size`` in src/logjam-util.c at HEAD); the appliance's default is
+#: half that, which bounds a decoded message's memory (module docstring).
 DEFAULT_MAX_DECOMPRESSED_BYTES: Final = 32 * 1024 * 1024
 #: Most ``{`` and ``[`` bytes in a decompressed body (a count). Each becomes a
 #: Python dict or list of 56 to 200 bytes from 2 bytes of JSON (``{},``), the
@@ -142,7 +160,8 @@ MAX_TOPIC_BYTES: Final = 255
 assert MAX_TOPIC_BYTES <= MAX_TAG_BYTES
 #: Most frames of one message as the ROUTER delivers it, a count: routing id,
 #: empty delimiter and four data frames (a request or a ping). An async
-#: message has five, a PULL message four.
+#: message has five, a PULL message four. (The device reads up to 12 and
+#: refuses any count but 6 or 5 the same way.)
 MAX_MESSAGE_FRAMES: Final = 6
 #: Largest ratio of deflate output to input (a ratio: 258-byte matches coded in
 #: about 2 bits, zlib's "technical details"): the bound on a zlib or gzip body.
@@ -158,13 +177,15 @@ _META_BE: Final = struct.Struct(">HBBIQQ")
 _META_LE: Final = struct.Struct("<HBBIQQ")
 assert _META_BE.size == META_BYTES
 
-#: Reply status frames (logjam-tools' device; the spec's ABNF for the pong).
+#: Reply status frames (the spec's ABNF; logjam-tools' device and importer at HEAD).
 ACCEPTED: Final = b"202 Accepted"
 BAD_REQUEST: Final = b"400 Bad Request"
 PONG: Final = b"200 OK"
-#: The app-env frame of a ping.
+#: The app-env frame of a ping (and so the first frame of its reply).
 PING: Final = b"ping"
-_DELIMITER: Final = b""
+#: The first reply frame when a request has no app-env frame to echo (the
+#: device's stand-in), or one too long to echo.
+UNKNOWN_APP_ENV: Final = b"unknown-unknown"
 #: Frames of a data message (app-env, topic, body, meta).
 _DATA_FRAMES: Final = 4
 #: Offset of the compression byte in the meta frame (the same in either byte order).
@@ -181,14 +202,15 @@ _APP_ENV_DIGEST_BYTES: Final = 8
 #: One frame as the codec reads it: bytes, or a view of a ZeroMQ frame (not copied).
 FrameData: TypeAlias = bytes | bytearray | memoryview
 
-#: app-env: an application, "-", an environment (spec ABNF; digits accepted
-#: because real application names carry them).
-_APP_ENV: Final = re.compile(r"[A-Za-z][A-Za-z0-9_-]*-[A-Za-z][A-Za-z0-9_]*")
-#: Topics the spec lists; segments may carry digits (real app names do).
-_TOPIC: Final = re.compile(
-    r"(?:logs|javascript|events)(?:\.[A-Za-z0-9][A-Za-z0-9_-]*)*"
-    r"|frontend\.page|frontend\.ajax|mobile"
-)
+#: app-env, as logjam-tools' ``well_formed_stream_name``: every byte 0x20 to
+#: 0x7F (a signed ``char`` below 32 is refused, which covers bytes over 0x7F),
+#: and at least one "-" (checked apart).
+_APP_ENV_BYTES: Final = re.compile(rb"[\x20-\x7f]+")
+#: Topic prefixes, as logjam-tools' ``well_formed_topic`` (a prefix test, so
+#: ``logs``, ``logs.x.worker:1`` and ``frontend.page.shop`` all pass).
+TOPIC_PREFIXES: Final = ("logs", "javascript", "events", "frontend.page", "frontend.ajax", "mobile")
+#: The batch id's marker of a shortened app-env (see :func:`_batch_id`).
+_SHORTENED: Final = "~"
 
 
 class Compression(enum.IntEnum):
@@ -231,12 +253,15 @@ class Meta:
 
 @dataclass(frozen=True, slots=True)
 class Route:
-    """Where a ROUTER message came from, and whether it wants a reply."""
+    """Where a ROUTER message came from, whether it wants a reply, and the reply's first frame."""
 
     #: The ROUTER's routing id of the peer.
     identity: bytes
     #: The peer marked the message with an empty frame (request or ping).
     reply: bool
+    #: The frame every reply begins with after the routing id: the request's
+    #: app-env frame as sent (``"ping"`` for a ping), or :data:`UNKNOWN_APP_ENV`.
+    app_env: bytes = UNKNOWN_APP_ENV
 
 
 @dataclass(frozen=True, slots=True)
@@ -285,22 +310,29 @@ class MalformedMessage(RemoteProtocolError):
 
 
 def _routed(route: Route, *frames: bytes) -> list[bytes]:
-    return [route.identity, _DELIMITER, *frames]
+    return [route.identity, route.app_env, *frames]
 
 
 def accepted_frames(route: Route) -> list[bytes]:
-    """``[id][""]["202 Accepted"]``: the request is committed."""
+    """``[id][app-env]["202 Accepted"]``: the request is committed."""
     return _routed(route, ACCEPTED)
 
 
 def bad_request_frames(route: Route) -> list[bytes]:
-    """``[id][""]["400 Bad Request"]``: the request or ping is refused."""
+    """``[id][app-env]["400 Bad Request"]``: the request or ping (``[id]["ping"]...``) is refused."""
     return _routed(route, BAD_REQUEST)
 
 
 def pong_frames(route: Route, fqdn: str) -> list[bytes]:
-    """``[id][""]["200 OK"][fqdn]``: the answer to a ping."""
+    """``[id]["ping"]["200 OK"][fqdn]``: the answer to a ping."""
     return _routed(route, PONG, fqdn.encode("utf-8"))
+
+
+def _reply_app_env(frames: Sequence[FrameData]) -> bytes:
+    """The first frame of a request's replies: its app-env frame (copied, at most 255 bytes)."""
+    if len(frames) < 3 or len(frames[2]) > MAX_APP_ENV_BYTES:
+        return UNKNOWN_APP_ENV
+    return bytes(frames[2])
 
 
 # -- meta ------------------------------------------------------------------------
@@ -359,6 +391,37 @@ def _text(frame: FrameData, what: str, limit: int, route: Route | None) -> str:
         raise MalformedMessage(f"{what} frame: {exc.reason}", route) from None
 
 
+def _app_env(frame: FrameData, route: Route | None) -> str:
+    """The app-env frame by the device's rule (module docstring), at most ``MAX_APP_ENV_BYTES``."""
+    if len(frame) > MAX_APP_ENV_BYTES:
+        raise MalformedMessage(
+            f"app-env frame: app-env is {len(frame)} bytes, over the limit of {MAX_APP_ENV_BYTES}",
+            route,
+        )
+    raw = bytes(frame)
+    if not _APP_ENV_BYTES.fullmatch(raw) or b"-" not in raw:
+        raise MalformedMessage(
+            f"bad app-env {raw!r}: not printable ASCII with a '-' (logjam-tools' rule)", route
+        )
+    return raw.decode("ascii")
+
+
+def split_app_env(app_env: str) -> tuple[str, str]:
+    """``(application, environment)``: split at the last ``-``, as the device's ``extract_app_env``.
+
+    ``my.app-production`` is ``("my.app", "production")``, ``a-b-e`` is
+    ``("a-b", "e")``. Either part may be empty (the device's rule allows
+    ``-production``).
+
+    Raises:
+        ValueError: no ``-`` (not an app-env).
+    """
+    application, hyphen, environment = app_env.rpartition("-")
+    if not hyphen:
+        raise ValueError(f"{app_env!r} has no '-'")
+    return application, environment
+
+
 def _host(record: dict[str, Any]) -> tuple[str | None, str | None]:
     """The row's host from the body, and why a string host was dropped (module docstring)."""
     host = record.get("host")
@@ -381,19 +444,24 @@ def _batch_id(app_env: str, topic: str, body: bytes, meta: Meta) -> str:
     different message with the same number.
 
     The id is at most ``MAX_BATCH_ID_BYTES``: an app-env longer than the room
-    left by the other fields is written as its first characters, ``~`` (not
-    in the app-env grammar, so no real app-env looks the same) and a digest
-    of the whole app-env. Real app-envs are a few dozen bytes and are kept.
+    left by the other fields is written as its first characters, ``~`` and a
+    digest of the whole app-env. The device's rule lets an app-env hold ``~``
+    itself, so one that does is written the same way (its characters, ``~``,
+    digest): no app-env kept as it is has a ``~``, and two written with a
+    digest differ in it. Real app-envs are a few dozen bytes without ``~``
+    and are kept. An app-env may hold ``:`` too; the four fields after it
+    have fixed forms, so the id still reads unambiguously from the right.
     """
     digest = hashlib.blake2b(digest_size=8)
-    digest.update(topic.encode("ascii"))
+    digest.update(topic.encode("utf-8"))
     digest.update(b"\0")
     digest.update(body)
     room = MAX_BATCH_ID_BYTES - _BATCH_ID_FIXED_BYTES
     name = app_env
-    if len(name) > room:
+    if len(name) > room or _SHORTENED in name:
         whole = hashlib.blake2b(app_env.encode("ascii"), digest_size=_APP_ENV_DIGEST_BYTES)
-        name = f"{app_env[: room - 1 - 2 * _APP_ENV_DIGEST_BYTES]}~{whole.hexdigest()}"
+        keep = app_env[: room - 1 - 2 * _APP_ENV_DIGEST_BYTES]
+        name = f"{keep}{_SHORTENED}{whole.hexdigest()}"
     return f"{name}:{meta.device}:{meta.sequence}:{meta.created_ms}:{digest.hexdigest()}"
 
 
@@ -428,7 +496,10 @@ class LogjamReceiver:
             raise MalformedMessage(f"{len(frames)} frames: no routing id and message", None)
         # A routing id is at most 255 bytes (libzmq refuses longer ones).
         identity = bytes(frames[0])
-        route = Route(identity, reply=len(frames[1]) == 0)
+        if len(frames[1]) == 0:
+            route = Route(identity, reply=True, app_env=_reply_app_env(frames))
+        else:
+            route = Route(identity, reply=False)
         if len(frames) > MAX_MESSAGE_FRAMES:
             raise MalformedMessage(f"message has more than {MAX_MESSAGE_FRAMES} frames", route)
         if not route.reply:
@@ -510,12 +581,13 @@ class LogjamReceiver:
         if frames[0] == PING:
             raise MalformedMessage("ping without the empty request frame: nothing to answer", route)
         meta = self._meta(frames[3], route)
-        app_env = _text(frames[0], "app-env", MAX_APP_ENV_BYTES, route)
-        if not _APP_ENV.fullmatch(app_env):
-            raise MalformedMessage(f"bad app-env {app_env!r}", route)
+        app_env = _app_env(frames[0], route)
         topic = _text(frames[1], "topic", MAX_TOPIC_BYTES, route)
-        if not _TOPIC.fullmatch(topic):
-            raise MalformedMessage(f"bad topic {topic!r}", route)
+        if not topic.startswith(TOPIC_PREFIXES):
+            raise MalformedMessage(
+                f"bad topic {topic!r}: does not begin with one of {', '.join(TOPIC_PREFIXES)}",
+                route,
+            )
         body = self._body(frames[2], route)
         record = self._record(body, meta, route)
         host, host_dropped = _host(record)

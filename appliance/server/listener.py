@@ -177,6 +177,8 @@ class TcpService:
         self.refused = 0
         #: Connections closed by an unexpected exception (``connection.failed``).
         self.failed = 0
+        #: Told each refused TLS handshake (listener, peer, reason): the audit log.
+        self.on_tls_failure: Callable[[str, str, str], None] | None = None
 
     def update(
         self,
@@ -279,6 +281,8 @@ class TcpService:
                         log.warning(
                             "tls.handshake_failed", listener=self.name, peer=peer, reason=reason
                         )
+                        if self.on_tls_failure is not None:
+                            self.on_tls_failure(self.name, peer, reason)
                         return
                 if scope.cancelled_caught:
                     log.warning(

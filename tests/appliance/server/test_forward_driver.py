@@ -8,6 +8,8 @@ driver, in tests/appliance/test_service.py.
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import msgpack
@@ -183,6 +185,23 @@ async def test_rows_carry_tag_time_source_and_peer(
 # Nothing here waits for a deadline; each wait ends when the server answers or closes.
 
 
+@asynccontextmanager
+async def served(handler: Any, info: ConnectionInfo) -> AsyncIterator[Any]:
+    """Like ``serving``, but the server end is closed when the handler returns,
+    as the listener does: the client then sees the connection end."""
+    client, server = trio.testing.memory_stream_pair()
+
+    async def run() -> None:
+        try:
+            await handler(server, info)
+        finally:
+            await server.aclose()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(run)
+        yield client
+
+
 async def until_closed(client: trio.abc.ReceiveStream) -> bytes:
     """Every byte the server sends until it closes the connection."""
     received = b""
@@ -197,7 +216,7 @@ async def test_unreadable_entries_stream_is_not_acked() -> None:
     writer = StandInWriter()
     corrupt = msgpack.packb([1700000000, {"a": 1}]) + b"\xc1" + msgpack.packb([1, {"lost": 1}])
     bad = msgpack.packb(["app", corrupt, {"chunk": "bad"}])
-    async with serving(handler_for(writer), INFO) as client:
+    async with served(handler_for(writer), INFO) as client:
         await client.send_all(request("good") + bad)
         with trio.fail_after(30):
             await writer.wait_blocks(1)
@@ -224,7 +243,7 @@ async def test_unreadable_entries_stream_is_not_acked() -> None:
 )  # fmt: skip
 async def test_crash_inputs_close_only_their_connection(bad: bytes) -> None:
     writer = StandInWriter()
-    async with serving(handler_for(writer), INFO) as client:
+    async with served(handler_for(writer), INFO) as client:
         await client.send_all(bad)
         assert await until_closed(client) == b""
     # The handler returned normally: no block, no ack, nothing escaped.
@@ -303,7 +322,7 @@ async def read_message(client: trio.abc.ReceiveStream, unpacker: msgpack.Unpacke
 @pytest.mark.trio
 async def test_handshake_client_hostname_becomes_the_host() -> None:
     writer = StandInWriter()
-    async with serving(secured_handler(writer), INFO) as client:
+    async with served(secured_handler(writer), INFO) as client:
         unpacker = msgpack.Unpacker()
         helo = msgpack.packb(await read_message(client, unpacker), use_bin_type=True)
         await client.send_all(ping(helo))
@@ -321,7 +340,7 @@ async def test_handshake_client_hostname_becomes_the_host() -> None:
 @pytest.mark.trio
 async def test_handshake_with_a_hostname_that_is_not_utf8_is_refused() -> None:
     writer = StandInWriter()
-    async with serving(secured_handler(writer), INFO) as client:
+    async with served(secured_handler(writer), INFO) as client:
         unpacker = msgpack.Unpacker()
         helo = msgpack.packb(await read_message(client, unpacker), use_bin_type=True)
         await client.send_all(ping(helo, b"host\xff"))
@@ -336,7 +355,7 @@ async def test_handshake_with_a_hostname_that_is_not_utf8_is_refused() -> None:
 async def test_ping_followed_by_too_much_in_one_read_is_refused_cleanly() -> None:
     # Issue 13: this crashed the connection task (and, then, the service).
     writer = StandInWriter()
-    async with serving(secured_handler(writer), INFO) as client:
+    async with served(secured_handler(writer), INFO) as client:
         unpacker = msgpack.Unpacker()
         helo = msgpack.packb(await read_message(client, unpacker), use_bin_type=True)
         await client.send_all(ping(helo) + request("early", n=400))
