@@ -65,9 +65,10 @@ package-test: env
 
 # Coverage-guided fuzzing of every codec (fuzz/README.md): each target in
 # FUZZ_TARGETS runs FUZZ_RUNS inputs, starting from its seeds in
-# fuzz/corpus/<target> and keeping what it learns in var/fuzz/<target>; a
-# crash (or an input slower than FUZZ_TIMEOUT seconds) is written to
-# fuzz/crashes/<target>/ and stops the run. Short pass: make fuzz FUZZ_RUNS=20000
+# fuzz/corpus/<target> with fuzz/dict/<target>.dict, and keeps what it learns
+# in var/fuzz/<target>. A crash (or an input slower than FUZZ_TIMEOUT
+# seconds) is written to fuzz/crashes/<target>/ and stops the run.
+# Short pass: make fuzz FUZZ_RUNS=20000
 .PHONY: fuzz
 fuzz: FUZZ_RUNS ?= 1000000
 fuzz: FUZZ_MAX_LEN ?= 65536
@@ -79,6 +80,6 @@ fuzz: env
 		mkdir -p var/fuzz/$$target fuzz/crashes/$$target; \
 		echo "fuzz: $$target, $(FUZZ_RUNS) inputs"; \
 		$(BIN)/python fuzz/fuzz_$$target.py -runs=$(FUZZ_RUNS) -max_len=$(FUZZ_MAX_LEN) \
-			-timeout=$(FUZZ_TIMEOUT) -print_final_stats=1 \
+			-timeout=$(FUZZ_TIMEOUT) -print_final_stats=1 -dict=fuzz/dict/$$target.dict \
 			-artifact_prefix=fuzz/crashes/$$target/ var/fuzz/$$target fuzz/corpus/$$target; \
 	done

@@ -8,9 +8,11 @@ frames; the driver owns the sockets and hands every message to
 
 Frames (after the ROUTER's routing-id frame)::
 
-    async data   [app-env][topic][body][meta]
-    request      [""][app-env][topic][body][meta]  -> [app-env]["202 Accepted" | "400 Bad Request"]
-    ping         [""]["ping"][app-env][body][meta]  -> ["ping"]["200 OK"][fqdn] | ["ping"]["400 Bad Request"]
+    async data   [app-env][topic][body][meta]        no reply
+    request      [""][app-env][topic][body][meta]    [app-env]["202 Accepted"]
+                                                     or [app-env]["400 Bad Request"]
+    ping         [""]["ping"][app-env][body][meta]   ["ping"]["200 OK"][fqdn]
+                                                     or ["ping"]["400 Bad Request"]
 
 Replies are the spec's ``reply-msg`` and ``pong-msg`` as logjam-tools' device
 builds them at HEAD (``src/logjam-device.c``,
@@ -49,9 +51,10 @@ Strict strings (issue 13; the limits are ``appliance.protocols.text``'s):
   most :data:`MAX_APP_ENV_BYTES` and :data:`MAX_TOPIC_BYTES` (below
   ``MAX_TAG_BYTES``), and the topic, which the device takes as any bytes,
   must be strict UTF-8 (it becomes the row's tag, verbatim). A violation is
-  a 400 for the message (nothing of it is stored). The application is what
-  precedes the *last* ``-`` (the device's ``extract_app_env``):
-  :func:`split_app_env`.
+  a 400 for the message (nothing of it is stored). Where an application and
+  an environment are wanted, the app-env splits at its *last* ``-`` (the
+  device's ``extract_app_env``; ``appliance/spark/jobs.py`` does the same):
+  ``my.app-production`` is ``my.app`` and ``production``.
 * ``host`` comes from inside the JSON body, where Logjam keeps no per-field
   errors and the record is still good: a ``host`` that is not valid UTF-8
   (a JSON ``"\\ud800"`` escape) or is longer than ``MAX_HOST_BYTES`` falls
@@ -119,12 +122,12 @@ __all__ = [
     "MAX_APP_ENV_BYTES",
     "MAX_MESSAGE_FRAMES",
     "MAX_TOPIC_BYTES",
-    "TOPIC_PREFIXES",
     "META_BYTES",
     "META_TAG",
     "META_VERSION",
     "PING",
     "PONG",
+    "TOPIC_PREFIXES",
     "UNKNOWN_APP_ENV",
     "Compression",
     "DataMessage",
@@ -140,7 +143,6 @@ __all__ = [
     "pack_meta",
     "parse_meta",
     "pong_frames",
-    "split_app_env",
 ]
 
 #: Largest body frame accepted, as sent (compressed), in bytes.
@@ -319,7 +321,7 @@ def accepted_frames(route: Route) -> list[bytes]:
 
 
 def bad_request_frames(route: Route) -> list[bytes]:
-    """``[id][app-env]["400 Bad Request"]``: the request or ping (``[id]["ping"]...``) is refused."""
+    """``[id][app-env]["400 Bad Request"]``: the request (or the ping) is refused."""
     return _routed(route, BAD_REQUEST)
 
 
@@ -404,22 +406,6 @@ def _app_env(frame: FrameData, route: Route | None) -> str:
             f"bad app-env {raw!r}: not printable ASCII with a '-' (logjam-tools' rule)", route
         )
     return raw.decode("ascii")
-
-
-def split_app_env(app_env: str) -> tuple[str, str]:
-    """``(application, environment)``: split at the last ``-``, as the device's ``extract_app_env``.
-
-    ``my.app-production`` is ``("my.app", "production")``, ``a-b-e`` is
-    ``("a-b", "e")``. Either part may be empty (the device's rule allows
-    ``-production``).
-
-    Raises:
-        ValueError: no ``-`` (not an app-env).
-    """
-    application, hyphen, environment = app_env.rpartition("-")
-    if not hyphen:
-        raise ValueError(f"{app_env!r} has no '-'")
-    return application, environment
 
 
 def _host(record: dict[str, Any]) -> tuple[str | None, str | None]:

@@ -115,15 +115,16 @@ WEBSOCKET_MAX_MESSAGE_BYTES = 1 * MIB
 COURIER_TAG = "courier-default"
 LUMBERJACK_TAG = "lumberjack-default"
 
-_TCP_COMMON = (
-    "idle_timeout_seconds = 30\n"
+WEBSOCKET_IDLE_TIMEOUT_SECONDS = 5
+_TCP_LIMITS = (
     f"request_timeout_seconds = {REQUEST_TIMEOUT_SECONDS}\n"
     f"tls_handshake_timeout_seconds = {TLS_HANDSHAKE_TIMEOUT_SECONDS}\n"
     f"max_connections_per_address = {MAX_CONNECTIONS_PER_ADDRESS}\n"
 )
+_TCP_COMMON = "idle_timeout_seconds = 30\n" + _TCP_LIMITS
 
 
-def listener_bodies() -> dict[str, str]:
+def listener_bodies(logjam_pull_port: int) -> dict[str, str]:
     """Every listener of the suite's service (name -> TOML body; ``bind`` is added)."""
     forward_limits = (
         f"udp_heartbeat = false\nmax_request_bytes = {FORWARD_MAX_REQUEST_BYTES}\n"
@@ -146,13 +147,14 @@ def listener_bodies() -> dict[str, str]:
         f"max_events = {COURIER_MAX_EVENTS}\nmax_payload_memory_bytes = {16 * MIB}\n"
         f'keepalive_seconds = 1\ntag = "{COURIER_TAG}"\n' + _TCP_COMMON,
         "logjam": 'protocol = "logjam"\ntls = false\n'
-        f'pull_bind = "127.0.0.1:{free_port()}"\n'
+        f'pull_bind = "127.0.0.1:{logjam_pull_port}"\n'
         f"max_body_bytes = {LOGJAM_MAX_BODY_BYTES}\n"
         f"max_decompressed_bytes = {LOGJAM_MAX_DECOMPRESSED_BYTES}\n"
         f"max_message_bytes = {LOGJAM_MAX_BODY_BYTES + 64 * 1024}\n"
         "handshake_timeout_seconds = 5\n",
         "websocket": 'protocol = "websocket"\n'
-        f"max_message_bytes = {WEBSOCKET_MAX_MESSAGE_BYTES}\n" + _TCP_COMMON,
+        f"max_message_bytes = {WEBSOCKET_MAX_MESSAGE_BYTES}\n"
+        f"idle_timeout_seconds = {WEBSOCKET_IDLE_TIMEOUT_SECONDS}\n" + _TCP_LIMITS,
     }
 
 
@@ -281,6 +283,7 @@ class HostileService:
     def __init__(self, directory: Path) -> None:
         self.directory = directory
         self.starts = 0
+        self.logjam_pull_port = 0
         self.app: ApplianceProcess | None = None
         self.credentials: Credentials | None = None
         #: Why earlier instances died (a test that crashed the service).
@@ -289,7 +292,8 @@ class HostileService:
     def start(self) -> None:
         index = self.starts
         self.starts += 1
-        app = start_appliance(self.directory, listener_bodies(), index=index)
+        self.logjam_pull_port = free_port()
+        app = start_appliance(self.directory, listener_bodies(self.logjam_pull_port), index=index)
         config = self.directory / f"appliance{index}.toml"
         key = json.loads(_cli(config, "key", "generate", "fleet", "--json"))["secret"]
         server_key = json.loads(_cli(config, "curve", "server-key", "--json"))["public_key"]
@@ -649,7 +653,8 @@ class LogjamGood:
             self.dealer.send_multipart([b"", b"good-production", b"logs.good", body,
                                         logjam_meta()])  # fmt: skip
         for _ in range(events):
-            assert self.dealer.recv_multipart() == [b"", b"202 Accepted"]
+            reply = self.dealer.recv_multipart()
+            assert reply == [b"", b"202 Accepted"], reply
 
     def close(self) -> None:
         self.dealer.close()

@@ -140,6 +140,7 @@ def test_bombs_get_400(service: HostileService) -> None:
     empty_member = gzip.compress(b"")
     big = body(pad="x" * (LOGJAM_MAX_DECOMPRESSED_BYTES + 1024))
     containers = b'{"a":[' + b"[]," * 300_000 + b"[]]}"
+    meta = logjam_meta()
     messages = {
         "1 MB of empty gzip members": request(
             empty_member * (LOGJAM_MAX_BODY_BYTES // len(empty_member) - 1),
@@ -160,7 +161,7 @@ def test_bombs_get_400(service: HostileService) -> None:
         "lz4 claiming 4 GiB": request(
             struct.pack(">I", 2**32 - 1) + b"\x00" * 64, compression=Compression.LZ4
         ),
-        "unknown compression": request(body(), compression=7),
+        "unknown compression": request(body(), meta=meta[:2] + b"\x07" + meta[3:]),
         "body over max_body_bytes": request(b" " * (LOGJAM_MAX_BODY_BYTES + 1)),
         "300,000 JSON containers": request(containers),
         "containers compressed": request(
@@ -261,7 +262,7 @@ def test_hostile_async_data_is_refused_without_a_reply(service: HostileService) 
         push.curve_publickey = creds.curve_public
         push.curve_secretkey = creds.curve_secret
         push.setsockopt(zmq.LINGER, 2000)
-        pull = case.service.port("logjam-pull")
+        pull = case.service.logjam_pull_port
         push.connect(f"tcp://{case.address}:0;127.0.0.1:{pull}")
         dealer = logjam_dealer(case.service, case.address)
         try:

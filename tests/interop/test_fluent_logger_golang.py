@@ -28,9 +28,12 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from tests.conftest import ApplianceProcess, start_appliance
 
 pytestmark = pytest.mark.interop
 
@@ -79,17 +82,15 @@ def go_sender(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def shared_app(tmp_path_factory: pytest.TempPathFactory):
+def shared_app(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApplianceProcess]:
     """One appliance with a TLS forward listener; each case uses its own tag prefix."""
-    from tests.conftest import start_appliance
-
     app = start_appliance(tmp_path_factory.mktemp("golang"), {"forward": ""})
     yield app
     app.stop()
 
 
 def go_send(
-    sender: Path, app, prefix: str, *flags: str, roots: Path, count: int = COUNT
+    sender: Path, app: ApplianceProcess, prefix: str, *flags: str, roots: Path, count: int = COUNT
 ) -> subprocess.CompletedProcess[str]:
     """Run the sender with ``roots`` (a PEM file) as Go's only system roots."""
     env = {k: v for k, v in os.environ.items() if k not in ("SSL_CERT_FILE", "SSL_CERT_DIR")}
@@ -104,7 +105,9 @@ def go_send(
     )  # fmt: skip
 
 
-def check_rows(app, prefix: str, result: subprocess.CompletedProcess[str], subsecond: bool) -> None:
+def check_rows(
+    app: ApplianceProcess, prefix: str, result: subprocess.CompletedProcess[str], subsecond: bool
+) -> None:
     assert result.returncode == 0, result.stderr
     sent = [json.loads(line) for line in result.stdout.splitlines()]
     assert len(sent) == COUNT
@@ -141,7 +144,7 @@ def test_library_is_the_debian_package_with_tls_and_ack(go_sender: Path) -> None
 @pytest.mark.parametrize("subsecond", [True, False], ids=["eventtime", "seconds"])
 @pytest.mark.parametrize("mode", ["sync", "async"])
 def test_go_logger_over_verified_tls_with_ack(
-    go_sender: Path, shared_app, mode: str, subsecond: bool
+    go_sender: Path, shared_app: ApplianceProcess, mode: str, subsecond: bool
 ) -> None:
     prefix = f"go{mode}{'ns' if subsecond else 's'}"
     flags = ["-mode", mode] + (["-subsecond"] if subsecond else [])
@@ -161,7 +164,7 @@ def other_ca(tmp_path: Path) -> Path:
 
 @pytest.mark.parametrize("mode", ["sync", "async"])
 def test_go_logger_with_tls_insecure_skip_verify(
-    go_sender: Path, shared_app, other_ca: Path, mode: str
+    go_sender: Path, shared_app: ApplianceProcess, other_ca: Path, mode: str
 ) -> None:
     prefix = f"goinsecure{mode}"
     result = go_send(
@@ -171,7 +174,7 @@ def test_go_logger_with_tls_insecure_skip_verify(
 
 
 def test_go_logger_refuses_an_untrusted_certificate(
-    go_sender: Path, shared_app, other_ca: Path
+    go_sender: Path, shared_app: ApplianceProcess, other_ca: Path
 ) -> None:
     """Roots without the appliance's CA and no skip-verify: the client does not connect."""
     result = go_send(go_sender, shared_app, "gountrusted", "-mode", "sync", roots=other_ca, count=1)

@@ -25,6 +25,7 @@ from appliance.protocols.logjam import (
     ACCEPTED,
     BAD_REQUEST,
     PONG,
+    UNKNOWN_APP_ENV,
     Compression,
     DataMessage,
     LogjamLimits,
@@ -128,7 +129,7 @@ def test_edge_byte_swapped_tag_is_read_little_endian() -> None:
 def test_bad_meta_gets_400_on_a_request(frame: bytes, reason: str) -> None:
     error = refused(R, request(APP_ENV, TOPIC, BODY, frame))
     assert reason in error.reason
-    assert error.reply_frames == [ID, b"", BAD_REQUEST]
+    assert error.reply_frames == [ID, APP_ENV, BAD_REQUEST]
     assert isinstance(error, RemoteProtocolError)
 
 
@@ -149,7 +150,10 @@ def test_wrong_frame_count_gets_400_on_a_request(count: int) -> None:
     # has not read the rest, so the reason does not claim a count.
     expected = f"{count} frames" if count + 2 <= 6 else "more than 6 frames"
     assert expected in error.reason
-    assert error.reply_frames == bad_request_frames(Route(ID, reply=True))
+    # The first reply frame echoes the app-env frame; without one, the device's stand-in.
+    echoed = APP_ENV if count else UNKNOWN_APP_ENV
+    assert error.reply_frames == bad_request_frames(Route(ID, reply=True, app_env=echoed))
+    assert error.reply_frames == [ID, echoed, BAD_REQUEST]
 
 
 @pytest.mark.parametrize("count", [1, 2, 3, 5])
@@ -166,7 +170,7 @@ def test_a_lone_routing_id_is_dropped() -> None:
 def test_request_decodes_with_its_route() -> None:
     event = R.receive_router(request(*data()))
     assert isinstance(event, DataMessage)
-    assert event.route == Route(ID, reply=True)
+    assert event.route == Route(ID, reply=True, app_env=APP_ENV)
     assert (event.app_env, event.topic, event.record) == ("shop-production", TOPIC.decode(), RECORD)
     assert event.meta.sequence == 7
 
@@ -183,20 +187,35 @@ def test_async_router_and_pull_messages_decode_without_reply() -> None:
 # -- replies ----------------------------------------------------------------------------
 
 
-def test_edge_reply_frames_are_routing_id_delimiter_status() -> None:
-    route = Route(ID, reply=True)
-    assert accepted_frames(route) == [ID, b"", b"202 Accepted"]
-    assert bad_request_frames(route) == [ID, b"", b"400 Bad Request"]
+def test_edge_reply_frames_are_routing_id_app_env_status() -> None:
+    """The spec's reply-msg after the routing id, as the device sends it: no empty delimiter."""
+    event = R.receive_router(request(*data()))
+    assert isinstance(event, DataMessage)
+    assert event.route is not None
+    assert accepted_frames(event.route) == [ID, b"shop-production", b"202 Accepted"]
+    assert bad_request_frames(event.route) == [ID, b"shop-production", b"400 Bad Request"]
     assert (ACCEPTED, BAD_REQUEST, PONG) == (b"202 Accepted", b"400 Bad Request", b"200 OK")
 
 
-def test_edge_ping_gets_200_ok_and_the_fqdn() -> None:
+def test_edge_ping_gets_ping_200_ok_and_the_fqdn() -> None:
+    """The spec's pong-msg; its first frame is the ping's "app-env", the string "ping"."""
     event = R.receive_router(request(b"ping", APP_ENV, b"{}", meta()))
     assert isinstance(event, Ping)
     assert event.app_env == "shop-production"
     assert pong_frames(event.route, "logjam.example.com") == [
-        ID, b"", b"200 OK", b"logjam.example.com"
+        ID, b"ping", b"200 OK", b"logjam.example.com"
     ]  # fmt: skip
+
+
+def test_the_echoed_app_env_is_the_frame_as_sent_even_when_refused() -> None:
+    # The device echoes the frame whatever it holds; the appliance too, up to 255 bytes.
+    for app_env in (b"shop", b"sh\x00p-x", b"a" * 255):
+        error = refused(R, request(app_env, TOPIC, BODY, meta()))
+        assert error.reply_frames == [ID, app_env, BAD_REQUEST]
+    # Longer frames are not copied into a reply.
+    error = refused(R, request(b"a" * 256 + b"-x", TOPIC, BODY, meta()))
+    assert error.reply_frames == [ID, UNKNOWN_APP_ENV, BAD_REQUEST]
+    assert refused(R, [ID, b""]).reply_frames == [ID, b"unknown-unknown", BAD_REQUEST]
 
 
 @pytest.mark.parametrize(
@@ -209,7 +228,7 @@ def test_edge_ping_gets_200_ok_and_the_fqdn() -> None:
     ids=["bad meta", "3 frames", "5 frames"],
 )
 def test_bad_ping_gets_400(frames: list[bytes]) -> None:
-    assert refused(R, request(*frames)).reply_frames == [ID, b"", BAD_REQUEST]
+    assert refused(R, request(*frames)).reply_frames == [ID, b"ping", BAD_REQUEST]
 
 
 def test_ping_body_is_not_parsed() -> None:
@@ -226,11 +245,20 @@ def test_async_ping_is_dropped() -> None:
 # -- topic, app-env, body ----------------------------------------------------------------
 
 
+# logjam-tools HEAD, src/logjam-util.c well_formed_topic: a prefix test on
+# logs, javascript, events, frontend.page, frontend.ajax, mobile.
 @pytest.mark.parametrize(
     "topic",
     [
         "logs", "logs.shop.production", "logs.shop_2.pre-view", "javascript.shop.production",
         "events", "events.shop.production", "frontend.page", "frontend.ajax", "mobile",
+        # Accepted by the device (issue 18), refused before.
+        "logs.x.worker:1", "frontend.page.shop", "frontend.ajax.shop.production", "mobile.x",
+        "logs.", "logs..x", "logs shop", "logsx", "logs.my.app.production",
+        "logs.3scale.production",
+        "events.shop.production.sidekiq", "javascript.shop.production.x-y_z:2",
+        # UTF-8 past the prefix is kept (the device takes any bytes there).
+        "logs.caf\u00e9",
     ],
 )  # fmt: skip
 def test_valid_topics(topic: str) -> None:
@@ -241,20 +269,66 @@ def test_valid_topics(topic: str) -> None:
 
 @pytest.mark.parametrize(
     "topic",
-    [b"", b"metrics", b"logs.", b"logs..x", b"logs shop", b"frontend.other", b"mobile.x",
-     b"logs.\xc3\xa9", b"x" * 300, b"LOGS.shop"],
+    [b"", b"metrics", b"log", b"frontend", b"frontend.other", b"frontend.pag", b"mobil",
+     b"LOGS.shop", b" logs", b".logs", b"x" * 300, b"logs." + b"x" * 251,
+     b"logs.\xff", b"logs.\xc3"],
 )  # fmt: skip
 def test_bad_topic_gets_400(topic: bytes) -> None:
     error = refused(R, request(*data(topic=topic)))
     assert "topic" in error.reason
-    assert error.reply_frames is not None
+    assert error.reply_frames == [ID, APP_ENV, BAD_REQUEST]
 
 
-@pytest.mark.parametrize("app_env", [b"", b"shop", b"-production", b"shop-", b"sh op-prod",
-                                     b"shop-prod\n", b"a" * 256 + b"-x"])  # fmt: skip
+# logjam-tools HEAD, src/logjam-util.c well_formed_stream_name: every byte
+# 0x20..0x7F and at least one "-".
+@pytest.mark.parametrize(
+    "app_env",
+    [
+        "my.app-production", "3scale-production", "shop-production", "a-b", "a-b-c", "-",
+        "-production", "shop-", "sh op-prod", "shop~1-prod", "shop:1-prod", "App_2-Pre.View",
+        "x" * 250 + "-prod", "shop-prod\x7f",
+    ],
+)  # fmt: skip
+def test_valid_app_envs(app_env: str) -> None:
+    event = R.receive_router(request(app_env.encode(), TOPIC, BODY, meta()))
+    assert isinstance(event, DataMessage)
+    assert event.app_env == app_env
+    assert event.route is not None
+    assert accepted_frames(event.route) == [ID, app_env.encode(), ACCEPTED]
+
+
+@pytest.mark.parametrize("app_env", [b"", b"shop", b"shopproduction", b"shop-prod\n",
+                                     b"\tshop-prod", b"shop-\x00", b"caf\xc3\xa9-prod",
+                                     b"shop-\xff", b"a" * 256 + b"-x"])  # fmt: skip
 def test_bad_app_env_gets_400(app_env: bytes) -> None:
     error = refused(R, request(app_env, TOPIC, BODY, meta()))
     assert "app-env" in error.reason
+    assert error.reply_frames is not None
+
+
+def test_the_app_env_rule_is_the_devices_for_every_byte() -> None:
+    """Each byte, in a one-byte app-env around a "-": accepted exactly when 0x20..0x7F."""
+    for byte in range(256):
+        app_env = b"a" + bytes([byte]) + b"-b"
+        printable = 0x20 <= byte <= 0x7F
+        if printable:
+            event = R.receive_router([ID, app_env, TOPIC, BODY, meta()])
+            assert isinstance(event, DataMessage), byte
+        else:
+            assert "app-env" in refused(R, [ID, app_env, TOPIC, BODY, meta()]).reason, byte
+
+
+def test_app_env_splits_at_the_last_hyphen_like_the_device() -> None:
+    # src/logjam-util.c extract_app_env (rindex) and appliance/spark/jobs.py
+    # (substring_index(app_env, '-', -1)): the environment follows the last "-".
+    for app_env, (app, env) in {
+        "my.app-production": ("my.app", "production"),
+        "3scale-production": ("3scale", "production"),
+        "my-app-production": ("my-app", "production"),
+    }.items():
+        event = R.receive_router(request(app_env.encode(), TOPIC, BODY, meta()))
+        assert isinstance(event, DataMessage)
+        assert event.app_env.rpartition("-")[::2] == (app, env)
 
 
 @pytest.mark.parametrize(

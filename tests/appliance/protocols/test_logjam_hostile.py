@@ -135,6 +135,10 @@ def test_app_env_that_is_not_utf8_or_too_long_gets_400(frame: bytes, what: str) 
     error = refused([ID, b"", *data(app_env=frame)])
     assert what in error.reason
     assert error.reply_frames is not None
+    # The reply echoes the app-env frame only up to MAX_APP_ENV_BYTES: a 10 MiB
+    # frame is not copied into the reply queue.
+    echoed = frame if len(frame) <= MAX_APP_ENV_BYTES else b"unknown-unknown"
+    assert error.reply_frames == [ID, echoed, b"400 Bad Request"]
 
 
 @pytest.mark.parametrize("topic", [b"logs.\xff", b"logs.\xed\xa0\x80", b"logs." + b"a" * 300])
@@ -181,6 +185,35 @@ def test_batch_id_keeps_an_app_env_that_fits() -> None:
     assert len(event.batch_id) == MAX_BATCH_ID_BYTES
 
 
+def test_batch_id_of_an_app_env_with_a_tilde_cannot_pose_as_a_shortened_one() -> None:
+    """The device's rule allows "~" (and ":") in an app-env; ids stay unambiguous."""
+    fields: dict[str, Any] = {"device": 2**32 - 1, "sequence": 2**64 - 1, "created_ms": 2**64 - 1}
+    long_app_env = b"shop-" + b"a" * 200 + b"-production"
+    shortened = R.receive_pull(data(app_env=long_app_env, **fields))
+    name = shortened.batch_id.split(":", 1)[0]
+    assert "~" in name
+    # An app-env spelled like that shortened name is written with its own digest.
+    impostor = R.receive_pull(data(app_env=name.encode(), **fields))
+    assert impostor.app_env == name
+    assert impostor.batch_id != shortened.batch_id
+    assert len(impostor.batch_id.encode()) <= MAX_BATCH_ID_BYTES
+    # A short app-env with "~" keeps its characters, then "~" and the digest.
+    tilde = R.receive_pull(data(app_env=b"shop~1-production", device=2, sequence=5,
+                                created_ms=1000))  # fmt: skip
+    assert tilde.batch_id.startswith("shop~1-production~")
+    # ":" in an app-env: the last four fields still read from the right.
+    colon = R.receive_pull(data(app_env=b"shop:1-production", device=2, sequence=5,
+                                created_ms=1000))  # fmt: skip
+    app_env, device, sequence, created, digest = colon.batch_id.rsplit(":", 4)
+    assert (app_env, device, sequence, created, len(digest)) == (
+        "shop:1-production",
+        "2",
+        "5",
+        "1000",
+        16,
+    )
+
+
 # -- frames -------------------------------------------------------------------------------------
 
 
@@ -189,7 +222,7 @@ def test_more_frames_than_a_message_has_gets_400_from_the_count_alone() -> None:
     assert len(frames) == MAX_MESSAGE_FRAMES + 1
     error = refused(frames)
     assert f"more than {MAX_MESSAGE_FRAMES} frames" in error.reason
-    assert error.reply_frames == [ID, b"", b"400 Bad Request"]
+    assert error.reply_frames == [ID, APP_ENV, b"400 Bad Request"]
     # Without the delimiter: no reply, and a PULL message too.
     assert refused([ID, *data(), b"", b""]).reply_frames is None
     with pytest.raises(MalformedMessage, match="more than 6 frames"):
@@ -300,7 +333,7 @@ def test_limits_must_be_positive() -> None:
 
 def test_route_of_a_refused_message_survives() -> None:
     error = refused([ID, b"", *data(b"[]")])
-    assert error.route == Route(ID, reply=True)
+    assert error.route == Route(ID, reply=True, app_env=APP_ENV)
 
 
 @settings(max_examples=300, deadline=None)

@@ -254,7 +254,7 @@ async def test_202_goes_out_only_after_the_commit(tmp_path: Path) -> None:
         await writer.wait_blocks(1)
         assert await in_thread(quiet, dealer)
         writer.commit(0)
-        assert await in_thread(receive, dealer) == [b"", b"202 Accepted"]
+        assert await in_thread(receive, dealer) == [APP_ENV, b"202 Accepted"]
         dealer.close()
 
 
@@ -271,12 +271,12 @@ async def test_replies_keep_each_peers_order(tmp_path: Path) -> None:
         # The ping and the 400 are ready at once but wait behind the first request.
         assert await in_thread(quiet, dealer)
         writer.commit(0)
-        assert await in_thread(receive, dealer) == [b"", b"202 Accepted"]
-        assert await in_thread(receive, dealer) == [b"", b"200 OK", b"logjam.test.example"]
-        assert await in_thread(receive, dealer) == [b"", b"400 Bad Request"]
+        assert await in_thread(receive, dealer) == [APP_ENV, b"202 Accepted"]
+        assert await in_thread(receive, dealer) == [b"ping", b"200 OK", b"logjam.test.example"]
+        assert await in_thread(receive, dealer) == [APP_ENV, b"400 Bad Request"]
         assert await in_thread(quiet, dealer)
         writer.commit(1)
-        assert await in_thread(receive, dealer) == [b"", b"202 Accepted"]
+        assert await in_thread(receive, dealer) == [APP_ENV, b"202 Accepted"]
         dealer.close()
 
 
@@ -289,14 +289,14 @@ async def test_one_peer_waiting_for_a_commit_holds_up_no_other(tmp_path: Path) -
         await in_thread(send, slow, [b"", *message(1)])
         await writer.wait_blocks(1)
         assert await request(other, [b"ping", APP_ENV, b"{}", meta()]) == [
-            b"", b"200 OK", b"logjam.test.example"
+            b"ping", b"200 OK", b"logjam.test.example"
         ]  # fmt: skip
         await in_thread(send, other, [b"", *message(2)])
         await writer.wait_blocks(2)
         writer.commit(1)
-        assert await in_thread(receive, other) == [b"", b"202 Accepted"]
+        assert await in_thread(receive, other) == [APP_ENV, b"202 Accepted"]
         writer.commit(0)
-        assert await in_thread(receive, slow) == [b"", b"202 Accepted"]
+        assert await in_thread(receive, slow) == [APP_ENV, b"202 Accepted"]
         slow.close()
         other.close()
 
@@ -309,7 +309,7 @@ async def test_nothing_uncommitted_is_acknowledged(tmp_path: Path) -> None:
         await in_thread(send, dealer, [b"", *message(1)])
         await writer.wait_blocks(1)
     # The stand-in refuses what it still holds when it closes: a 400, never a 202.
-    assert await in_thread(receive, dealer) == [b"", b"400 Bad Request"]
+    assert await in_thread(receive, dealer) == [APP_ENV, b"400 Bad Request"]
     assert await in_thread(quiet, dealer)
     dealer.close()
 
@@ -345,13 +345,13 @@ async def test_max_pending_replies_stops_reading(tmp_path: Path) -> None:
         assert await in_thread(quiet, dealer)
         assert len(writer.blocks) == 1  # the others wait in ZeroMQ's queue
         writer.commit(0)
-        assert await in_thread(receive, dealer) == [b"", b"202 Accepted"]
+        assert await in_thread(receive, dealer) == [APP_ENV, b"202 Accepted"]
         await writer.wait_blocks(2)
         writer.commit(1)
-        assert await in_thread(receive, dealer) == [b"", b"202 Accepted"]
+        assert await in_thread(receive, dealer) == [APP_ENV, b"202 Accepted"]
         await writer.wait_blocks(3)
         writer.commit(2)
-        assert await in_thread(receive, dealer) == [b"", b"202 Accepted"]
+        assert await in_thread(receive, dealer) == [APP_ENV, b"202 Accepted"]
         dealer.close()
 
 
@@ -385,7 +385,7 @@ async def test_large_bodies_are_decoded_off_the_event_loop(tmp_path: Path) -> No
         await in_thread(send, dealer, [b"", APP_ENV, TOPIC, big, meta()])
         await writer.wait_blocks(1)
         writer.commit(0)
-        assert await in_thread(receive, dealer) == [b"", b"202 Accepted"]
+        assert await in_thread(receive, dealer) == [APP_ENV, b"202 Accepted"]
         assert len(json.loads(writer.blocks[0].records[0])["lines"]) > 60
         dealer.close()
 
@@ -427,7 +427,7 @@ async def test_a_host_that_cannot_be_stored_becomes_null_and_is_counted(
         await writer.wait_blocks(3)
         for index in range(3):
             writer.commit(index)
-            assert await in_thread(receive, dealer) == [b"", b"202 Accepted"]
+            assert await in_thread(receive, dealer) == [APP_ENV, b"202 Accepted"]
         dealer.close()
     assert [block.host for block in writer.blocks] == [None, None, "w\u00e9b1"]
     # The record keeps what was sent, in a form that is valid UTF-8.
@@ -445,7 +445,7 @@ async def test_a_long_app_env_makes_a_batch_id_the_writer_accepts(tmp_path: Path
         await in_thread(send, dealer, [b"", app_env, TOPIC, body(), meta()])
         await writer.wait_blocks(1)
         writer.commit(0)
-        assert await in_thread(receive, dealer) == [b"", b"202 Accepted"]
+        assert await in_thread(receive, dealer) == [app_env, b"202 Accepted"]
         dealer.close()
     batch_id = writer.blocks[0].batch_id
     assert batch_id is not None
@@ -469,7 +469,7 @@ async def test_where_a_body_decodes_depends_on_its_decompressed_size(
         writer.commit(0)
         writer.commit(1)
         for _ in range(2):
-            assert await in_thread(receive, dealer) == [b"", b"202 Accepted"]
+            assert await in_thread(receive, dealer) == [APP_ENV, b"202 Accepted"]
         dealer.close()
     assert [on_loop for _, on_loop in decode_calls] == [True, False]
     assert len(json.loads(writer.blocks[1].records[0])["a"]) == 1 << 20
@@ -486,14 +486,14 @@ async def test_frames_past_the_limit_are_refused_without_being_copied(
         push = client(zmq.PUSH, service.pull)
         await in_thread(send, push, [*message(1), *[b""] * extra])
         await in_thread(send, dealer, [b"", *message(2), *[b""] * extra])
-        assert await in_thread(receive, dealer) == [b"", b"400 Bad Request"]
+        assert await in_thread(receive, dealer) == [APP_ENV, b"400 Bad Request"]
         # Both sockets read on: the next messages are stored and acknowledged.
         await in_thread(send, push, message(3))
         await in_thread(send, dealer, [b"", *message(4)])
         await writer.wait_blocks(2)
         writer.commit(0)
         writer.commit(1)
-        assert await in_thread(receive, dealer) == [b"", b"202 Accepted"]
+        assert await in_thread(receive, dealer) == [APP_ENV, b"202 Accepted"]
         dealer.close()
         push.close()
     assert sorted(json.loads(b.records[0])["seq"] for b in writer.blocks) == [3, 4]
@@ -528,8 +528,8 @@ async def test_a_refused_block_gets_400_in_the_peers_order(
         assert await in_thread(quiet, dealer)  # all wait behind the first request
         writer.commit(0)
         assert [await in_thread(receive, dealer) for _ in range(4)] == [
-            [b"", b"202 Accepted"], [b"", b"400 Bad Request"],
-            [b"", b"400 Bad Request"], [b"", b"202 Accepted"],
+            [APP_ENV, b"202 Accepted"], [APP_ENV, b"400 Bad Request"],
+            [APP_ENV, b"400 Bad Request"], [APP_ENV, b"202 Accepted"],
         ]  # fmt: skip
         dealer.close()
     reasons = {fields["reason"] for fields in events(caplog, "message.refused")}
@@ -558,7 +558,7 @@ async def test_an_unexpected_exception_fails_that_message_only(
         await writer.wait_blocks(1)
         writer.commit(0)
         # No reply for the failed request; the next one is answered.
-        assert await in_thread(receive, dealer) == [b"", b"202 Accepted"]
+        assert await in_thread(receive, dealer) == [APP_ENV, b"202 Accepted"]
         await in_thread(send, push, message(4))
         await writer.wait_blocks(2)
         dealer.close()
@@ -616,7 +616,7 @@ async def test_curve_source_is_the_key_name_and_keys_are_checked_at_each_handsha
         await writer.wait_blocks(1)
         assert writer.blocks[0].source == "web1"
         writer.commit(0)
-        assert await in_thread(receive, dealer) == [b"", b"202 Accepted"]
+        assert await in_thread(receive, dealer) == [APP_ENV, b"202 Accepted"]
 
         # An unknown key, and a client without CURVE, are refused at the handshake.
         stranger = tuple(k.encode() for k in generate_keypair())
