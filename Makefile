@@ -9,7 +9,7 @@ BIN    := $(VENV)/bin
 NODE_DIR := tests/interop/node
 PYTEST_ARGS ?=
 
-.PHONY: run test lint typecheck pytest env node-deps bench clean
+.PHONY: run test lint typecheck pytest env node-deps go-deps bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +28,10 @@ $(NODE_DIR)/node_modules/.stamp: $(NODE_DIR)/package.json $(NODE_DIR)/package-lo
 
 node-deps: $(NODE_DIR)/node_modules/.stamp
 
+# Go and Debian's fluent-logger-golang for tests/interop (apt-get, as root).
+go-deps:
+	bash scripts/go-interop-deps.sh
+
 run: env
 	$(BIN)/appliance serve
 
@@ -38,7 +42,7 @@ lint: env
 typecheck: env
 	$(BIN)/mypy
 
-pytest: env node-deps
+pytest: env node-deps go-deps
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 test: lint typecheck pytest

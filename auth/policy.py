@@ -60,3 +60,15 @@ class CredentialStore(Protocol):
     def note_failure(self, address: str, username: str | None, reason: str) -> None:
         """Record a failed handshake in the audit log (never with a secret)."""
         ...
+
+    def record_audit(
+        self,
+        action: str,
+        target: str,
+        *,
+        actor: str | None,
+        detail: str = "",
+        source_address: str | None = None,
+    ) -> None:
+        """Append one audit entry (``detail`` must hold no secret)."""
+        ...

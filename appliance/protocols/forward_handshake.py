@@ -182,6 +182,9 @@ class Verdict:
     shared_key: bytes | None = None
     #: The authenticated username, when users are checked.
     username: str | None = None
+    #: Why, for the audit log and the service log only: the client gets
+    #: in_forward's generic ``reason`` (it must not learn which part failed).
+    detail: str = ""
 
 
 def verify_ping(
@@ -220,7 +223,13 @@ def verify_ping(
     good = _matches(expected, ping.password_digest)
     allowed = allowed_users is None or ping.username in allowed_users
     if not (good and password is not None and allowed):
-        return Verdict(False, REASON_USER, shared_key=matched)
+        if password is None:
+            detail = "unknown or disabled user"
+        elif not good:
+            detail = "password mismatch"
+        else:
+            detail = "user not allowed from this client network"
+        return Verdict(False, REASON_USER, shared_key=matched, detail=detail)
     return Verdict(True, shared_key=matched, username=ping.username)
 
 

@@ -46,7 +46,7 @@ from appliance.server.connection import (
     Submit,
 )
 from appliance.server.context import ServiceContext
-from appliance.server.listener import ConnectionInfo
+from appliance.server.listener import ANONYMOUS, ConnectionInfo
 from auth.errors import AuthError
 from auth.policy import CredentialStore
 from auth.ratelimit import FailureLimiter, LimiterSettings
@@ -240,8 +240,21 @@ class ForwardSession:
             )
         if verdict.ok:
             security.store.note_login(verdict.username, address)
+            certificate = self._info.source
+            if verdict.username and certificate != ANONYMOUS:
+                # Both identities are kept: the user becomes the rows' source
+                # (docs/auth.md, "Which identity wins"); the certificate is here.
+                security.store.record_audit(
+                    "auth.login", verdict.username, actor=verdict.username,
+                    detail=f"certificate={certificate}", source_address=address,
+                )  # fmt: skip
         else:
-            security.store.note_failure(address, username or None, verdict.reason)
+            reason = verdict.reason
+            if verdict.detail:
+                # The client got in_forward's generic reason; the audit log says which rule.
+                network = policy.network or "no client network"
+                reason = f"{verdict.reason}: {verdict.detail} ({network})"
+            security.store.note_failure(address, username or None, reason)
         return verdict
 
 

@@ -1,4 +1,4 @@
-"""Hostile WebSocket senders (``/ingest``, real TLS) against the running service, next to a good one.
+"""Hostile WebSocket senders (``/ingest``, real TLS) against the running service.
 
 What the codec and driver document (appliance/protocols/websocket_messages.py,
 appliance/server/websocket_driver.py) and this module holds them to:
@@ -64,7 +64,8 @@ def expect_errors(case: Case, texts: dict[str, str]) -> None:
         for name, text in texts.items():
             client.send_text(text)
             answer = client.receive_json()
-            assert set(answer) <= {"error", "id"} and answer.get("error"), (name, answer)
+            assert set(answer) <= {"error", "id"}, (name, answer)
+            assert answer.get("error"), (name, answer)
     finally:
         client.close()
     lines = [
@@ -94,8 +95,10 @@ def test_ids_and_tags_that_are_not_storable_text_are_refused(service: HostileSer
         "id 2**63": message(2**63, [{"record": {}}]),
         "id a float": message(1.5, [{"record": {}}]),
         "id missing": json.dumps({"tag": "t", "events": [{"record": {}}]}),
-        "record lone surrogate": '{"id": "f", "tag": "t", "events": [{"record": {"m": "\\ud800"}}]}',
-        "record key lone surrogate": '{"id": "g", "tag": "t", "events": [{"record": {"\\ud800": 1}}]}',
+        "record lone surrogate": '{"id": "f", "tag": "t", '
+        + '"events": [{"record": {"m": "\\ud800"}}]}',
+        "record key lone surrogate": '{"id": "g", "tag": "t", '
+        + '"events": [{"record": {"\\ud800": 1}}]}',
         "record not an object": message("h", [{"record": [1, 2]}]),
     }  # fmt: skip
     with hostile_case(service, "websocket") as case:

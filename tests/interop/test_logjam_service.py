@@ -51,7 +51,8 @@ def test_dealer_with_a_cli_issued_curve_key_gets_202_and_a_row(appliance, tmp_pa
             compression=Compression.NONE, sequence=1, created_ms=int(time.time() * 1000)
         )
         dealer.send_multipart([b"", b"shop-production", b"logs.shop", body, meta])
-        assert dealer.recv_multipart() == [b"", b"202 Accepted"]
+        # The spec's reply-msg: the app-env, then the status (no empty frame).
+        assert dealer.recv_multipart() == [b"shop-production", b"202 Accepted"]
     finally:
         dealer.close()
     rows = app.rows()

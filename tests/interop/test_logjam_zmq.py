@@ -89,7 +89,7 @@ async def test_dealer_request_gets_202_and_its_row(tmp_path: Path, curve: bool) 
     async with logjam_service(tmp_path, curve=curve) as service:
         dealer = await connect(service, zmq.DEALER, "dealer-key")
         for seq in (1, 2, 3):
-            assert await request(dealer, frames(seq, run="dealer")) == [b"", b"202 Accepted"]
+            assert await request(dealer, frames(seq, run="dealer")) == [APP_ENV, b"202 Accepted"]
         dealer.close()
     rows = service.rows()
     assert [r["seq"] for r in records(rows)] == [1, 2, 3]
@@ -113,7 +113,7 @@ async def test_push_messages_become_rows(tmp_path: Path, curve: bool) -> None:
         # listener reads both sockets), or they are still queued and drained
         # at the graceful stop below.
         dealer = await connect(service, zmq.DEALER, "probe")
-        assert await request(dealer, frames(100, run="probe")) == [b"", b"202 Accepted"]
+        assert await request(dealer, frames(100, run="probe")) == [APP_ENV, b"202 Accepted"]
         push.close()
         dealer.close()
         await wait_rows(service, 21)
@@ -133,9 +133,9 @@ async def test_ping_gets_its_reply(tmp_path: Path, curve: bool) -> None:
     async with logjam_service(tmp_path, curve=curve) as service:
         dealer = await connect(service, zmq.DEALER, "pinger")
         ping = [b"ping", APP_ENV, b"{}", pack_meta(created_ms=CREATED_MS)]
-        assert await request(dealer, ping) == [b"", b"200 OK", b"logjam.test.example"]
+        assert await request(dealer, ping) == [b"ping", b"200 OK", b"logjam.test.example"]
         bad = [b"ping", APP_ENV, b"{}", b"\xca\xbd" + b"\0" * 22]  # version 0
-        assert await request(dealer, bad) == [b"", b"400 Bad Request"]
+        assert await request(dealer, bad) == [b"ping", b"400 Bad Request"]
         dealer.close()
     assert service.rows() == []
 
@@ -160,7 +160,7 @@ async def test_malformed_messages_get_400_or_are_dropped_and_write_nothing(
         dealer = await connect(service, zmq.DEALER, "dealer")
         push = await connect(service, zmq.PUSH, "push")
         for name, make in BAD_MESSAGES.items():
-            assert await request(dealer, make()) == [b"", b"400 Bad Request"], name
+            assert await request(dealer, make()) == [APP_ENV, b"400 Bad Request"], name
             await in_thread(send, push, make())
             await in_thread(send, dealer, make())  # async on the ROUTER: no reply
         assert await in_thread(quiet, dealer)
@@ -191,7 +191,7 @@ async def test_every_compression_method(tmp_path: Path, method: str) -> None:
         push = await connect(service, zmq.PUSH, "compressor-push")
         lines = [[1, "2026-11-22T10:00:00.000001", f"line {i} " * 30] for i in range(40)]
         message = frames(1, run=method, method=method, lines=lines)
-        assert await request(dealer, message) == [b"", b"202 Accepted"]
+        assert await request(dealer, message) == [APP_ENV, b"202 Accepted"]
         await in_thread(send, push, frames(2, run=method, method=method, lines=lines))
         dealer.close()
         push.close()
@@ -206,11 +206,11 @@ async def test_a_resent_request_is_acknowledged_again_and_stored_once(tmp_path: 
     async with logjam_service(tmp_path, curve=False) as service:
         dealer = await connect(service, zmq.DEALER, None)
         message = frames(1, run="resend")
-        assert await request(dealer, message) == [b"", b"202 Accepted"]
-        assert await request(dealer, message) == [b"", b"202 Accepted"]
+        assert await request(dealer, message) == [APP_ENV, b"202 Accepted"]
+        assert await request(dealer, message) == [APP_ENV, b"202 Accepted"]
         # Another process of the same app numbers from 1 too: not a duplicate.
         other = frames(1, run="resend", process_id=2)
-        assert await request(dealer, other) == [b"", b"202 Accepted"]
+        assert await request(dealer, other) == [APP_ENV, b"202 Accepted"]
         dealer.close()
     assert len(service.rows()) == 2
     assert service.writer.duplicates == 1
@@ -222,7 +222,7 @@ async def test_edge_byte_swapped_meta_is_accepted_end_to_end(tmp_path: Path) -> 
         dealer = await connect(service, zmq.DEALER, None)
         body = json.dumps({"seq": 1, "host": "le.example"}).encode()
         swapped = pack_meta(created_ms=CREATED_MS, sequence=1, little_endian=True)
-        assert await request(dealer, [APP_ENV, TOPIC, body, swapped]) == [b"", b"202 Accepted"]
+        assert await request(dealer, [APP_ENV, TOPIC, body, swapped]) == [APP_ENV, b"202 Accepted"]
         dealer.close()
     (row,) = service.rows()
     assert row["event_time_ns"] == CREATED_MS * 1_000_000
@@ -267,8 +267,8 @@ async def test_npm_zeromq_dealer_and_push(tmp_path: Path, curve: bool, compressi
                                  "--compression", compression)  # fmt: skip
         assert dealer.returncode == 0, dealer.stderr.decode()
         replies = [json.loads(line) for line in dealer.stdout.decode().splitlines()]
-        assert [r["reply"] for r in replies] == [["", "202 Accepted"]] * 3 + [
-            ["", "200 OK", "logjam.test.example"]
+        assert [r["reply"] for r in replies] == [["shop-production", "202 Accepted"]] * 3 + [
+            ["ping", "200 OK", "logjam.test.example"]
         ]
         push = await node_send(service, "push", "--count", "4", "--run", "push",
                                "--compression", compression)  # fmt: skip

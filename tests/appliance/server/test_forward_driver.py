@@ -20,7 +20,7 @@ import trio.testing
 from appliance.config import ForwardListenerConfig
 from appliance.lake.rows import ROW_OVERHEAD_BYTES, check_block
 from appliance.protocols.forward import MAX_PING_BYTES, Chunk, EventsReceived
-from appliance.protocols.forward_handshake import ping_digest
+from appliance.protocols.forward_handshake import password_digest, ping_digest
 from appliance.server.connection import Submit
 from appliance.server.context import ServiceContext
 from appliance.server.forward_driver import ForwardSession, forward_block, forward_driver
@@ -282,6 +282,7 @@ class _Store:
 
     def __init__(self) -> None:
         self.failures: list[str] = []
+        self.audits: list[tuple[str, str, str]] = []
 
     def resolve_source(self, address: str) -> SourcePolicy:
         return SourcePolicy("192.0.2.0/24", (KEY,), allow_anonymous=True)
@@ -294,6 +295,70 @@ class _Store:
 
     def note_failure(self, address: str, username: str | None, reason: str) -> None:
         self.failures.append(reason)
+
+    def record_audit(self, action: str, target: str, **fields: Any) -> None:
+        self.audits.append((action, target, fields.get("detail", "")))
+
+
+class _UserStore(_Store):
+    """Users: alice (password ``wonderland``) may log in only as an allowed user."""
+
+    def __init__(self, allowed: frozenset[str] | None) -> None:
+        super().__init__()
+        self.allowed = allowed
+
+    def resolve_source(self, address: str) -> SourcePolicy:
+        return SourcePolicy("192.0.2.0/24", (KEY,), allowed_users=self.allowed)
+
+    def password_of(self, username: str) -> bytes | None:
+        return b"wonderland" if username == "alice" else None
+
+
+async def _user_handshake(store: _UserStore, info: ConnectionInfo) -> tuple[Any, StandInWriter]:
+    """Log in as alice over the handshake; returns the PONG and the writer."""
+    writer = StandInWriter(resolve_empty=True)
+    settings = ForwardListenerConfig(security="users", self_hostname="server.example")
+    context = ServiceContext(writer, Lifecycle(), credentials=store)  # type: ignore[arg-type]
+    async with served(forward_driver(settings, context), info) as client:
+        unpacker = msgpack.Unpacker()
+        (_, options) = await read_message(client, unpacker)
+        digest = ping_digest(b"salt", "client.example", options["nonce"], KEY)
+        secret = password_digest(options["auth"], "alice", b"wonderland")
+        await client.send_all(msgpack.packb(
+            ["PING", "client.example", "salt", digest, "alice", secret], use_bin_type=True
+        ))  # fmt: skip
+        pong = await read_message(client, unpacker)
+        if pong[1]:
+            await client.send_all(request("c1"))
+            with trio.fail_after(30):
+                await writer.wait_blocks(1)
+            writer.commit(0)
+            assert await read_message(client, unpacker) == {"ack": "c1"}
+        await client.aclose()
+    return pong, writer
+
+
+@pytest.mark.trio
+async def test_a_user_refused_by_the_client_network_gets_its_own_audit_reason() -> None:
+    """Issue 20: the client sees in_forward's generic reason; the audit log says which rule."""
+    store = _UserStore(allowed=frozenset({"bob"}))
+    pong, writer = await _user_handshake(store, INFO)
+    assert pong[:3] == ["PONG", False, "username/password mismatch"]
+    assert store.failures == [
+        "username/password mismatch: user not allowed from this client network (192.0.2.0/24)"
+    ]
+    assert writer.blocks == []
+
+
+@pytest.mark.trio
+async def test_a_certificate_and_a_handshake_user_are_both_kept() -> None:
+    """The user is the rows' source; the certificate subject goes to the audit record."""
+    store = _UserStore(allowed=None)
+    info = ConnectionInfo(listener="test", peer="192.0.2.1:5000", tls=True, source="CN=laptop-7")
+    pong, writer = await _user_handshake(store, info)
+    assert pong[:2] == ["PONG", True]
+    assert writer.blocks[0].source == "alice"
+    assert store.audits == [("auth.login", "alice", "certificate=CN=laptop-7")]
 
 
 def secured_handler(writer: StandInWriter) -> Any:
