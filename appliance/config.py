@@ -11,6 +11,7 @@ Errors name the key and, when it can be found, the line of the file.
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import tomllib
 import types
 import typing
@@ -18,7 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, Literal
 
+from appliance.lake import diskguard as lake_diskguard
 from appliance.lake import maintenance as lake_maintenance
+from appliance.lake import retention as lake_retention
 from appliance.lake import writer as lake_writer
 from appliance.protocols import courier as courier_codec
 from appliance.protocols import forward as forward_codec
@@ -27,6 +30,7 @@ from appliance.protocols import lumberjack as lumberjack_codec
 from appliance.protocols import websocket_messages as websocket_codec
 
 __all__ = [
+    "AdminConfig",
     "AuthConfig",
     "Config",
     "ConfigError",
@@ -38,6 +42,8 @@ __all__ = [
     "LogjamListenerConfig",
     "LumberjackListenerConfig",
     "MaintenanceConfig",
+    "RetentionConfig",
+    "RetentionRule",
     "SparkConfig",
     "TlsConfig",
     "WebSocketListenerConfig",
@@ -119,6 +125,18 @@ class LakeConfig:
     dedupe_max_keys: int = lake_writer.DEFAULT_DEDUPE_MAX_KEYS
     #: Seconds this node's claim on its app id lasts without a commit (one writer per app id).
     lease_seconds: float = lake_writer.DEFAULT_LEASE_SECONDS
+    #: Refuse new batches (no ack, a "disk nearly full" reason) while the table's
+    #: filesystem has less free space than min_free_bytes or min_free_percent;
+    #: local tables only (object storage has no free-space figure).
+    disk_guard: bool = True
+    #: Free bytes the table's filesystem keeps; below them, new batches are refused.
+    min_free_bytes: int = lake_diskguard.DEFAULT_MIN_FREE_BYTES
+    #: Free share of the table's filesystem, in percent, kept likewise (the larger wins).
+    min_free_percent: float = lake_diskguard.DEFAULT_MIN_FREE_PERCENT
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.min_free_percent < 100:
+            raise ValueError("min_free_percent must be below 100")
 
     def writer_settings(self) -> lake_writer.WriterSettings:
         """The writer's settings taken from this section."""
@@ -148,6 +166,55 @@ class MaintenanceConfig:
         )
 
 
+#: Protocol names a retention rule may name.
+RETENTION_PROTOCOLS: Final = ("forward", "lumberjack", "courier", "logjam", "websocket")
+
+
+@dataclass(frozen=True, slots=True)
+class RetentionRule:
+    """A ``[[retention.rules]]`` entry: another age limit for a tag prefix and/or protocol."""
+
+    #: Days events matching this rule are kept (the first matching rule wins); required.
+    max_age_days: int = 0
+    #: Events whose tag starts with this (case-sensitive); none: any tag.
+    tag_prefix: str | None = None
+    #: Events of this protocol (forward, lumberjack, courier, logjam, websocket); none: any.
+    protocol: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_age_days <= 0:
+            raise ValueError("a retention rule needs max_age_days (whole days, at least 1)")
+        if self.tag_prefix is None and self.protocol is None:
+            raise ValueError("a retention rule needs a tag_prefix or a protocol")
+        if self.tag_prefix == "":
+            raise ValueError("tag_prefix cannot be empty (leave it out to match every tag)")
+        if self.tag_prefix is not None and "\x00" in self.tag_prefix:
+            raise ValueError("tag_prefix cannot contain a NUL character")
+        if self.protocol is not None and self.protocol not in RETENTION_PROTOCOLS:
+            raise ValueError(
+                f"protocol must be one of {', '.join(RETENTION_PROTOCOLS)}, not {self.protocol!r}"
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class RetentionConfig:
+    """``[retention]``: how long events are kept (docs/maintenance.md, "Retention")."""
+
+    #: Days events are kept: a day's partition goes once event_date < today (UTC)
+    #: minus this. None (the default): kept forever, unless a rule says otherwise.
+    max_age_days: int | None = None
+    #: Other limits per tag prefix and/or protocol, first match wins
+    #: (``[[retention.rules]]`` with max_age_days, tag_prefix, protocol).
+    rules: list[RetentionRule] = field(default_factory=list)
+    #: Seconds between retention rounds in the service (with [maintenance] enabled).
+    interval_seconds: float = lake_retention.DEFAULT_RETENTION_INTERVAL_SECONDS
+
+    @property
+    def enabled(self) -> bool:
+        """Whether anything ever expires."""
+        return self.max_age_days is not None or bool(self.rules)
+
+
 @dataclass(frozen=True, slots=True)
 class SparkConfig:
     """``[spark]``: how ``appliance sql`` and ``appliance spark run`` reach Spark.
@@ -172,6 +239,64 @@ class SparkConfig:
             raise ValueError(
                 f"remote must be a Spark Connect URL sc://host:port, not {self.remote!r}"
             )
+
+
+#: Where the admin HTTP listener (metrics, health) listens by default.
+DEFAULT_ADMIN_BIND: Final = "127.0.0.1:9880"
+
+
+def is_loopback_host(host: str) -> bool:
+    """Whether ``host`` (a bind's host part) can only be reached from this machine."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a name (or a wildcard): it may resolve to anything
+
+
+@dataclass(frozen=True, slots=True)
+class AdminConfig:
+    """``[admin]``: the HTTP listener of ``/metrics``, ``/livez`` and ``/readyz``.
+
+    See docs/observability.md. Off the loopback interface it needs TLS and a
+    bearer token: the service refuses to start otherwise.
+    """
+
+    #: Serve the admin endpoints (and count the metrics) at all.
+    enabled: bool = True
+    #: host:port of the admin listener; loopback unless TLS and a token are set.
+    bind: str = DEFAULT_ADMIN_BIND
+    #: HTTPS with the appliance's server certificate ([tls], or the generated one).
+    tls: bool = False
+    #: File (0600) holding the bearer token every request must send
+    #: (`Authorization: Bearer ...`); unset: no token (loopback only).
+    token_file: Path | None = None
+
+    def __post_init__(self) -> None:
+        host, sep, port = self.bind.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
+            raise ValueError(f"bind must be host:port, not {self.bind!r}")
+        if self.enabled and not self.loopback and (not self.tls or self.token_file is None):
+            raise ValueError(
+                f"bind {self.bind!r} is not a loopback address: the admin endpoints need "
+                "tls = true and a token_file there (or bind to 127.0.0.1)"
+            )
+
+    @property
+    def host(self) -> str:
+        """The host part of ``bind`` (brackets of an IPv6 literal removed)."""
+        return self.bind.rsplit(":", 1)[0].strip("[]")
+
+    @property
+    def port(self) -> int:
+        """The port part of ``bind``."""
+        return int(self.bind.rsplit(":", 1)[1])
+
+    @property
+    def loopback(self) -> bool:
+        """Whether the listener is reachable from this machine only."""
+        return is_loopback_host(self.host)
 
 
 #: URL schemes ``[auth] database_url`` accepts (SQLAlchemy dialect+driver).
@@ -486,7 +611,9 @@ class Config:
     lake: LakeConfig = field(default_factory=LakeConfig)
     auth: AuthConfig = field(default_factory=AuthConfig)
     maintenance: MaintenanceConfig = field(default_factory=MaintenanceConfig)
+    retention: RetentionConfig = field(default_factory=RetentionConfig)
     spark: SparkConfig = field(default_factory=SparkConfig)
+    admin: AdminConfig = field(default_factory=AdminConfig)
     listeners: list[ListenerConfig] = field(default_factory=lambda: [ForwardListenerConfig()])
     #: The file this configuration was read from (None: the embedded default);
     #: a reload (SIGHUP) reads it again.

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from appliance.config import (
+    AdminConfig,
     Config,
     CourierListenerConfig,
     ForwardListenerConfig,
@@ -95,6 +96,7 @@ def reference_tables() -> str:
         ),
         ('`protocol = "websocket"`', WebSocketListenerConfig, _COMMON - {"name", "bind"}),
         ("`[lake]`", LakeConfig, frozenset()),
+        ("`[admin]`", AdminConfig, frozenset()),
     ]
     lines: list[str] = []
     for title, cls, skip in sections:

@@ -46,7 +46,9 @@ from appliance.lake.maintenance import run_maintenance
 from appliance.lake.table import EventsTable
 from appliance.lake.writer import LakeWriter
 from appliance.logs import get_logger
+from appliance.metrics import Metrics
 from appliance.reload_status import ReloadStatus, write_status
+from appliance.server.admin import Readiness, admin_tls_context, serve_admin
 from appliance.server.context import ServiceContext
 from appliance.server.exposure import unauthenticated_listeners
 from appliance.server.heartbeat import serve_udp_heartbeat
@@ -85,6 +87,10 @@ class Running:
     accepting: dict[str, trio.CancelScope] = field(default_factory=dict)
     #: Re-read the config file and apply it, as SIGHUP does (set once started).
     reload: Callable[[str], Awaitable[ReloadStatus]] | None = None
+    #: The service's metrics (served by the admin listener).
+    metrics: Metrics | None = None
+    #: The admin listener's port (None: disabled, or its default address was taken).
+    admin_port: int | None = None
 
 
 class BindError(OSError):
@@ -174,6 +180,29 @@ def _tls_audit(config: Config, context: ServiceContext) -> TlsRefusalAudit | Non
     return TlsRefusalAudit(write, context.auth_threads)
 
 
+def _readiness(
+    config: Config, reloader: _Reloader, context: ServiceContext, running: Running
+) -> Readiness:
+    """What ``/readyz`` checks: the current listeners, the table, the auth database."""
+
+    def auth_database_url() -> str | None:
+        uses = (
+            context.credentials is not None
+            or context.tokens is not None
+            or running.tls_audit is not None
+            or any(isinstance(lc, LogjamListenerConfig) and lc.curve for lc in config.listeners)
+        )
+        return config.auth_database_url if uses else None
+
+    return Readiness(
+        expected_listeners=lambda: [listener.name for listener in reloader.config.listeners],
+        open_listeners=lambda: running.ports,
+        lifecycle=context.lifecycle,
+        writer=context.writer,
+        auth_database_url=auth_database_url,
+    )
+
+
 def pid_file(config: Config) -> Path:
     """Where the running service writes its process id (``appliance cert reload`` reads it)."""
     return config.state_dir / "appliance.pid"
@@ -232,15 +261,18 @@ async def _serve_locked(
 ) -> None:
     tls = TlsManager(config)
     ca_file = tls.prepare()
+    # Counted only when the admin listener can serve them (docs/observability.md).
+    metrics = Metrics(enabled=config.admin.enabled)
     writer = LakeWriter(
         EventsTable(config.table_uri, config.lake.storage_options or None),
         node_id(config),
         config.lake.writer_settings(),
         token=writer_token(config),
+        metrics=metrics,
     )
     await writer.open()
     lifecycle = Lifecycle()
-    context = ServiceContext(writer, lifecycle, credentials=_credentials(config))
+    context = ServiceContext(writer, lifecycle, credentials=_credentials(config), metrics=metrics)
     close_tokens: Callable[[], None] | None = None
     if any(isinstance(listener, WebSocketListenerConfig) for listener in config.listeners):
         # Bearer tokens live in the auth database (only the embedded one upgrades itself).
@@ -255,6 +287,7 @@ async def _serve_locked(
         )  # fmt: skip
     tls_audit = _tls_audit(config, context)
     running = Running(ca_file=ca_file, writer=writer, tls_manager=tls, tls_audit=tls_audit)
+    running.metrics = metrics
     stop_event = stop if stop is not None else trio.Event()
     shutdown = trio.CancelScope()
     with shutdown:
@@ -281,6 +314,12 @@ async def _serve_locked(
                     # Compaction, checkpoints and vacuum, serialized with commits;
                     # in acceptors so that a stop ends the schedule.
                     acceptors.start_soon(run_maintenance, writer, config)
+                    if config.admin.enabled:
+                        running.admin_port = await acceptors.start(
+                            serve_admin, config.admin, metrics,
+                            _readiness(config, reloader, context, running),
+                            admin_tls_context(config, tls.ca) if config.admin.tls else None,
+                        )  # fmt: skip
                     state_lock.write_pid_file()
                     write_status(config.state_dir, ReloadStatus(os.getpid(), 0, ok=True))
                     log.info(
@@ -288,6 +327,7 @@ async def _serve_locked(
                         listeners=",".join(f"{n}:{p}" for n, p in running.ports.items()),
                         table=config.table_uri,
                         ca=str(ca_file) if ca_file else None,
+                        admin=running.admin_port,
                     )
                     if ca_file:
                         print(f"CA certificate for clients: {ca_file}", flush=True)
@@ -353,6 +393,7 @@ async def _start_listener(
         tls_handshake_timeout=listener.tls_handshake_timeout_seconds,
         max_connections=listener.max_connections,
         max_connections_per_address=listener.max_connections_per_address,
+        metrics=context.metrics.listener(listener.name, listener.protocol),
     )
     try:
         sockets = await trio.open_tcp_listeners(listener.port, host=listener.host)

@@ -3,7 +3,8 @@
 * ``sql [QUERY]``: Spark SQL over ``events`` and the derived tables (an
   interactive prompt without QUERY), docs/spark.md.
 * ``spark run JOB`` / ``spark status``: the derived-table jobs and their progress.
-* ``table stats|compact|checkpoint|vacuum``: table maintenance, docs/maintenance.md.
+* ``table stats|compact|checkpoint|vacuum|expire|erase``: table maintenance,
+  retention and erasure, docs/maintenance.md.
 
 pyspark is imported only by the commands that need a session.
 """
@@ -11,13 +12,15 @@ pyspark is imported only by the commands that need a session.
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from appliance.config import Config
+from appliance.commands.progress import ProgressReporter
+from appliance.config import RETENTION_PROTOCOLS, Config
 from appliance.console import print_json, print_table
-from appliance.lake import maintenance
+from appliance.lake import maintenance, retention
 from appliance.lake.errors import LakeError
 from appliance.spark.catalog import EVENTS, appliance_tables, find_table, register_tables
 from appliance.spark.errors import SparkError
@@ -187,16 +190,22 @@ def _locked(
         return operation()
 
 
+def _progress(args: argparse.Namespace, operation: str) -> ProgressReporter:
+    return ProgressReporter(operation, enabled=not args.json)
+
+
 def _table_compact(args: argparse.Namespace, config: Config) -> int:
     target = args.target_file_bytes or config.maintenance.target_file_bytes
-    result = _locked(
-        config,
-        lambda: maintenance.compact(
-            _table_uri(args, config),
-            config.lake.storage_options or None,
-            target_file_bytes=target,
-        ),
-    )
+    with _progress(args, "compact") as progress:
+        result = _locked(
+            config,
+            lambda: maintenance.compact(
+                _table_uri(args, config),
+                config.lake.storage_options or None,
+                target_file_bytes=target,
+                progress=progress,
+            ),
+        )
     _print_maintenance(result, args.json)
     return 0
 
@@ -225,16 +234,121 @@ def _table_vacuum(args: argparse.Namespace, config: Config) -> int:
         )
     except ValueError as exc:
         return _fail(str(exc))
-    result = _locked(
-        config,
-        lambda: maintenance.vacuum(
-            _table_uri(args, config),
-            config.lake.storage_options or None,
-            retention_hours=hours,
-            allow_short_retention=allow_short,
-            dry_run=args.dry_run,
-        ),
-    )
+    with _progress(args, "vacuum") as progress:
+        result = _locked(
+            config,
+            lambda: maintenance.vacuum(
+                _table_uri(args, config),
+                config.lake.storage_options or None,
+                retention_hours=hours,
+                allow_short_retention=allow_short,
+                dry_run=args.dry_run,
+                progress=progress,
+            ),
+        )
+    _print_maintenance(result, args.json)
+    return 0
+
+
+def _table_expire(args: argparse.Namespace, config: Config) -> int:
+    policy = retention.RetentionPolicy.from_config(config.retention)
+    if args.max_age_days is not None:
+        policy = retention.RetentionPolicy(args.max_age_days, policy.rules)
+    if not policy.enabled:
+        return _fail(
+            "retention is off: set [retention] max_age_days (or rules), or pass --max-age-days N"
+        )
+    with _progress(args, "expire") as progress:
+        result = _locked(
+            config,
+            lambda: retention.expire(
+                config.table_uri,
+                config.lake.storage_options or None,
+                policy=policy,
+                dry_run=args.dry_run,
+                vacuum_retention_hours=config.maintenance.vacuum_retention_hours,
+                progress=progress,
+            ),
+        )
+    _print_maintenance(result, args.json)
+    return 0
+
+
+def _moment(text: str) -> dt.datetime:
+    """A time for --since/--until: ISO 8601 / RFC 3339, or a date (midnight); naive means UTC."""
+    try:
+        moment = dt.datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"not a date or time: {text!r} (2026-01-31 or 2026-01-31T12:00:00Z)"
+        ) from None
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=dt.UTC)
+
+
+def _erase_predicate(args: argparse.Namespace) -> str:
+    flags = {
+        "tag": args.tag,
+        "tag_prefix": args.tag_prefix,
+        "source": args.source,
+        "protocol": args.protocol,
+        "since": args.since,
+        "until": args.until,
+    }
+    given = {k: v for k, v in flags.items() if v is not None}
+    if args.where is not None:
+        if given:
+            raise ValueError("--where cannot be combined with the other filters")
+        if not args.where.strip():
+            raise ValueError("--where is empty")
+        return str(args.where)
+    return retention.erase_predicate(**given)
+
+
+def _table_erase(args: argparse.Namespace, config: Config) -> int:
+    try:
+        predicate = _erase_predicate(args)
+    except ValueError as exc:
+        return _fail(str(exc))
+    options = config.lake.storage_options or None
+
+    def run(progress: ProgressReporter) -> maintenance.MaintenanceResult:
+        return _locked(
+            config,
+            lambda: retention.erase(
+                config.table_uri,
+                options,
+                predicate=predicate,
+                dry_run=args.dry_run,
+                vacuum_retention_hours=config.maintenance.vacuum_retention_hours,
+                progress=progress,
+            ),
+        )
+
+    if args.dry_run:
+        with _progress(args, "erase") as progress:
+            result = run(progress)
+        _print_maintenance(result, args.json)
+        return 0
+    from appliance.commands.auth import admin, open_store
+
+    # The audit log is opened first: an erase never happens without its entry.
+    with open_store(config, create=True) as store:
+        try:
+            with _progress(args, "erase") as progress:
+                result = run(progress)
+        except LakeError as exc:
+            store.record_audit(
+                "table.erase", config.table_uri, actor=admin(),
+                detail=f"failed: {str(exc)[:200]} predicate={predicate}",
+            )  # fmt: skip
+            raise
+        details = result.details
+        store.record_audit(
+            "table.erase", config.table_uri, actor=admin(),
+            detail=f"rows={details.get('rows_deleted', 0) or 0} "
+            f"files_replaced={details.get('files_removed', 0) or 0} "
+            f"version={result.after.version} predicate={predicate}",
+        )  # fmt: skip
     _print_maintenance(result, args.json)
     return 0
 
@@ -342,3 +456,40 @@ def add_parser(
         help=f"allow a retention under {maintenance.MIN_VACUUM_RETENTION_HOURS} h",
     )
     vacuum.add_argument("--dry-run", action="store_true", help="list, do not delete")
+
+    def add_events(name: str, func: Handler, help_text: str) -> argparse.ArgumentParser:
+        parser = table_sub.add_parser(name, help=help_text, parents=[common])
+        parser.add_argument("--json", action="store_true")
+        parser.add_argument("--dry-run", action="store_true", help="say what, change nothing")
+        parser.set_defaults(func=_guarded(func), table=EVENTS)
+        return parser
+
+    expire = add_events(
+        "expire", _table_expire, "remove events older than [retention] allows (whole days)"
+    )
+    expire.add_argument(
+        "--max-age-days",
+        type=_positive_int,
+        help="keep this many days (default: [retention] max_age_days; rules still apply)",
+    )
+    erase = add_events(
+        "erase",
+        _table_erase,
+        "delete the events a filter matches (audited; a vacuum removes the bytes)",
+    )
+    erase.add_argument(
+        "--where",
+        metavar="PREDICATE",
+        help="an SQL predicate for delta-rs, e.g. \"source = 'token:x'\" "
+        "(admin only: passed to its SQL parser as written)",
+    )
+    erase.add_argument("--tag", help="events with exactly this tag")
+    erase.add_argument("--tag-prefix", help="events whose tag starts with this")
+    erase.add_argument("--source", help="events of this source (authenticated principal)")
+    erase.add_argument("--protocol", choices=RETENTION_PROTOCOLS, help="events of this protocol")
+    erase.add_argument(
+        "--since", type=_moment, help="events whose event_time is at or after this (UTC if naive)"
+    )
+    erase.add_argument(
+        "--until", type=_moment, help="events whose event_time is before this (UTC if naive)"
+    )

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
@@ -52,10 +53,12 @@ __all__ = [
     "MaintenanceBusy",
     "MaintenanceLock",
     "MaintenanceResult",
+    "Progress",
     "TableStats",
     "checkpoint",
     "compact",
     "lock_path",
+    "no_progress",
     "run_maintenance",
     "table_stats",
     "vacuum",
@@ -77,7 +80,14 @@ MIN_VACUUM_RETENTION_HOURS: Final = 168
 #: Size compaction aims for, per file.
 DEFAULT_TARGET_FILE_BYTES: Final = 128 * 1024 * 1024
 
-Operation = Literal["compact", "checkpoint", "vacuum"]
+Operation = Literal["compact", "checkpoint", "vacuum", "expire", "erase"]
+
+#: Told ``(step, steps, what)`` as a long operation goes on (the CLI shows it).
+Progress = Callable[[int, int, str], None]
+
+
+def no_progress(step: int, steps: int, what: str) -> None:
+    """A :data:`Progress` that shows nothing (the service's)."""
 
 
 class MaintenanceBusy(LakeError):
@@ -225,6 +235,7 @@ def compact(
     storage_options: dict[str, str] | None = None,
     *,
     target_file_bytes: int = DEFAULT_TARGET_FILE_BYTES,
+    progress: Progress = no_progress,
 ) -> MaintenanceResult:
     """Rewrite small files into files of about ``target_file_bytes``.
 
@@ -234,10 +245,13 @@ def compact(
     """
     table = _open(uri, storage_options)
     with _lake_errors("compaction", uri):
+        progress(1, 3, "reading the table's files")
         before = _stats(table)
+        progress(2, 3, f"compacting {before.files} file(s) in {before.partitions} partition(s)")
         metrics = table.optimize.compact(target_size=target_file_bytes)
         table.update_incremental()
         after = _stats(table)
+        progress(3, 3, "done")
     details: dict[str, Any] = {
         k: metrics[k]
         for k in ("numFilesAdded", "numFilesRemoved", "partitionsOptimized", "totalFilesSkipped")
@@ -293,6 +307,7 @@ def vacuum(
     retention_hours: int = DEFAULT_VACUUM_RETENTION_HOURS,
     allow_short_retention: bool = False,
     dry_run: bool = False,
+    progress: Progress = no_progress,
 ) -> MaintenanceResult:
     """Delete files no version younger than ``retention_hours`` refers to.
 
@@ -303,7 +318,9 @@ def vacuum(
     check_retention(retention_hours, allow_short=allow_short_retention)
     table = _open(uri, storage_options)
     with _lake_errors("vacuum", uri):
+        progress(1, 3, "reading the table's files")
         before = _stats(table)
+        progress(2, 3, "listing and deleting unreferenced files" if not dry_run else "listing")
         deleted = table.vacuum(
             retention_hours=retention_hours,
             dry_run=dry_run,
@@ -313,6 +330,7 @@ def vacuum(
         )
         table.update_incremental()
         after = _stats(table)
+        progress(3, 3, "done")
     details = {
         "retention_hours": retention_hours,
         "dry_run": dry_run,
@@ -334,7 +352,7 @@ def _next_due(intervals: dict[Operation, float], last: dict[Operation, float]) -
 
 
 async def run_maintenance(writer: LakeWriter, config: Config) -> None:
-    """Run compaction, checkpoints and vacuum of the ``events`` table on schedule, forever.
+    """Run compaction, checkpoints, vacuum and retention of ``events`` on schedule, forever.
 
     One task runs the operations one after another, each through
     :meth:`LakeWriter.run_exclusive` (never alongside a commit) and under
@@ -342,7 +360,12 @@ async def run_maintenance(writer: LakeWriter, config: Config) -> None:
     is skipped and logged. A failed operation is logged and tried again at
     its next turn. Start it in a nursery that is cancelled at shutdown; an
     operation already running finishes first.
+
+    Retention (``expire``) is one more operation, every ``[retention]
+    interval_seconds``, when ``[retention]`` sets a limit.
     """
+    from appliance.lake import retention  # retention builds on this module
+
     settings = config.maintenance
     if not settings.enabled:
         log.info("maintenance.disabled")
@@ -365,20 +388,39 @@ async def run_maintenance(writer: LakeWriter, config: Config) -> None:
         "checkpoint": settings.checkpoint_interval_seconds,
         "vacuum": settings.vacuum_interval_seconds,
     }
+    if config.retention.enabled:
+        policy = retention.RetentionPolicy.from_config(config.retention)
+        operations["expire"] = lambda: retention.expire(
+            uri,
+            options,
+            policy=policy,
+            vacuum_retention_hours=settings.vacuum_retention_hours,
+        )
+        intervals["expire"] = config.retention.interval_seconds
     start = trio.current_time()
     last: dict[Operation, float] = dict.fromkeys(intervals, start)
     while True:
         operation = _next_due(intervals, last)
         await trio.sleep_until(last[operation] + intervals[operation])
         last[operation] = trio.current_time()
+        started = time.monotonic()
         try:
             result = await writer.run_exclusive(_locked, lock, operations[operation])
         except MaintenanceBusy as exc:
             log.info("maintenance.skipped", operation=operation, reason=str(exc))
+            writer.metrics.maintenance(operation, "skipped", finished_at=time.time(), seconds=0.0)
             continue
         except LakeError as exc:
             log.error("maintenance.failed", operation=operation, reason=str(exc)[:500])
+            writer.metrics.maintenance(
+                operation, "failed", finished_at=time.time(), seconds=time.monotonic() - started
+            )
             continue
+        writer.metrics.maintenance(
+            operation, "ok", finished_at=time.time(), seconds=time.monotonic() - started
+        )
+        writer.metrics.lake.table_files.set(result.after.files)
+        writer.metrics.lake.table_bytes.set(result.after.bytes)
         log.info(
             "maintenance.done",
             operation=operation,
@@ -387,4 +429,21 @@ async def run_maintenance(writer: LakeWriter, config: Config) -> None:
             files_after=result.after.files,
             bytes_before=result.before.bytes,
             bytes_after=result.after.bytes,
+            **_summary(result),
         )
+
+
+def _summary(result: MaintenanceResult) -> dict[str, Any]:
+    """The log fields of an expire: what went, and what a vacuum must still delete."""
+    if result.operation != "expire":
+        return {}
+    details = result.details
+    removed = details.get("partitions_removed") or []
+    return {
+        "partitions_removed": len(removed),
+        "oldest_removed": removed[0] if removed else None,
+        "rows_removed": result.before.rows - result.after.rows
+        if result.before.rows is not None and result.after.rows is not None
+        else None,
+        "bytes_awaiting_vacuum": details.get("bytes_awaiting_vacuum"),
+    }

@@ -125,6 +125,10 @@ class EventsTable:
         if missing:
             raise TableSchemaError(f"events table lacks columns: {', '.join(sorted(missing))}")
 
+    def version(self) -> int:
+        """The table's version as this object last read or wrote it."""
+        return int(self._dt.version())
+
     def protocol_versions(self) -> tuple[int, int]:
         """``(min_reader_version, min_writer_version)`` of the table."""
         protocol = self._dt.protocol()

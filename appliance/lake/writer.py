@@ -49,10 +49,12 @@ from typing import Final, TypeVar, TypeVarTuple, Unpack
 import pyarrow as pa
 import trio
 
+from appliance.lake.diskguard import DiskGuard
 from appliance.lake.errors import AppIdInUse, BlockRefused, CommitError
 from appliance.lake.rows import DedupeKey, RowBlock, blocks_to_arrow, check_block
 from appliance.lake.table import EventsTable
 from appliance.logs import get_logger
+from appliance.metrics import NULL_METRICS, Metrics
 
 __all__ = ["CommitListener", "CommitTicket", "LakeWriter", "WriterSettings"]
 
@@ -104,6 +106,11 @@ class WriterSettings:
     dedupe_window_seconds: float = DEFAULT_DEDUPE_WINDOW_SECONDS
     dedupe_max_keys: int = DEFAULT_DEDUPE_MAX_KEYS
     lease_seconds: float = DEFAULT_LEASE_SECONDS
+    #: Refuse new blocks while the table's filesystem is below the watermark
+    #: (appliance/lake/diskguard.py); off unless asked for ([lake] turns it on).
+    disk_guard: bool = False
+    min_free_bytes: int = 0
+    min_free_percent: float = 0.0
 
 
 class CommitTicket:
@@ -153,6 +160,15 @@ class _Group:
     deadline: float = math.inf
 
 
+def _timed_commit(
+    table: EventsTable, data: pa.Table, app_id: str, version: int, token: int, now_ms: int
+) -> tuple[bool, float, int]:
+    """:meth:`EventsTable.commit` (worker thread), its seconds, and the table's version after it."""
+    started = time.perf_counter()
+    wrote = table.commit(data, app_id, version, token, now_ms)
+    return wrote, time.perf_counter() - started, table.version()
+
+
 class LakeWriter:
     """The single committer of one appliance node to its ``events`` table.
 
@@ -162,6 +178,7 @@ class LakeWriter:
         settings: thresholds and limits.
         token: this writer's identity in the app id's lease; a restart of the
             same node must pass the same one to reclaim its app id at once.
+        metrics: the service's metrics (default: none counted).
     """
 
     def __init__(
@@ -171,6 +188,7 @@ class LakeWriter:
         settings: WriterSettings | None = None,
         *,
         token: int | None = None,
+        metrics: Metrics | None = None,
     ) -> None:
         self.table = table
         self.app_id = app_id
@@ -197,6 +215,23 @@ class LakeWriter:
         self.refused_blocks = 0
         #: Called after every successful commit with its blocks (see CommitListener).
         self.commit_listeners: list[CommitListener] = []
+        #: Why the last commit attempt failed, while it is being retried; else None.
+        self.failing: str | None = None
+        #: The service's metrics (table maintenance counts into them too).
+        self.metrics = metrics or NULL_METRICS
+        self._lake = self.metrics.lake
+        self._last_data_commit = time.monotonic()
+        self._lake.queue_capacity.set(self.settings.queue_blocks)
+        self._lake.queue_blocks.set_function(lambda: self._send.statistics().current_buffer_used)
+        self._lake.last_commit_age.set_function(lambda: time.monotonic() - self._last_data_commit)
+        #: Refuses new blocks while the table's disk is nearly full (None: off).
+        self.disk_guard: DiskGuard | None = (
+            DiskGuard.for_table(
+                table.uri, self.settings.min_free_bytes, self.settings.min_free_percent
+            )
+            if self.settings.disk_guard
+            else None
+        )
 
     async def open(self) -> None:
         """Open or create the table, claim the app id, recover the sequence and dedupe keys.
@@ -223,6 +258,7 @@ class LakeWriter:
         now = trio.current_time()
         for key in keys:
             self._remember(key, now)
+        self._last_data_commit = time.monotonic()
         log.info(
             "table.open",
             uri=self.table.uri,
@@ -249,11 +285,18 @@ class LakeWriter:
 
         Raises:
             BlockRefused: the block cannot be stored (checked before it joins
-                a commit group, so no other batch is affected).
+                a commit group, so no other batch is affected), or the table's
+                disk is nearly full (``disk nearly full: ...``).
             trio.ClosedResourceError: the writer no longer accepts blocks (shutdown).
         """
         ticket = CommitTicket()
-        nbytes = check_block(block)
+        try:
+            nbytes = check_block(block)
+        except BlockRefused:
+            self._lake.blocks_refused.inc()
+            raise
+        if self.disk_guard is not None and block.rows:
+            self.disk_guard.check()
         if block.rows == 0:
             ticket._resolve()
             return ticket
@@ -314,12 +357,14 @@ class LakeWriter:
         if key is not None:
             if self._already_committed(key, now):
                 self.duplicates += 1
+                self._lake.dedupe_committed.inc()
                 log.info("batch.duplicate", protocol=key[0], batch_id=key[2], state="committed")
                 ticket._resolve(duplicate=True)
                 return
             waiting = self._pending.get(key)
             if waiting is not None:
                 self.duplicates += 1
+                self._lake.dedupe_pending.inc()
                 log.info("batch.duplicate", protocol=key[0], batch_id=key[2], state="pending")
                 waiting.append(ticket)
                 return
@@ -378,12 +423,14 @@ class LakeWriter:
             # check_block lets nothing through that Arrow refuses; should a
             # block still fail, it fails alone and the rest commit.
             log.error("commit.data_error", rows=group.rows, error=type(exc).__name__)
+            self._lake.commit_failures_data.inc()
             await self._commit_one_by_one(group)
             return
         try:
             await self._write(data, group.rows)
         except _DATA_ERRORS as exc:
             log.error("commit.data_error", rows=group.rows, error=type(exc).__name__)
+            self._lake.commit_failures_data.inc()
             await self._commit_one_by_one(group)
             return
         self._settle(group, range(len(group.blocks)))
@@ -407,8 +454,8 @@ class LakeWriter:
         backoff = self.settings.retry_initial_seconds
         while True:
             try:
-                wrote = await trio.to_thread.run_sync(
-                    self.table.commit, data, self.app_id, version, self._token,
+                wrote, seconds, table_version = await trio.to_thread.run_sync(
+                    _timed_commit, self.table, data, self.app_id, version, self._token,
                     time.time_ns() // 1_000_000, limiter=self._limiter,
                 )  # fmt: skip
             except AppIdInUse as exc:
@@ -419,12 +466,16 @@ class LakeWriter:
                 # No ack for anything in the group until a retry succeeds;
                 # clients that time out resend, and the resend is deduped.
                 self.failed_attempts += 1
+                reason = str(exc).splitlines()[0][:500] if str(exc) else type(exc).__name__
+                self.failing = reason
+                self._lake.commit_failures_storage.inc()
+                self._lake.commit_retrying.set(1)
                 log.error(
                     "commit.failed",
                     commit=version,
                     rows=rows,
                     retry_in_seconds=round(backoff, 3),
-                    reason=str(exc).splitlines()[0][:500] if str(exc) else type(exc).__name__,
+                    reason=reason,
                 )
                 await trio.sleep(backoff)
                 backoff = min(backoff * 2, self.settings.retry_max_seconds)
@@ -434,6 +485,16 @@ class LakeWriter:
         self._last_commit = trio.current_time()
         self.commits += 1
         self.rows_committed += rows
+        self.failing = None
+        self._last_data_commit = time.monotonic()
+        lake = self._lake
+        lake.commit_retrying.set(0)
+        lake.commits.inc()
+        lake.committed_rows.inc(rows)
+        lake.committed_bytes.inc(data.nbytes)
+        lake.commit_duration.observe(seconds)
+        lake.table_version.set(table_version)
+        lake.last_commit_time.set(time.time())
         log.debug("commit.ok", commit=version, rows=rows, wrote=wrote)
 
     def _settle(self, group: _Group, indexes: Sequence[int] | range) -> None:
@@ -455,6 +516,7 @@ class LakeWriter:
     def _refuse(self, group: _Group, index: int, error: BlockRefused) -> None:
         block = group.blocks[index]
         self.refused_blocks += 1
+        self._lake.blocks_refused.inc()
         log.warning(
             "block.refused", protocol=block.protocol, peer=block.peer, rows=block.rows,
             reason=error.reason,

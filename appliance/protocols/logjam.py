@@ -162,8 +162,7 @@ MAX_TOPIC_BYTES: Final = 255
 assert MAX_TOPIC_BYTES <= MAX_TAG_BYTES
 #: Most frames of one message as the ROUTER delivers it, a count: routing id,
 #: empty delimiter and four data frames (a request or a ping). An async
-#: message has five, a PULL message four. (The device reads up to 12 and
-#: refuses any count but 6 or 5 the same way.)
+#: message has five, a PULL message four.
 MAX_MESSAGE_FRAMES: Final = 6
 #: Largest ratio of deflate output to input (a ratio: 258-byte matches coded in
 #: about 2 bits, zlib's "technical details"): the bound on a zlib or gzip body.

@@ -213,7 +213,8 @@ class _Stats:
     extra: dict[str, int] = field(default_factory=dict)
 
 
-_Queued = tuple[CommitTicket | None, Bytes | None, Bytes | None, str | None]
+#: (ticket, answer, keepalive, label, trio time the request was received: 0 for no ack).
+_Queued = tuple[CommitTicket | None, Bytes | None, Bytes | None, str | None, float]
 
 
 class _PeerGone(Exception):
@@ -256,7 +257,7 @@ class StreamDriver:
             async with send:
                 greeting = session.greeting()
                 if greeting is not None:
-                    await send.send((None, greeting, None, "greeting"))
+                    await send.send((None, greeting, None, "greeting", 0.0))
                 reason = await self._reader(stream, session, send, info, stats)
         self._log.info(
             "connection.closed", listener=info.listener, peer=info.peer, reason=reason,
@@ -305,15 +306,17 @@ class StreamDriver:
                     return f"idle for {idle}s"
                 if not data:
                     return "peer closed"
+                info.metrics.received_bytes.inc(len(data))
                 try:
-                    progressed = await self._handle(session, data, answers, stats)
+                    progressed = await self._handle(session, data, answers, info, stats)
                 except RemoteProtocolError as exc:
                     self._log.warning(
                         "protocol.error", listener=info.listener, peer=info.peer,
                         reason=exc.reason,
                     )  # fmt: skip
+                    info.metrics.protocol_error(exc.reason)
                     if exc.reply:
-                        await answers.send((None, exc.reply, None, "error reply"))
+                        await answers.send((None, exc.reply, None, "error reply", 0.0))
                     return f"protocol error: {exc.reason}"
                 except BlockRefused as exc:
                     self._log.warning(
@@ -337,10 +340,12 @@ class StreamDriver:
         session: Session,
         data: bytes | bytearray,
         answers: trio.MemorySendChannel[_Queued],
+        info: ConnectionInfo,
         stats: _Stats,
     ) -> bool:
         """Hand ``data`` to the session and queue what it completes; True if it completed any."""
         received_at_ns = time.time_ns()
+        received = trio.current_time()
         if len(data) + session.buffered_bytes() <= self._settings.inline_decode_max_bytes:
             actions = session.receive(data, received_at_ns)
         else:
@@ -356,12 +361,14 @@ class StreamDriver:
                 actions[:0] = await action.run()
                 continue
             if isinstance(action, Reply):
-                await answers.send((None, action.data, None, "reply"))
+                await answers.send((None, action.data, None, "reply", 0.0))
                 continue
             stats.batches += 1
             stats.events += action.block.rows
+            info.metrics.requests.inc()
+            info.metrics.events.inc(action.block.rows)
             ticket = await self._writer.submit(action.block)
-            await answers.send((ticket, action.ack, action.keepalive, action.label))
+            await answers.send((ticket, action.ack, action.keepalive, action.label, received))
         error = session.pending_error()
         if error is not None:
             raise error
@@ -388,12 +395,15 @@ class StreamDriver:
         pending: str | None = None
         async with answers:
             try:
-                async for ticket, answer, keepalive, label in answers:
+                async for ticket, answer, keepalive, label, received in answers:
                     pending = label
                     if ticket is not None:
                         await self._await_commit(stream, ticket, keepalive, info)
                     if answer is not None:
                         await self._send(stream, _materialize(answer), info)
+                        if ticket is not None:
+                            info.metrics.acks.inc()
+                            info.metrics.ack_latency.observe(trio.current_time() - received)
             except _PeerGone:
                 self._log.info("connection.unanswered", peer=info.peer, pending=pending)
                 connection.cancel()

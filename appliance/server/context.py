@@ -9,6 +9,7 @@ from typing import Any, Final
 import trio
 
 from appliance.lake.writer import LakeWriter
+from appliance.metrics import NULL_METRICS, Metrics
 from appliance.server.lifecycle import Lifecycle
 from auth.policy import CredentialStore
 from auth.ratelimit import FailureLimiter
@@ -35,3 +36,5 @@ class ServiceContext:
     auth_threads: trio.CapacityLimiter = field(
         default_factory=lambda: trio.CapacityLimiter(AUTH_THREADS)
     )
+    #: The service's metrics (none counted by default: tests, tools).
+    metrics: Metrics = NULL_METRICS

@@ -168,6 +168,8 @@ class ForwardSession:
                     dropped=sum(event.dropped.values()),
                     reasons=event.dropped,
                 )
+                for reason, count in event.dropped.items():
+                    self._info.metrics.events_dropped(reason, count)
             ack = self._codec.ack_bytes(event.chunk, json_form=event.json) if event.chunk else None
             block = forward_block(event, self._info, received_at_ns, self._host)
             actions.append(Submit(block, ack, chunk))
@@ -182,6 +184,7 @@ class ForwardSession:
             return []
         ping = event.ping
         address = _address(self._info.peer)
+        mechanism = "users" if security.users_required else "shared_key"
         # The attempt is counted before the look-up: parallel PINGs cannot
         # pass the limit while their look-ups run (auth/ratelimit.py).
         wait = security.limiter.begin(address)
@@ -189,6 +192,7 @@ class ForwardSession:
             log.warning(
                 "handshake.throttled", peer=self._info.peer, retry_after_seconds=round(wait)
             )
+            self._info.metrics.auth(mechanism, "throttled")
             raise self._codec.refuse(f"too many failed handshakes; retry in {int(wait) + 1}s")
         try:
             verdict = await trio.to_thread.run_sync(
@@ -199,7 +203,9 @@ class ForwardSession:
             # fail closed for this client, keep serving the others.
             security.limiter.release(address)
             log.error("handshake.unavailable", peer=self._info.peer, reason=str(exc))
+            self._info.metrics.auth(mechanism, "unavailable")
             raise self._codec.refuse("authentication unavailable; retry later") from None
+        self._info.metrics.auth(mechanism, "success" if verdict.ok else "failure")
         if not verdict.ok:
             backoff = security.limiter.failure(address)
             log.warning(

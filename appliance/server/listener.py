@@ -31,12 +31,13 @@ import errno
 import socket
 import ssl
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final
 
 import trio
 
 from appliance.logs import get_logger
+from appliance.metrics import NULL_LISTENER, ListenerMetrics
 from pki.tls import peer_subject
 
 __all__ = ["ANONYMOUS", "ConnectionInfo", "Handler", "TcpService", "describe_failure"]
@@ -85,6 +86,8 @@ class ConnectionInfo:
     tls: bool
     #: The authenticated principal, or "anonymous" when nothing authenticated the peer.
     source: str = "anonymous"  # ANONYMOUS
+    #: The listener's metrics, which its connection handler counts into.
+    metrics: ListenerMetrics = field(default=NULL_LISTENER, compare=False, repr=False)
 
 
 Handler = Callable[[trio.abc.Stream, ConnectionInfo], Awaitable[None]]
@@ -153,6 +156,7 @@ class TcpService:
         tls_handshake_timeout: seconds a client has to complete TLS.
         max_connections: open connections allowed at once.
         max_connections_per_address: open connections allowed at once from one IP address.
+        metrics: the listener's metrics, handed on to its connections (default: none).
     """
 
     def __init__(
@@ -164,6 +168,7 @@ class TcpService:
         tls_handshake_timeout: float,
         max_connections: int,
         max_connections_per_address: int | None = None,
+        metrics: ListenerMetrics = NULL_LISTENER,
     ) -> None:
         self.name = name
         self._handler = handler
@@ -179,6 +184,7 @@ class TcpService:
         self.failed = 0
         #: Told each refused TLS handshake (listener, peer, reason): the audit log.
         self.on_tls_failure: Callable[[str, str, str], None] | None = None
+        self.metrics = metrics
 
     def update(
         self,
@@ -228,19 +234,24 @@ class TcpService:
             refusal = None
             if self.active >= self._max_connections:
                 refusal = f"max_connections={self._max_connections} reached"
+                self.metrics.connection_refused("max_connections")
             elif self._per_address.get(address, 0) >= self._max_per_address:
                 refusal = f"max_connections_per_address={self._max_per_address} reached"
+                self.metrics.connection_refused("max_connections_per_address")
             if refusal is not None:
                 self.refused += 1
                 log.warning("connection.refused", listener=self.name, peer=peer, reason=refusal)
                 await trio.aclose_forcefully(stream)
                 continue
             self.active += 1
+            self.metrics.connections_accepted.inc()
+            self.metrics.connections_open.inc()
             self._per_address[address] = self._per_address.get(address, 0) + 1
             nursery.start_soon(self._run_connection, stream, address, peer)
 
     def _release(self, address: str) -> None:
         self.active -= 1
+        self.metrics.connections_open.dec()
         left = self._per_address.get(address, 1) - 1
         if left > 0:
             self._per_address[address] = left
@@ -253,6 +264,7 @@ class TcpService:
         except Exception as exc:  # noqa: BLE001 - the connection boundary (module docstring)
             # Cancelled is a BaseException and is not caught here.
             self.failed += 1
+            self.metrics.connections_failed.inc()
             types, text = describe_failure(exc)
             log.error("connection.failed", listener=self.name, peer=peer, error=types, reason=text)
         finally:
@@ -273,6 +285,7 @@ class TcpService:
                             "tls.plaintext_client", listener=self.name, peer=peer,
                             reason=plaintext,
                         )  # fmt: skip
+                        self.metrics.tls_failure("plaintext")
                         return
                     try:
                         await tls.do_handshake()
@@ -281,6 +294,7 @@ class TcpService:
                         log.warning(
                             "tls.handshake_failed", listener=self.name, peer=peer, reason=reason
                         )
+                        self.metrics.tls_failure(reason)
                         if self.on_tls_failure is not None:
                             self.on_tls_failure(self.name, peer, reason)
                         return
@@ -291,10 +305,11 @@ class TcpService:
                         peer=peer,
                         reason=f"no handshake within {self._handshake_timeout}s",
                     )
+                    self.metrics.tls_failure("no handshake within the deadline")
                     return
                 # The certificate was verified in the handshake (CRL included).
                 source = peer_subject(tls.getpeercert(binary_form=True)) or source
-            info = ConnectionInfo(self.name, peer, context is not None, source)
+            info = ConnectionInfo(self.name, peer, context is not None, source, self.metrics)
             await self._handler(stream, info)
         finally:
             await _close(stream)

@@ -47,6 +47,11 @@ What each message becomes (one row per data message, :func:`message_block`):
 * ``batch_id``: app-env, device, sequence, created_ms and a digest of topic
   and body: the writer acknowledges a resent message again without a second row.
 
+Replies are the spec's frames after the routing id, with no empty frame:
+``[app-env]["202 Accepted"]``, ``[app-env]["400 Bad Request"]``,
+``["ping"]["200 OK"][fqdn]`` (the codec's ``accepted_frames``,
+``bad_request_frames``, ``pong_frames``; docs/logjam.md, "Replies").
+
 Replies (ack after commit): a request's ``202 Accepted`` goes out once its
 ticket's ``wait()`` has returned, that is once its row is committed, and
 never otherwise: a refused block gets ``400 Bad Request``, and a listener
@@ -76,6 +81,7 @@ from appliance.lake.errors import BlockRefused
 from appliance.lake.rows import RowBlock
 from appliance.lake.writer import CommitTicket, LakeWriter
 from appliance.logs import get_logger
+from appliance.metrics import NULL_LISTENER, ListenerMetrics
 from appliance.protocols.logjam import (
     MAX_MESSAGE_FRAMES,
     DataMessage,
@@ -298,12 +304,14 @@ class _Zap(zmq.auth.Authenticator):
         listener: str,
         auth_threads: trio.CapacityLimiter,
         failures: FailureLimiter,
+        metrics: ListenerMetrics = NULL_LISTENER,
     ) -> None:
         super().__init__(context=zctx, log=logging.getLogger("appliance.logjam.zap"))
         self._lookup = lookup
         self._listener = listener
         self._auth_threads = auth_threads
         self._failures = failures
+        self._metrics = metrics
         self._address = ""
         self._names: dict[bytes, str] = {}
         self.configure_curve_callback(domain=listener, credentials_provider=self)
@@ -320,6 +328,7 @@ class _Zap(zmq.auth.Authenticator):
         if wait > 0:
             log.warning("curve.refused", listener=self._listener, peer=address,
                         reason=f"failure backoff, {wait:.1f}s left")  # fmt: skip
+            self._metrics.auth("curve", "throttled")
             return False
         try:
             name = await trio.to_thread.run_sync(
@@ -328,14 +337,17 @@ class _Zap(zmq.auth.Authenticator):
         except AuthError as exc:
             self._failures.release(address)
             log.error("curve.lookup_failed", listener=self._listener, peer=address, reason=str(exc))
+            self._metrics.auth("curve", "unavailable")
             return False
         if name is None:
             backoff = self._failures.failure(address)
             log.warning("curve.refused", listener=self._listener, peer=address,
                         public_key=public_key, reason="unknown or revoked key",
                         backoff_seconds=round(backoff, 3))  # fmt: skip
+            self._metrics.auth("curve", "failure")
             return False
         self._failures.success(address)
+        self._metrics.auth("curve", "success")
         self._names[z85.decode(key)] = name
         log.info("curve.accepted", listener=self._listener, peer=address, source=name)
         return True
@@ -483,6 +495,7 @@ class _Listener:
         self.fqdn = fqdn
         self.receiver = LogjamReceiver(settings.limits())
         self.decode_threads = trio.CapacityLimiter(1)
+        self.metrics = context.metrics.listener(settings.name, "logjam")
         self.stats = {"messages": 0, "rows": 0, "malformed": 0, "pings": 0, "refused": 0,
                       "hosts_dropped": 0, "failed": 0}  # fmt: skip
 
@@ -567,6 +580,7 @@ class _Listener:
         source = (_property(last, "User-Id") or _ANONYMOUS) if self.keypair else _ANONYMOUS
         # Views of libzmq's buffers: the codec copies a frame once its size is checked.
         frames: list[FrameData] = [f.buffer for f in zframes]
+        self.metrics.received_bytes.inc(sum(map(len, frames)))
         reserved = False
         if replies is not None and len(frames) >= 2 and len(frames[1]) == 0:
             await replies.reserve()
@@ -576,6 +590,7 @@ class _Listener:
                 event = await self._decode(kind, frames)
             except MalformedMessage as exc:
                 self.stats["malformed"] += 1
+                self.metrics.protocol_error(exc.reason)
                 log.warning("message.malformed", listener=self.settings.name, socket=kind,
                             peer=peer, source=source, reason=exc.reason,
                             frames=len(frames) + dropped,
@@ -609,6 +624,8 @@ class _Listener:
                     replies.queue(route, bad_request_frames(route), None)
                 return
             self.stats["rows"] += 1
+            self.metrics.requests.inc()
+            self.metrics.events.inc()
             if route is not None:
                 assert replies is not None
                 reserved = False
@@ -678,7 +695,7 @@ async def serve_logjam(
             )
             closers.append(close_store)
             zap = _Zap(zctx, lookup, listener=listener.name, auth_threads=context.auth_threads,
-                       failures=context.failure_limiter)  # fmt: skip
+                       failures=context.failure_limiter, metrics=runner.metrics)  # fmt: skip
             # Bound before the listening sockets: no handshake can happen without it.
             zap.start()
             closers.append(zap.stop)

@@ -7,9 +7,9 @@ its new settings for every new connection (authentication, limits,
 deadlines; a new ``bind``, ``tls`` or ``client_auth`` re-opens it). The
 ``[tls]`` files are re-read by the TLS reload itself. Everything else (the
 state directory, node id, table, auth database, log format, maintenance
-schedule, a Logjam listener's ZeroMQ sockets) is fixed for the life of the
-process: those keys are named in ``restart_required`` and logged as
-``config.changed``, never silently ignored.
+schedule, the ``[admin]`` listener, a Logjam listener's ZeroMQ sockets) is
+fixed for the life of the process: those keys are named in
+``restart_required`` and logged as ``config.changed``, never silently ignored.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ FIXED_KEYS: tuple[str, ...] = (
     "auth",
     "maintenance",
     "spark",
+    "admin",
 )
 
 

@@ -279,6 +279,8 @@ class _Answer:
     message_id: MessageId | None
     ticket: CommitTicket | None = None
     error: str | None = None
+    #: trio time the message was received (the ack latency's start).
+    received: float = 0.0
 
 
 @dataclass(slots=True)
@@ -448,6 +450,7 @@ class WebSocketHandler:
         address = _address(info.peer)
         wait = limiter.begin(address)  # counted before the look-up (auth/ratelimit.py)
         if wait > 0:
+            info.metrics.auth("token", "throttled")
             return _Refusal(429, f"too many failed authentications; retry in {wait:.0f}s")
         try:
             grant = await trio.to_thread.run_sync(
@@ -456,10 +459,13 @@ class WebSocketHandler:
         except AuthError as exc:
             limiter.release(address)
             log.error("websocket.auth_unavailable", peer=info.peer, reason=str(exc))
+            info.metrics.auth("token", "unavailable")
             return _Refusal(503, "the auth database is unavailable; try again later")
         if grant is None:
+            info.metrics.auth("token", "failure")
             return _Refusal(401, "invalid or revoked token")
         limiter.success(address)
+        info.metrics.auth("token", "success")
         return grant
 
     # -- ingest ---------------------------------------------------------------------
@@ -504,6 +510,7 @@ class WebSocketHandler:
                 if idle.cancelled_caught or data is None:
                     return CLOSE_NORMAL, f"idle for {settings.idle_timeout_seconds}s"
                 received_at_ns = time.time_ns()
+                info.metrics.received_bytes.inc(len(data))
                 answer = await self._message(data, info, admission, rate, received_at_ns)
                 await answers.send(answer)
 
@@ -517,14 +524,17 @@ class WebSocketHandler:
     ) -> _Answer:
         if not rate.allow(trio.current_time()):
             reason = f"more than {self.settings.max_messages_per_second} messages per second"
+            info.metrics.protocol_error(reason)
             return self._refused(MessageError(reason), info)
         try:
             message = parse_ingest(data, self._limits)
         except MessageError as exc:
+            info.metrics.protocol_error(exc.reason)
             return self._refused(exc, info)
         grant = admission.grant
         if grant is not None and not grant.allows_tag(message.tag):
             reason = f"tag {message.tag!r} is outside the token's tag prefixes"
+            info.metrics.protocol_error("tag outside the token's prefixes")
             return self._refused(MessageError(reason, message.id), info)
         block = message.block(
             source=admission.source, peer=info.peer, received_at_ns=received_at_ns
@@ -534,7 +544,9 @@ class WebSocketHandler:
         except BlockRefused as exc:
             # Checked before it joined a commit group: no other batch is affected.
             return self._refused(MessageError(f"not stored: {exc.reason}", message.id), info)
-        return _Answer(message.id, ticket=ticket)
+        info.metrics.requests.inc()
+        info.metrics.events.inc(block.rows)
+        return _Answer(message.id, ticket=ticket, received=trio.current_time())
 
     @staticmethod
     def _refused(error: MessageError, info: ConnectionInfo) -> _Answer:
@@ -553,6 +565,7 @@ class WebSocketHandler:
         send_timeout = self.settings.idle_timeout_seconds
         async with answers:
             async for answer in answers:
+                acked = False
                 if answer.ticket is not None:
                     assert answer.message_id is not None
                     try:
@@ -565,6 +578,7 @@ class WebSocketHandler:
                         text = error_json(error.reason, answer.message_id)
                     else:
                         text = ack_json(answer.message_id)
+                        acked = True
                 else:
                     text = error_json(answer.error or "refused", answer.message_id)
                 with trio.move_on_after(send_timeout) as stalled:
@@ -579,6 +593,9 @@ class WebSocketHandler:
                     ended.code, ended.reason = CLOSE_POLICY, f"read nothing for {send_timeout}s"
                     connection.cancel()
                     return
+                if acked:
+                    info.metrics.acks.inc()
+                    info.metrics.ack_latency.observe(trio.current_time() - answer.received)
 
     # -- tail -----------------------------------------------------------------------
 

@@ -259,12 +259,16 @@ def peak_rss(pid: int) -> int:
 # -- the service -------------------------------------------------------------------
 
 
-def _cli(config: Path, *args: str) -> str:
-    """The real ``appliance`` CLI, in-process (no interpreter start-up per call)."""
+def _cli(config: Path, group: str, command: str, *args: str) -> str:
+    """The real ``appliance`` CLI, in-process (no interpreter start-up per call).
+
+    Options first and ``--`` before the arguments: a Z85 key may begin with ``-``.
+    """
     out = io.StringIO()
+    argv = [group, command, "--config", str(config), "--json", *(["--", *args] if args else [])]
     with contextlib.redirect_stdout(out):
-        code = cli_main([*args, "--config", str(config)])
-    assert code == 0, f"appliance {' '.join(args)} exited {code}: {out.getvalue()}"
+        code = cli_main(argv)
+    assert code == 0, f"appliance {' '.join(argv)} exited {code}: {out.getvalue()}"
     return out.getvalue()
 
 
@@ -295,11 +299,11 @@ class HostileService:
         self.logjam_pull_port = free_port()
         app = start_appliance(self.directory, listener_bodies(self.logjam_pull_port), index=index)
         config = self.directory / f"appliance{index}.toml"
-        key = json.loads(_cli(config, "key", "generate", "fleet", "--json"))["secret"]
-        server_key = json.loads(_cli(config, "curve", "server-key", "--json"))["public_key"]
+        key = json.loads(_cli(config, "key", "generate", "fleet"))["secret"]
+        server_key = json.loads(_cli(config, "curve", "server-key"))["public_key"]
         public, secret = zmq.curve_keypair()
         _cli(config, "curve", "add", "good-producer", public.decode())
-        token = json.loads(_cli(config, "token", "add", "good-sender", "--json"))["token"]
+        token = json.loads(_cli(config, "token", "add", "good-sender"))["token"]
         self.app = app
         self.credentials = Credentials(key, server_key.encode(), public, secret, token)
 

@@ -162,9 +162,14 @@ def test_a_flood_of_messages_is_rate_limited_not_stalled(service: HostileService
 
 
 def closed_with_a_logged_code(case: Case, client: WsClient, codes: set[int]) -> None:
+    """The service closes with one of ``codes`` and logs it.
+
+    The client may see 1006 instead: the service closes the socket with the
+    hostile bytes still unread, and the kernel's reset can overtake its close frame.
+    """
     answer = client.receive()
     assert isinstance(answer, CloseConnection), answer
-    assert answer.code in codes, answer
+    assert answer.code in codes | {1006}, answer
     client.close()
     line = case.service.wait_log(
         case.mark,
@@ -174,7 +179,7 @@ def closed_with_a_logged_code(case: Case, client: WsClient, codes: set[int]) -> 
         ),
     )
     assert line is not None, case.service.log_tail(case.mark)
-    assert line.get("code") != "1000", line
+    assert int(line.get("code", 0)) in codes, line
 
 
 def test_text_frame_that_is_not_utf8_closes_the_connection(service: HostileService) -> None:

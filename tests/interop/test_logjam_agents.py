@@ -59,7 +59,15 @@ def unexpected_answer(app_env: str, answer: list[bytes]) -> bool:
 class AgentForwarder:
     """``LogjamAgent::ZMQForwarder`` (sync mode and ping) with pyzmq: its frames, its checks."""
 
-    def __init__(self, endpoint: str, app: str, env: str) -> None:
+    def __init__(
+        self,
+        endpoint: str,
+        app: str,
+        env: str,
+        *,
+        server_key: str | None = None,
+        keypair: tuple[bytes, bytes] | None = None,
+    ) -> None:
         self.app_env = f"{app}-{env}"
         self.sequence = 0  # SEQUENCE_START
         #: What the agent would hand to its error handler (``log_warning``).
@@ -73,6 +81,10 @@ class AgentForwarder:
         sock.set(zmq.RCVHWM, 1000)
         sock.set(zmq.RCVTIMEO, 5000)
         sock.set(zmq.SNDTIMEO, 5000)
+        if server_key is not None and keypair is not None:
+            # What a CURVE-capable agent adds (the Ruby agent has no CURVE option).
+            sock.curve_serverkey = server_key.encode()
+            sock.curve_publickey, sock.curve_secretkey = keypair
         sock.connect(endpoint)
         self.sock = sock
 
@@ -96,9 +108,7 @@ class AgentForwarder:
         if not self._send_receive("ping", self.app_env, b"{}", Compression.NONE):
             self.warnings.append("failed to receive pong")
 
-    def _send_receive(
-        self, app_env: str, key: str, data: bytes, compression: int
-    ) -> bytes | None:
+    def _send_receive(self, app_env: str, key: str, data: bytes, compression: int) -> bytes | None:
         self.sequence += 1  # next_fixnum
         info = pack_meta(compression=compression, created_ms=int(time.time() * 1000),
                          sequence=self.sequence)  # fmt: skip
@@ -118,7 +128,12 @@ class AgentForwarder:
 
 
 async def agent(service: Harness, app: str, env: str) -> AgentForwarder:
-    return await in_thread(AgentForwarder, service.router, app, env)
+    """A forwarder for ``app``-``env``; with CURVE, under a new key ``agent-N``."""
+    server_key = service.ports.server_public_key
+    if server_key is None:
+        return AgentForwarder(service.router, app, env)
+    keypair = await service.add_key(f"agent-{len(service.keys) + 1}")
+    return AgentForwarder(service.router, app, env, server_key=server_key, keypair=keypair)
 
 
 # -- the check itself --------------------------------------------------------------------------
@@ -140,13 +155,15 @@ def test_the_agents_check_refuses_the_old_reply_form() -> None:
 
 
 @pytest.mark.trio
-@pytest.mark.parametrize("curve", [False], ids=["plain"])
+@pytest.mark.parametrize("curve", [True, False], ids=["curve", "plain"])
 async def test_logjam_agent_gets_the_answers_it_checks_for(tmp_path: Path, curve: bool) -> None:
     async with logjam_service(tmp_path, curve=curve) as service:
         shop = await agent(service, "shop", "production")
         assert await in_thread(shop.forward, {"action": "Orders#show", "seq": 1}) == b"202 Accepted"
         await in_thread(shop.ping)
-        assert await in_thread(shop.forward, {"seq": 2}, None, None, "sidekiq") == b"202 Accepted"
+        assert (
+            await in_thread(lambda: shop.forward({"seq": 2}, engine="sidekiq")) == b"202 Accepted"
+        )
         shop.close()
     assert shop.warnings == []
     assert shop.answers == [
@@ -181,21 +198,9 @@ DEVICE_ACCEPTS = [
 @pytest.mark.trio
 async def test_app_envs_and_topics_the_device_accepts_are_stored(tmp_path: Path) -> None:
     async with logjam_service(tmp_path, curve=True) as service:
-        public, secret = await service.add_key("agents")
-        server_key = service.ports.server_public_key
-        assert server_key is not None
         expected: list[tuple[str, str]] = []
         for seq, (app, env, routing_key, engine) in enumerate(DEVICE_ACCEPTS, start=1):
             forwarder = await agent(service, app, env)
-            forwarder.sock.close()  # reconnect with CURVE keys
-            sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.DEALER)
-            sock.set(zmq.RCVTIMEO, 5000)
-            sock.set(zmq.LINGER, 1000)
-            sock.curve_serverkey = server_key.encode()
-            sock.curve_publickey = public
-            sock.curve_secretkey = secret
-            sock.connect(service.router)
-            forwarder.sock = sock
             status = await in_thread(
                 lambda f=forwarder, s=seq, r=routing_key, e=engine: f.forward(
                     {"seq": s}, routing_key=r, engine=e
@@ -210,7 +215,7 @@ async def test_app_envs_and_topics_the_device_accepts_are_stored(tmp_path: Path)
     rows = sorted(service.rows(), key=lambda row: json.loads(row["record"])["seq"])
     got = [(json.loads(row["record"])["_logjam"]["app_env"], row["tag"]) for row in rows]
     assert got == expected
-    assert {row["source"] for row in rows} == {"agents"}
+    assert [row["source"] for row in rows] == [f"agent-{n}" for n in range(1, len(rows) + 1)]
     assert ("3scale-production", "logs.3scale.production") in got
     assert ("x-worker", "logs.x.worker:1") in got
 

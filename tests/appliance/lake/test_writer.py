@@ -47,7 +47,9 @@ def rows_of(path: Path) -> list[dict[str, object]]:
 async def start_writer(
     nursery: trio.Nursery, path: Path, settings: WriterSettings = FAST, app_id: str = "node-a"
 ) -> LakeWriter:
-    writer = LakeWriter(EventsTable(str(path)), app_id, settings)
+    # One token per app id, as one state directory has: a restart reclaims its app id.
+    token = int.from_bytes(app_id.encode()[:7].ljust(7, b"\0"), "big")
+    writer = LakeWriter(EventsTable(str(path)), app_id, settings, token=token)
     await writer.open()
     nursery.start_soon(writer.run)
     return writer
@@ -347,3 +349,44 @@ def test_dedupe_scope_of_anonymous_peers_is_their_address(peer: str, address: st
     assert dedupe_scope("anonymous", peer) == f"anonymous@{address}"
     assert dedupe_scope("CN=shipper", peer) == "CN=shipper"
     assert dedupe_scope("anonymous", "2001:db8::6") != dedupe_scope("anonymous", "2001:db8::5")
+
+
+@pytest.mark.trio
+async def test_a_second_writer_with_the_same_app_id_refuses_to_start(tmp_path: Path) -> None:
+    from appliance.lake.errors import AppIdInUse
+
+    path = tmp_path / "events"
+    async with trio.open_nursery() as nursery:
+        first = await start_writer(nursery, path, app_id="shared")
+        await (await first.submit(block("a"))).wait()
+        clone = LakeWriter(EventsTable(str(path)), "shared", FAST, token=12345)
+        with pytest.raises(AppIdInUse, match="app id 'shared' is in use"):
+            await clone.open()
+        await first.close_input()
+
+
+@pytest.mark.trio
+async def test_a_writer_never_takes_another_writers_version_for_its_own(tmp_path: Path) -> None:
+    """Issue 20: should a duplicate get past the lease, the first writer stops acking."""
+    import time as clock
+
+    from appliance.lake.errors import AppIdInUse
+    from appliance.lake.rows import blocks_to_arrow
+
+    path = tmp_path / "events"
+    with pytest.raises(BaseExceptionGroup) as caught:
+        async with trio.open_nursery() as nursery:
+            first = await start_writer(nursery, path, app_id="shared")
+            await (await first.submit(block("a"))).wait()
+            # Another process under the same app id commits the next version
+            # (its lease claim forced through, as after an expired lease).
+            other = EventsTable(str(path))
+            other.open_or_create()
+            other.claim("shared", 999, clock.time_ns() // 1_000_000, lease_ms=0)
+            assert other.commit(blocks_to_arrow([block("theirs")]), "shared", 2, 999, 1)
+            ticket = await first.submit(block("mine"))
+            with trio.move_on_after(10):
+                await ticket.wait()
+            assert not ticket.done, "acked on a version another writer wrote"
+    assert caught.group_contains(AppIdInUse)
+    assert "mine" not in {r["batch_id"] for r in rows_of(path)}

@@ -8,7 +8,7 @@
 //        [--count N] [--compression none|zlib|gzip] [--run ID] [--ping]
 //        [--timeout-ms MS]
 //
-// stdout: one JSON line per reply, {"seq": i, "reply": ["", "202 Accepted"]}
+// stdout: one JSON line per reply, {"seq": i, "reply": ["shop-production", "202 Accepted"]}
 // (the ping's reply has "seq": "ping"). Exit 0 when every request got a 2xx
 // reply (PUSH: once every message is queued and the socket has lingered),
 // 1 on any error or timeout, 64 on a usage error.
@@ -82,7 +82,8 @@ async function request(frames, seq) {
   await socket.send(["", ...frames])
   const reply = (await socket.receive()).map((frame) => frame.toString("utf8"))
   console.log(JSON.stringify({ seq, reply }))
-  if (reply[0] !== "" || !/^2\d\d /.test(reply[1] ?? "")) {
+  // The spec's reply-msg / pong-msg: the request's app-env ("ping" for a ping), then the status.
+  if (reply[0] !== frames[0] || !/^2\d\d /.test(reply[1] ?? "")) {
     throw new Error(`unexpected reply ${JSON.stringify(reply)}`)
   }
 }

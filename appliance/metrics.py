@@ -1,0 +1,508 @@
+"""The service's Prometheus metrics (docs/observability.md), on a registry of its own.
+
+One :class:`Metrics` per running service, never prometheus-client's global
+registry, so a process (a test) may run several services. Names follow the
+Prometheus conventions: the ``appliance_`` prefix, ``_total`` on counters,
+base units (seconds, bytes) in the name, and only bounded label values: a
+listener's configured ``listener`` name and its ``protocol``, and short
+reason classes chosen here (never a peer, a tag or a free-text reason).
+
+The hot path binds labels once: a listener's :class:`ListenerMetrics` holds
+the children of its ``(listener, protocol)`` pair, so counting a request is
+one ``inc`` (a lock and an add). Label look-ups happen only on the rare
+paths (a refusal, a protocol error, an authentication).
+
+``Metrics(enabled=False)`` (and :data:`NULL_METRICS`, the default of every
+constructor that takes metrics) hands out :class:`_Noop` objects: drivers,
+writers and tests that were built without metrics count nothing and cost
+nothing. The service disables metrics when ``[admin]`` is disabled, since
+nothing could read them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Final, Literal, Protocol
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    GCCollector,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+)
+from prometheus_client.exposition import choose_encoder
+
+from appliance import __version__
+
+__all__ = [
+    "ACK_LATENCY_BUCKETS_SECONDS",
+    "COMMIT_DURATION_BUCKETS_SECONDS",
+    "NULL_LISTENER",
+    "NULL_METRICS",
+    "AuthResult",
+    "LakeMetrics",
+    "ListenerMetrics",
+    "Metrics",
+    "drop_reason_class",
+    "protocol_error_class",
+    "tls_failure_class",
+]
+
+#: Upper bounds of the ack latency histogram, in seconds: the commit group's
+#: delay (0.25 s by default) is the floor, a retried commit the tail.
+ACK_LATENCY_BUCKETS_SECONDS: Final = (
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+)  # fmt: skip
+#: Upper bounds of the Delta commit duration histogram, in seconds.
+COMMIT_DURATION_BUCKETS_SECONDS: Final = (
+    0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+)  # fmt: skip
+
+AuthResult = Literal["success", "failure", "throttled", "unavailable"]
+
+# -- reason classes: free text in, one of a few words out -------------------------------
+#
+# Each table is data: (class, words); the first class with a word in the
+# lower-cased reason wins, and a reason with none gets the default.
+
+_TLS_FAILURE_CLASSES: Final = (
+    ("timeout", ("no handshake within",)),
+    ("plaintext", ("plaintext", "not a tls handshake", "http request")),
+    ("certificate", ("certificate", "verify failed")),
+    ("closed", ("eof", "closed", "reset by peer", "broken pipe")),
+)
+_PROTOCOL_ERROR_CLASSES: Final = (
+    ("compression", ("zlib", "gzip", "decompress", "compress", "snappy", "lz4")),
+    ("limit", ("exceeds", "max_", "more than", "too many", "too large", "too long")),
+    ("handshake", ("handshake", "helo", "ping", "shared key", "password", "hostname", "auth")),
+    ("encoding", ("msgpack", "json", "utf-8", "utf8")),
+)
+_DROP_REASON_CLASSES: Final = (
+    ("time_out_of_range", ("out of range",)),
+    ("invalid_time", ("time is not",)),
+    ("record_not_map", ("record is not",)),
+    ("malformed_entry", ("entry is not",)),
+)
+
+
+def _classify(reason: str, table: Sequence[tuple[str, Sequence[str]]], default: str) -> str:
+    text = reason.lower()
+    for name, words in table:
+        if any(word in text for word in words):
+            return name
+    return default
+
+
+def tls_failure_class(reason: str) -> str:
+    """``timeout``, ``plaintext``, ``certificate``, ``closed`` or ``protocol``."""
+    return _classify(reason, _TLS_FAILURE_CLASSES, "protocol")
+
+
+def protocol_error_class(reason: str) -> str:
+    """``compression``, ``limit``, ``handshake``, ``encoding`` or ``malformed``."""
+    return _classify(reason, _PROTOCOL_ERROR_CLASSES, "malformed")
+
+
+def drop_reason_class(reason: str) -> str:
+    """Why an event inside a valid request was dropped, as a label value."""
+    return _classify(reason, _DROP_REASON_CLASSES, "invalid_event")
+
+
+# -- what the instrumented code calls -----------------------------------------------------
+
+
+class _Count(Protocol):
+    def inc(self, amount: float = 1) -> None: ...
+
+
+class _Level(Protocol):
+    def inc(self, amount: float = 1) -> None: ...
+
+    def dec(self, amount: float = 1) -> None: ...
+
+    def set(self, value: float) -> None: ...
+
+    def set_function(self, f: Callable[[], float]) -> None: ...
+
+
+class _Observe(Protocol):
+    def observe(self, amount: float) -> None: ...
+
+
+class _Noop:
+    """Every metric operation, doing nothing (metrics disabled)."""
+
+    __slots__ = ()
+
+    def labels(self, *values: str) -> _Noop:
+        return self
+
+    def inc(self, amount: float = 1) -> None:
+        pass
+
+    def dec(self, amount: float = 1) -> None:
+        pass
+
+    def set(self, value: float) -> None:
+        pass
+
+    def set_function(self, f: Callable[[], float]) -> None:
+        pass
+
+    def observe(self, amount: float) -> None:
+        pass
+
+
+_NOOP: Final = _Noop()
+
+
+class _Families:
+    """The labelled metric families of a listener, shared by every listener."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        labels = ("listener", "protocol")
+
+        def counter(name: str, doc: str, *extra: str) -> Counter:
+            return Counter(name, doc, [*labels, *extra], registry=registry)
+
+        self.connections_open = Gauge(
+            "appliance_connections_open", "Connections open now.", labels, registry=registry
+        )
+        self.connections_accepted = counter(
+            "appliance_connections_accepted", "Connections accepted (under the connection caps)."
+        )
+        self.connections_refused = counter(
+            "appliance_connections_refused",
+            "Connections closed at once over a cap (reason: max_connections, "
+            "max_connections_per_address).",
+            "reason",
+        )
+        self.connections_failed = counter(
+            "appliance_connections_failed",
+            "Connections ended by an unexpected exception (a bug: see connection.failed).",
+        )
+        self.tls_failures = counter(
+            "appliance_tls_handshake_failures",
+            "TLS handshakes that failed (reason: timeout, plaintext, certificate, closed, "
+            "protocol).",
+            "reason",
+        )
+        self.requests = counter(
+            "appliance_requests",
+            "Requests (forward requests, Lumberjack windows, Courier payloads, WebSocket "
+            "messages, Logjam messages) handed to the writer.",
+        )
+        self.events = counter("appliance_events_received", "Events handed to the writer.")
+        self.received_bytes = counter(
+            "appliance_received_bytes",
+            "Bytes read from clients after TLS (WebSocket: message characters).",
+        )
+        self.events_dropped = counter(
+            "appliance_events_dropped",
+            "Events of a valid request dropped as unusable, by reason class.",
+            "reason",
+        )
+        self.protocol_errors = counter(
+            "appliance_protocol_errors",
+            "Requests or connections refused for a protocol violation (reason: compression, "
+            "limit, handshake, encoding, malformed).",
+            "reason",
+        )
+        self.acks = counter("appliance_acks_sent", "Acknowledgements sent after a commit.")
+        self.ack_latency = Histogram(
+            "appliance_ack_latency_seconds",
+            "Seconds from receiving a request to sending its acknowledgement.",
+            labels,
+            buckets=ACK_LATENCY_BUCKETS_SECONDS,
+            registry=registry,
+        )
+        self.auth = counter(
+            "appliance_auth_attempts",
+            "Authentications by mechanism (shared_key, users, token, curve) and result "
+            "(success, failure, throttled, unavailable).",
+            "mechanism",
+            "result",
+        )
+
+
+class ListenerMetrics:
+    """The metrics of one listener, its labels bound once.
+
+    The attributes are the children the hot path increments; the methods
+    take a reason or mechanism and so look the label up (rare paths only).
+    """
+
+    __slots__ = (
+        "_families",
+        "_labels",
+        "ack_latency",
+        "acks",
+        "connections_accepted",
+        "connections_failed",
+        "connections_open",
+        "events",
+        "received_bytes",
+        "requests",
+    )
+
+    def __init__(self, families: _Families | None, listener: str, protocol: str) -> None:
+        self._families = families
+        self._labels = (listener, protocol)
+        self.connections_open: _Level = _NOOP
+        self.connections_accepted: _Count = _NOOP
+        self.connections_failed: _Count = _NOOP
+        self.requests: _Count = _NOOP
+        self.events: _Count = _NOOP
+        self.received_bytes: _Count = _NOOP
+        self.acks: _Count = _NOOP
+        self.ack_latency: _Observe = _NOOP
+        if families is not None:
+            self.connections_open = families.connections_open.labels(listener, protocol)
+            self.connections_accepted = families.connections_accepted.labels(listener, protocol)
+            self.connections_failed = families.connections_failed.labels(listener, protocol)
+            self.requests = families.requests.labels(listener, protocol)
+            self.events = families.events.labels(listener, protocol)
+            self.received_bytes = families.received_bytes.labels(listener, protocol)
+            self.acks = families.acks.labels(listener, protocol)
+            self.ack_latency = families.ack_latency.labels(listener, protocol)
+
+    def connection_refused(
+        self, reason: Literal["max_connections", "max_connections_per_address"]
+    ) -> None:
+        """A connection over a cap, closed at once."""
+        if self._families is not None:
+            self._families.connections_refused.labels(*self._labels, reason).inc()
+
+    def tls_failure(self, reason: str) -> None:
+        """A failed TLS handshake; ``reason`` is the log line's text."""
+        if self._families is not None:
+            self._families.tls_failures.labels(*self._labels, tls_failure_class(reason)).inc()
+
+    def protocol_error(self, reason: str) -> None:
+        """A protocol violation; ``reason`` is the codec's text."""
+        if self._families is not None:
+            label = protocol_error_class(reason)
+            self._families.protocol_errors.labels(*self._labels, label).inc()
+
+    def events_dropped(self, reason: str, count: int) -> None:
+        """``count`` events dropped from a valid request; ``reason`` is the codec's text."""
+        if self._families is not None:
+            label = drop_reason_class(reason)
+            self._families.events_dropped.labels(*self._labels, label).inc(count)
+
+    def auth(self, mechanism: str, result: AuthResult) -> None:
+        """One authentication attempt's outcome."""
+        if self._families is not None:
+            self._families.auth.labels(*self._labels, mechanism, result).inc()
+
+
+#: The metrics of a listener built without any (tests, tools): counts nothing.
+NULL_LISTENER: Final = ListenerMetrics(None, "", "")
+
+
+class LakeMetrics:
+    """The writer's and the table's metrics (one table per service: no labels)."""
+
+    __slots__ = (
+        "blocks_refused",
+        "commit_duration",
+        "commit_failures_data",
+        "commit_failures_storage",
+        "commit_retrying",
+        "commits",
+        "committed_bytes",
+        "committed_rows",
+        "dedupe_committed",
+        "dedupe_pending",
+        "last_commit_age",
+        "last_commit_time",
+        "queue_blocks",
+        "queue_capacity",
+        "table_bytes",
+        "table_files",
+        "table_version",
+    )
+
+    def __init__(self, registry: CollectorRegistry | None) -> None:
+        self.commits: _Count = _NOOP
+        self.commit_duration: _Observe = _NOOP
+        self.committed_rows: _Count = _NOOP
+        self.committed_bytes: _Count = _NOOP
+        self.commit_failures_storage: _Count = _NOOP
+        self.commit_failures_data: _Count = _NOOP
+        self.commit_retrying: _Level = _NOOP
+        self.queue_blocks: _Level = _NOOP
+        self.queue_capacity: _Level = _NOOP
+        self.dedupe_committed: _Count = _NOOP
+        self.dedupe_pending: _Count = _NOOP
+        self.blocks_refused: _Count = _NOOP
+        self.table_version: _Level = _NOOP
+        self.last_commit_time: _Level = _NOOP
+        self.last_commit_age: _Level = _NOOP
+        self.table_files: _Level = _NOOP
+        self.table_bytes: _Level = _NOOP
+        if registry is None:
+            return
+        r = registry
+        self.commits = Counter(
+            "appliance_lake_commits", "Successful Delta commits of events.", registry=r
+        )
+        self.commit_duration = Histogram(
+            "appliance_lake_commit_duration_seconds",
+            "Seconds one successful Delta commit took (in its worker thread).",
+            buckets=COMMIT_DURATION_BUCKETS_SECONDS,
+            registry=r,
+        )
+        self.committed_rows = Counter(
+            "appliance_lake_committed_rows", "Rows in successful commits.", registry=r
+        )
+        self.committed_bytes = Counter(
+            "appliance_lake_committed_bytes",
+            "Bytes of Arrow data in successful commits (before Parquet compression).",
+            registry=r,
+        )
+        failures = Counter(
+            "appliance_lake_commit_failures",
+            "Failed commit attempts (kind: storage, retried after a backoff until it "
+            "succeeds; data, the group retried block by block).",
+            ["kind"],
+            registry=r,
+        )
+        self.commit_failures_storage = failures.labels("storage")
+        self.commit_failures_data = failures.labels("data")
+        self.commit_retrying = Gauge(
+            "appliance_lake_commit_retrying",
+            "1 while a commit is failing and being retried (no acks meanwhile), else 0.",
+            registry=r,
+        )
+        self.queue_blocks = Gauge(
+            "appliance_lake_queue_blocks",
+            "Batches waiting between the connections and the writer.",
+            registry=r,
+        )
+        self.queue_capacity = Gauge(
+            "appliance_lake_queue_capacity_blocks",
+            "Batches that may wait before connections stop reading ([lake] queue_blocks).",
+            registry=r,
+        )
+        dedupe = Counter(
+            "appliance_lake_dedupe_hits",
+            "Resent batches acknowledged again without a second write (state: committed, pending).",
+            ["state"],
+            registry=r,
+        )
+        self.dedupe_committed = dedupe.labels("committed")
+        self.dedupe_pending = dedupe.labels("pending")
+        self.blocks_refused = Counter(
+            "appliance_lake_blocks_refused",
+            "Batches refused because their data cannot be stored (never acknowledged).",
+            registry=r,
+        )
+        self.table_version = Gauge(
+            "appliance_lake_table_version", "The events table's version after the last commit.",
+            registry=r,
+        )  # fmt: skip
+        self.last_commit_time = Gauge(
+            "appliance_lake_last_commit_timestamp_seconds",
+            "Unix time of the last successful commit (or lease renewal), 0 before the first.",
+            registry=r,
+        )
+        self.last_commit_age = Gauge(
+            "appliance_lake_last_commit_age_seconds",
+            "Seconds since the last successful commit (or lease renewal, or the table's opening).",
+            registry=r,
+        )
+        self.table_files = Gauge(
+            "appliance_lake_table_files",
+            "Live data files of the events table, as the last maintenance run counted them.",
+            registry=r,
+        )
+        self.table_bytes = Gauge(
+            "appliance_lake_table_bytes",
+            "Bytes of the live data files, as the last maintenance run counted them.",
+            registry=r,
+        )
+
+
+class _MaintenanceFamilies:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.runs = Counter(
+            "appliance_maintenance_runs",
+            "Maintenance runs by operation (compact, checkpoint, vacuum) and result (ok, "
+            "failed, skipped).",
+            ["operation", "result"],
+            registry=registry,
+        )
+        self.last = Gauge(
+            "appliance_maintenance_last_run_timestamp_seconds",
+            "Unix time the operation last finished (ok or failed).",
+            ["operation"],
+            registry=registry,
+        )
+        self.duration = Gauge(
+            "appliance_maintenance_last_duration_seconds",
+            "Seconds the operation's last run took.",
+            ["operation"],
+            registry=registry,
+        )
+
+
+class Metrics:
+    """Every metric of one service, on its own registry.
+
+    Args:
+        enabled: False hands out no-op metrics (nothing counted, nothing served).
+        process: add the default process, platform and garbage-collector collectors.
+    """
+
+    def __init__(self, *, enabled: bool = True, process: bool = True) -> None:
+        self.enabled = enabled
+        self.registry = CollectorRegistry()
+        registry = self.registry if enabled else None
+        self._families = _Families(self.registry) if enabled else None
+        self._listeners: dict[tuple[str, str], ListenerMetrics] = {}
+        self.lake = LakeMetrics(registry)
+        self._maintenance = _MaintenanceFamilies(self.registry) if enabled else None
+        if not enabled:
+            return
+        Gauge(
+            "appliance_build_info", "Always 1; the version as a label.", ["version"],
+            registry=self.registry,
+        ).labels(__version__).set(1)  # fmt: skip
+        if process:
+            ProcessCollector(registry=self.registry)
+            PlatformCollector(registry=self.registry)
+            GCCollector(registry=self.registry)
+
+    def listener(self, name: str, protocol: str) -> ListenerMetrics:
+        """The metrics of listener ``name`` (the same object for the same pair)."""
+        key = (name, protocol)
+        found = self._listeners.get(key)
+        if found is None:
+            found = self._listeners[key] = ListenerMetrics(self._families, name, protocol)
+        return found
+
+    def maintenance(
+        self, operation: str, result: Literal["ok", "failed", "skipped"], *,
+        finished_at: float, seconds: float,
+    ) -> None:  # fmt: skip
+        """One maintenance run (``finished_at``: Unix time; ``seconds``: how long it took)."""
+        families = self._maintenance
+        if families is None:
+            return
+        families.runs.labels(operation, result).inc()
+        if result != "skipped":
+            families.last.labels(operation).set(finished_at)
+            families.duration.labels(operation).set(seconds)
+
+    def exposition(self, accept: str | None = None) -> tuple[bytes, str]:
+        """The registry in the text format the ``Accept`` header asks for, and its type."""
+        encoder, content_type = choose_encoder(accept or "")
+        return encoder(self.registry), content_type
+
+
+#: The metrics of anything built without any: counts nothing.
+NULL_METRICS: Final = Metrics(enabled=False, process=False)
