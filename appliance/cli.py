@@ -19,7 +19,7 @@ from pathlib import Path
 import trio
 
 from appliance import __version__
-from appliance.commands import auth, cert, curve, spark, tail, tokens
+from appliance.commands import auth, cert, curve, spark, status, tail, tokens
 from appliance.commands.state import NoStateError, state_line
 from appliance.config import Config, ConfigError, default_config, load_config
 from appliance.lake.errors import LakeError
@@ -149,6 +149,7 @@ def _parser() -> argparse.ArgumentParser:
     curve.add_parser(commands, common)
     tokens.add_parser(commands, common)
     tail.add_parser(commands, common)
+    status.add_parser(commands, common)
     auth.add_parser(commands, common)
     return parser
 

@@ -32,6 +32,7 @@ from prometheus_client import (
     Histogram,
     PlatformCollector,
     ProcessCollector,
+    disable_created_metrics,
 )
 from prometheus_client.exposition import choose_encoder
 
@@ -63,6 +64,10 @@ COMMIT_DURATION_BUCKETS_SECONDS: Final = (
 
 AuthResult = Literal["success", "failure", "throttled", "unavailable"]
 
+# No ``*_created`` series beside every counter and histogram: they double the
+# series and tell nothing that process_start_time_seconds does not.
+disable_created_metrics()  # type: ignore[no-untyped-call]
+
 # -- reason classes: free text in, one of a few words out -------------------------------
 #
 # Each table is data: (class, words); the first class with a word in the
@@ -71,7 +76,7 @@ AuthResult = Literal["success", "failure", "throttled", "unavailable"]
 _TLS_FAILURE_CLASSES: Final = (
     ("timeout", ("no handshake within",)),
     ("plaintext", ("plaintext", "not a tls handshake", "http request")),
-    ("certificate", ("certificate", "verify failed")),
+    ("certificate", ("certificate", "verify failed", "unknown ca")),
     ("closed", ("eof", "closed", "reset by peer", "broken pipe")),
 )
 _PROTOCOL_ERROR_CLASSES: Final = (

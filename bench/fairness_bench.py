@@ -50,6 +50,7 @@ import datetime
 import gzip
 import json
 import os
+import resource
 import shutil
 import ssl
 import struct
@@ -68,9 +69,11 @@ from harness import (
     Server,
     cpu_model,
     pin_cores,
+    proc_cpu_seconds,
     quantile,
     start_server,
     stop_server,
+    system_cpu_seconds,
     tls_connect,
 )
 
@@ -416,6 +419,11 @@ LISTENERS = {
 class Phase:
     latencies: list[float]
     neighbour: NeighbourStats | None = None
+    #: Share of one core the server used over the phase, in %.
+    server_cpu_pct: float = float("nan")
+    #: CPU of every other process on the machine over the phase, in % of one core
+    #: (a neighbour running tests shows up here).
+    other_cpu_pct: float = float("nan")
 
     @property
     def p50_ms(self) -> float:
@@ -456,6 +464,22 @@ def normal_phase(normal: Any, prefix: str, batches: int) -> list[float]:
     return latencies
 
 
+def measured_phase(
+    normal: Any, prefix: str, batches: int, pid: int, neighbour: NeighbourStats | None = None
+) -> Phase:
+    """:func:`normal_phase`, with the server's and the other processes' CPU over it."""
+    server0, busy0, wall0 = proc_cpu_seconds(pid), system_cpu_seconds()[0], time.perf_counter()
+    own0 = resource.getrusage(resource.RUSAGE_SELF)
+    latencies = normal_phase(normal, prefix, batches)
+    server1, busy1, wall1 = proc_cpu_seconds(pid), system_cpu_seconds()[0], time.perf_counter()
+    own1 = resource.getrusage(resource.RUSAGE_SELF)
+    wall = wall1 - wall0
+    server = server1 - server0
+    own = (own1.ru_utime + own1.ru_stime) - (own0.ru_utime + own0.ru_stime)
+    other = max(0.0, (busy1 - busy0) - server - own)
+    return Phase(latencies, neighbour, 100 * server / wall, 100 * other / wall)
+
+
 def add_token(server_config: Path) -> str:
     """An ingest token for the WebSocket listener, with the real CLI."""
     import subprocess
@@ -482,7 +506,8 @@ def run_protocol(protocol: str, kind: str, args: argparse.Namespace, core: int |
         normal = make_normal(protocol, context, server.port, args, token)
         try:
             normal_phase(normal, "warmup", 5)
-            alone = Phase(normal_phase(normal, "alone", args.batches))
+            pid = server.proc.pid
+            alone = measured_phase(normal, "alone", args.batches, pid)
             stop = threading.Event()
             stats = NeighbourStats()
             requests = NEIGHBOURS[protocol][kind]()
@@ -497,7 +522,7 @@ def run_protocol(protocol: str, kind: str, args: argparse.Namespace, core: int |
             for thread in threads:
                 thread.start()
             time.sleep(args.neighbour_head_start)
-            loaded = Phase(normal_phase(normal, "loaded", args.batches), stats)
+            loaded = measured_phase(normal, "loaded", args.batches, pid, stats)
             stop.set()
             for thread in threads:
                 thread.join(ACK_TIMEOUT_SECONDS)
@@ -537,8 +562,8 @@ def table(results: list[Result]) -> str:
     lines = [
         "| protocol | neighbour | p50 alone ms | p99 alone ms | p50 with ms | p99 with ms "
         "| p50 ratio | p99 ratio | neighbour requests answered / connections closed "
-        "| table = acked |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| server CPU alone / with | other CPU alone / with | table = acked |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         stats = r.loaded.neighbour or NeighbourStats()
@@ -547,6 +572,8 @@ def table(results: list[Result]) -> str:
             f"| {r.loaded.p50_ms:.0f} | {r.loaded.p99_ms:.0f} "
             f"| {r.loaded.p50_ms / r.alone.p50_ms:.1f} | {r.loaded.p99_ms / r.alone.p99_ms:.1f} "
             f"| {stats.answered} / {stats.closed} "
+            f"| {r.alone.server_cpu_pct:.0f}% / {r.loaded.server_cpu_pct:.0f}% "
+            f"| {r.alone.other_cpu_pct:.0f}% / {r.loaded.other_cpu_pct:.0f}% "
             f"| {'yes' if r.table_ok and r.server_exit == 0 else 'NO'} |"
         )
     return "\n".join(lines)

@@ -68,6 +68,7 @@ from harness import (
     fmt_ceilings,
     fmt_rate,
     fmt_threads,
+    free_port,
     git_commit,
     memory_gib,
     package_versions,
@@ -272,7 +273,12 @@ def start_server(
         server_core,
         command=command,
         env=env,
-        preamble='[log]\nlevel = "info"\n',
+        preamble='[log]\nlevel = "info"\n'
+        + (
+            "[admin]\nenabled = false\n"
+            if args.no_metrics
+            else f'[admin]\nbind = "127.0.0.1:{free_port()}"\n'
+        ),
     )
 
 
@@ -626,6 +632,11 @@ def main(argv: list[str] | None = None) -> int:
         f"flight per connection (1), connections (--connections); default {DEFAULT_CASES}",
     )
     parser.add_argument("--record-bytes", type=int, default=100, help="msgpack bytes/record")
+    parser.add_argument(
+        "--no-metrics",
+        action="store_true",
+        help="[admin] enabled = false: no admin listener, no metrics counted (their cost)",
+    )
     parser.add_argument(
         "--profile",
         nargs="?",

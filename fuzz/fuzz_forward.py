@@ -15,7 +15,10 @@ The input is fuzz/harness.py's layout; the target's own flag bits:
   the ``host`` and ``source`` columns (a digest it cannot forge would stop
   them at the handshake otherwise);
 * ``0x08`` the source network admits clients without a username;
-* ``0x10`` the peer is in no client network and anonymous sources are refused.
+* ``0x10`` the peer is in no client network and anonymous sources are refused;
+  together with ``0x08`` instead: the credential store is unavailable (every
+  look-up raises ``AuthError``); together with ``0x04`` instead: the peer's
+  address has failed too often already (the limiter throttles it).
 
 The HELO's nonce and auth salt are zero bytes (``os.urandom`` is replaced in
 the driver module while a run lasts), so seeds can carry a PING whose digest
@@ -56,7 +59,8 @@ with _instrumented():
     from appliance.config import ForwardListenerConfig
     from appliance.protocols.forward_handshake import Verdict
     from appliance.server import forward_driver
-    from appliance.server.forward_driver import ForwardSession, _Security
+    from appliance.server.forward_driver import ForwardSession, _address, _Security
+    from auth.errors import AuthError
     from auth.policy import SourcePolicy
     from auth.ratelimit import FailureLimiter, LimiterSettings
     from fuzz.harness import SMALL_LIMITS, FuzzInput, connection_info, drive, fuzz_main
@@ -87,8 +91,11 @@ class _Store:
 
     known_network: bool
     allow_anonymous: bool
+    available: bool = True
 
     def resolve_source(self, address: str) -> SourcePolicy:
+        if not self.available:
+            raise AuthError("the auth database is unavailable (fuzz)")
         if not self.known_network:
             return SourcePolicy(network=None, shared_keys=(SHARED_KEY,))
         return SourcePolicy(
@@ -104,6 +111,17 @@ class _Store:
         return None
 
     def note_failure(self, address: str, username: str | None, reason: str) -> None:
+        return None
+
+    def record_audit(
+        self,
+        action: str,
+        target: str,
+        *,
+        actor: str | None,
+        detail: str = "",
+        source_address: str | None = None,
+    ) -> None:
         return None
 
 
@@ -149,17 +167,25 @@ def run_one(data: bytes) -> None:
     elif fuzz.has(SECURITY):
         settings = replace(settings, security="shared_key")
     info = connection_info()
+    unknown = fuzz.has(UNKNOWN_NETWORK)
+    unavailable = unknown and fuzz.has(ALLOW_ANONYMOUS_USER)
+    throttled = unknown and fuzz.has(ACCEPT_ANY_PING)
+    limiter = FailureLimiter(LimiterSettings())
+    if throttled:
+        for _ in range(LimiterSettings().free_failures + 1):
+            limiter.record_failure(_address(info.peer))
     with _no_threads_no_randomness():
         security = None
         if settings.security != "off":
             security = _Security(
                 store=_Store(
-                    known_network=not fuzz.has(UNKNOWN_NETWORK),
+                    known_network=not unknown or unavailable or throttled,
                     allow_anonymous=fuzz.has(ALLOW_ANONYMOUS_USER),
+                    available=not unavailable,
                 ),
-                limiter=FailureLimiter(LimiterSettings()),
+                limiter=limiter,
                 users_required=settings.security == "users",
-                allow_anonymous_source=not fuzz.has(UNKNOWN_NETWORK),
+                allow_anonymous_source=not unknown or unavailable or throttled,
                 server_hostname=SERVER_HOSTNAME,
                 thread_limiter=None,  # type: ignore[arg-type]  # _run_sync takes no limiter
             )

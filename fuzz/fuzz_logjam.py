@@ -20,7 +20,7 @@ exception from the decoder, a bare ``RemoteProtocolError`` included, is a
 finding here (in the service it is a ``message.failed`` with no reply).
 
 Limits: the listener's defaults, but 1 MiB decompressed; with
-``SMALL_LIMITS`` a 256-byte body, 1 KiB decompressed, 8 JSON containers.
+``SMALL_LIMITS`` a 128-byte body, 1 KiB decompressed, 8 JSON containers.
 """
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ FQDN: Final = "appliance.fuzz"
 
 _DEFAULT: Final = LogjamListenerConfig(max_decompressed_bytes=1024 * 1024).limits()
 _SMALL: Final = LogjamListenerConfig(
-    max_body_bytes=256, max_message_bytes=256, max_decompressed_bytes=1024, max_json_containers=8
+    max_body_bytes=128, max_message_bytes=128, max_decompressed_bytes=1024, max_json_containers=8
 ).limits()
 
 

@@ -7,7 +7,8 @@ The input is fuzz/harness.py's layout; the payload is up to
 :data:`MAX_MESSAGES` ingest messages separated by ``harness.FRAME_SEPARATOR``,
 each handled as ``WebSocketHandler._message`` does: ``parse_ingest``, the
 ``IngestMessage.block`` (the token admits every tag), the row checks, then the ack
-(``ack_json``) or, for a refused one, the error answer. Flag bits:
+(``ack_json``) or, for a refused one, the error answer; the stored messages
+are then converted to Arrow together (one commit group). Flag bits:
 
 * ``0x01`` binary messages (``bytes``); otherwise text (``str``: a message
   that is not valid UTF-8 is passed as bytes, since a text frame that is not
@@ -46,6 +47,7 @@ def _instrumented() -> Any:
 
 with _instrumented():
     from appliance.config import WebSocketListenerConfig
+    from appliance.lake.rows import RowBlock
     from appliance.protocols.websocket_messages import (
         MessageError,
         MessageLimits,
@@ -63,6 +65,7 @@ with _instrumented():
         RECEIVED_AT_NS,
         SMALL_LIMITS,
         FuzzInput,
+        check_group,
         check_rows,
         fuzz_main,
         split_frames,
@@ -82,7 +85,7 @@ _SMALL: Final = MessageLimits(
 )
 
 
-def _message(data: str | bytes, limits: MessageLimits) -> None:
+def _message(data: str | bytes, limits: MessageLimits, stored: list[RowBlock]) -> None:
     try:
         message = parse_ingest(data, limits)
     except MessageError as exc:
@@ -90,6 +93,7 @@ def _message(data: str | bytes, limits: MessageLimits) -> None:
         return
     block = message.block(source=SOURCE, peer=PEER, received_at_ns=RECEIVED_AT_NS)
     if check_rows(block):
+        stored.append(block)
         ack_json(message.id)
     else:
         error_json("not stored", message.id)
@@ -125,6 +129,7 @@ def run_one(data: bytes) -> None:
         _handshake(fuzz.payload)
         return
     limits = _SMALL if fuzz.has(SMALL_LIMITS) else _DEFAULT
+    stored: list[RowBlock] = []
     for raw in split_frames(fuzz.payload, MAX_MESSAGES):
         message: str | bytes = raw
         if not fuzz.has(BINARY):
@@ -132,7 +137,8 @@ def run_one(data: bytes) -> None:
                 message = raw.decode("utf-8")
             except UnicodeDecodeError:
                 message = raw
-        _message(message, limits)
+        _message(message, limits, stored)
+    check_group(stored)
 
 
 if __name__ == "__main__":

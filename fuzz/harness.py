@@ -17,7 +17,9 @@ actions in order (an ``Await`` runs to completion at once), materialises
 every ack and keepalive, and stops where the driver would close the
 connection (a ``RemoteProtocolError``, a pending error, a refused block).
 Each block goes through :func:`check_rows`: ``check_block``, then, for a
-block it accepts, ``blocks_to_arrow`` and the live tail's rendering.
+block it accepts, ``blocks_to_arrow`` and the live tail's rendering; at the
+end the accepted blocks are converted together (:func:`check_group`), as the
+writer converts a commit group.
 
 Whatever else escapes is a finding: the fuzzer reports it as a crash.
 ``RemoteProtocolError`` (the peer's fault, that connection closes) and
@@ -57,6 +59,7 @@ __all__ = [
     "STRICT_BLOCKS",
     "FuzzInput",
     "Session",
+    "check_group",
     "check_rows",
     "connection_info",
     "drive",
@@ -194,7 +197,7 @@ def run_await(action: Await) -> list[Action]:
     raise RuntimeError("an Await suspended: the fuzz harness runs it without an event loop")
 
 
-def _run_actions(actions: Sequence[Action]) -> bool:
+def _run_actions(actions: Sequence[Action], stored: list[RowBlock]) -> bool:
     """The driver's ``_handle`` loop; False when a block was refused (connection closes)."""
     queue = list(actions)
     while queue:
@@ -208,19 +211,34 @@ def _run_actions(actions: Sequence[Action]) -> bool:
         assert isinstance(action, Submit), type(action)
         if not check_rows(action.block):
             return False
+        stored.append(action.block)
         _materialize(action.ack)
         _materialize(action.keepalive)
     return True
 
 
+def check_group(blocks: Sequence[RowBlock]) -> None:
+    """Blocks ``check_block`` accepted, converted together, as the writer's commit group is."""
+    if len(blocks) > 1:
+        table = blocks_to_arrow(blocks)
+        assert table.num_rows == sum(b.rows for b in blocks), table.num_rows
+
+
 def drive(session: Session, reads: Sequence[bytes | bytearray]) -> None:
-    """Feed ``reads`` to ``session`` as ``StreamDriver`` would, until it closes."""
+    """Feed ``reads`` to ``session`` as ``StreamDriver`` would, until it closes;
+    then convert every stored block as one commit group."""
+    stored: list[RowBlock] = []
+    _drive(session, reads, stored)
+    check_group(stored)
+
+
+def _drive(session: Session, reads: Sequence[bytes | bytearray], stored: list[RowBlock]) -> None:
     greeting = session.greeting()
     assert greeting is None or isinstance(greeting, bytes)
     for data in reads:
         session.handshake_done()
         try:
-            if not _run_actions(session.receive(data, RECEIVED_AT_NS)):
+            if not _run_actions(session.receive(data, RECEIVED_AT_NS), stored):
                 return
         except RemoteProtocolError as raised:
             error: RemoteProtocolError | None = raised

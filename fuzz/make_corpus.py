@@ -68,6 +68,16 @@ def gz(data: bytes) -> bytes:
     return gzip.compress(data, mtime=0)
 
 
+def os_random_like(n: int) -> bytes:
+    """``n`` bytes that zlib cannot shrink, the same on every run."""
+    out = b""
+    block = b"seed"
+    while len(out) < n:
+        block = hashlib.sha256(block).digest()
+        out += block
+    return out[:n]
+
+
 # -- forward ---------------------------------------------------------------------
 
 _T: Final = 1_732_270_000
@@ -139,7 +149,10 @@ def forward_seeds() -> Iterable[Seed]:
         "issue13-tag-long": _pack(["t" * 1100, _T, record]),
         "issue13-chunk-empty": _pack(["app.web", _T, record, {"chunk": ""}]),
         "issue13-gzip-unlabelled": _pack(["app.web", gz(stream), {"chunk": "u"}]),
-        "issue13-entries-corrupt": _pack(["app.web", stream[:-3] + b"\xc1\xc1\xc1", {}]),
+        "issue13-entries-truncated": _pack(["app.web", stream[:-1], {"chunk": "t1"}]),
+        "issue13-entries-invalid-byte": _pack(
+            ["app.web", _pack(entries[0]) + b"\xc1" + _pack(entries[1]), {"chunk": "t2"}]
+        ),
         "time-out-of-range": _pack(["app.web", 2**62, record]),
         "time-float-huge": _pack(["app.web", 1e300, record]),
     }
@@ -176,6 +189,21 @@ def forward_seeds() -> Iterable[Seed]:
         SECURITY | USERS | ACCEPT_ANY_PING,
     )  # fmt: skip
     yield from split_variants("handshake-request-first", after, SECURITY)
+    yield seed("handshake-store-unavailable", _ping() + after,
+               SECURITY | UNKNOWN_NETWORK | ALLOW_ANONYMOUS_USER)  # fmt: skip
+    yield seed("handshake-throttled", _ping() + after, SECURITY | UNKNOWN_NETWORK | ACCEPT_ANY_PING)
+    # Limits: decompressed size, events per request, chunk sizes.
+    zeros = _pack(["app.web", gz(_pack([[_T, {"z": "0" * 2_000_000}]])), {"compressed": "gzip"}])
+    yield seed("limit-decompressed", zeros)
+    yield seed("limit-decompressed-small", zeros, SMALL_LIMITS)
+    many = [[_T + i, {"i": i}] for i in range(12)]
+    yield seed("limit-events-small", _pack(["app.web", many]), SMALL_LIMITS)
+    packed_many = b"".join(_pack(e) for e in many)
+    yield seed("limit-events-packed-small", _pack(["app.web", packed_many]), SMALL_LIMITS)
+    yield seed("limit-chunk-long", _pack(["app.web", _T, record, {"chunk": "c" * 300}]))
+    yield seed("limit-chunk-binary-long", _pack(["app.web", _T, record, {"chunk": b"\xff" * 200}]))
+    yield seed("limit-request-small", _pack(["app.web", _T, {"m": "x" * 400}]), SMALL_LIMITS)
+    yield seed("limit-json-small", b'["app.web", 1, {"m": "' + b"x" * 400 + b'"}]', SMALL_LIMITS)
     # issue 13: a PING followed, in the same read, by more than a PING may hold.
     yield seed("issue13-ping-then-flood", _ping() + _pack(["t", _T, {"x": "y" * 8000}]), SECURITY)
     yield seed(
@@ -252,6 +280,17 @@ def lumberjack_seeds() -> Iterable[Seed]:
     for name, payload in payloads.items():
         yield from split_variants(name, payload)
     yield from split_variants("small-limits-v2", v2, SMALL_LIMITS)
+    # Limits: nesting depth, decompressed size, frame size, a frame cut short in a C frame.
+    nested = _lj_json(1, {})
+    for _ in range(6):
+        nested = _lj_compressed(nested)
+    yield seed("limit-nesting", _lj_window(1) + nested)
+    big = _lj_window(1) + _lj_compressed(_lj_json(1, {"m": "0" * 1_200_000}))
+    yield seed("limit-decompressed", big)
+    yield seed("limit-decompressed-small", big, SMALL_LIMITS)
+    yield seed("limit-frame-small", _lj_window(1) + _lj_json(1, {"m": "x" * 600}), SMALL_LIMITS)
+    yield seed("limit-window-small", _lj_window(9) + _lj_json(1, {}), SMALL_LIMITS)
+    yield seed("c-frame-cut-short", _lj_window(1) + _lj_compressed(_lj_json(1, {"a": 1})[:-3]))
     yield from split_variants("bytearray-v1", v1, BYTEARRAY)
 
 
@@ -316,6 +355,18 @@ def courier_seeds() -> Iterable[Seed]:
     for name, payload in payloads.items():
         yield from split_variants(name, payload)
     yield from split_variants("small-limits-jdat", payloads["jdat"], SMALL_LIMITS)
+    # Limits: decompressed size, rows' memory, an event cut short, EVNT size, event count.
+    big = [json.dumps({"m": "0" * 1_100_000}).encode()]
+    yield seed("limit-decompressed", _courier(b"JDAT", nonce + _courier_events(big)))
+    yield seed("limit-decompressed-small", _courier(b"JDAT", nonce + _courier_events(big)),
+               SMALL_LIMITS)  # fmt: skip
+    empties = [b"{}"] * 3000
+    yield seed("limit-memory-small", _courier(b"JDAT", nonce + _courier_events(empties)),
+               SMALL_LIMITS)  # fmt: skip
+    cut = zlib.compress(struct.pack(">I", 50) + b'{"a": 1}')
+    yield seed("event-cut-short", _courier(b"JDAT", nonce + cut))
+    yield seed("limit-evnt-small", b"EVNT\xff\xff\xff\xff" + nonce + os_random_like(600),
+               SMALL_LIMITS)  # fmt: skip
     yield from split_variants("bytearray-evnt", payloads["evnt"], BYTEARRAY)
 
 
@@ -375,6 +426,13 @@ def logjam_seeds() -> Iterable[Seed]:
     for name, (payload, flags) in seeds.items():
         yield seed(name, payload, flags)
     yield seed("small-limits-zlib", seeds["zlib"][0], SMALL_LIMITS)
+    # Limits and shapes: a body over the limits, a body that is not an object.
+    yield seed("limit-body-small", _frames(*data, _meta()), SMALL_LIMITS)
+    huge = zlib.compress(json.dumps({"m": "0" * 1_100_000}).encode())
+    yield seed("limit-decompressed", _frames(*data[:2], huge, _meta(1)))
+    yield seed("body-array", _frames(*data[:2], b"[1, 2]", _meta()))
+    yield seed("limit-containers-small", _frames(*data[:2], b'{"a": [[[[[[[[[]]]]]]]]]}', _meta()),
+               SMALL_LIMITS)  # fmt: skip
 
 
 # -- websocket ---------------------------------------------------------------------

@@ -26,6 +26,7 @@ from appliance.spark.catalog import EVENTS, appliance_tables, find_table, regist
 from appliance.spark.errors import SparkError
 from appliance.spark.jobs import JOBS, JobResult, job_status, run_job
 from appliance.spark.sql_cli import DEFAULT_MAX_ROWS, FORMATS, interactive, run_statements
+from appliance.state_lock import holder_pid
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -174,13 +175,78 @@ def _table_uri(args: argparse.Namespace, config: Config) -> str:
 
 
 def _table_stats(args: argparse.Namespace, config: Config) -> int:
-    stats = maintenance.table_stats(_table_uri(args, config), config.lake.storage_options or None)
+    uri = _table_uri(args, config)
+    options = config.lake.storage_options or None
+    stats = maintenance.table_stats(uri, options)
+    usage = None
+    if args.table == EVENTS:
+        usage = retention.usage(
+            uri,
+            options,
+            min_free_bytes=config.lake.min_free_bytes,
+            min_free_percent=config.lake.min_free_percent,
+            by_protocol=not args.no_protocols,
+        )
     if args.json:
-        print_json({"table": args.table, **stats.to_json()})
+        extra = {} if usage is None else {"usage": usage.to_json()}
+        print_json({"table": args.table, **stats.to_json(), **extra})
         return 0
-    print(f"{args.table} {_table_uri(args, config)}")
+    print(f"{args.table} {uri}")
     print_table(_STATS_HEADERS, [_stats_row("now", stats)])
+    if usage is not None:
+        _print_usage(usage, args.days)
     return 0
+
+
+def _size(n: int | None) -> str:
+    if n is None:
+        return ""
+    for unit, scale in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"
+
+
+def _print_usage(usage: retention.Usage, days: int) -> None:
+    shown = usage.days if days == 0 else usage.days[-days:]
+    print()
+    print(
+        f"partitions: {len(usage.days)}, oldest {usage.oldest or '-'}, newest {usage.newest or '-'}"
+        + (f" (the last {len(shown)} shown; --days 0 for all)" if len(shown) < len(usage.days)
+           else "")
+    )  # fmt: skip
+    per_protocol: dict[Any, list[str]] = {}
+    for p in usage.protocols:
+        per_protocol.setdefault(p.event_date, []).append(f"{p.protocol} {p.rows}")
+    print_table(
+        ["event_date", "files", "bytes", "size", "rows", "rows per protocol"],
+        [
+            [d.event_date, d.files, d.bytes, _size(d.bytes), d.rows,
+             ", ".join(per_protocol.get(d.event_date, []))]
+            for d in shown
+        ],
+    )  # fmt: skip
+    if usage.protocols:
+        totals: dict[str, list[int]] = {}
+        for p in usage.protocols:
+            entry = totals.setdefault(p.protocol, [0, 0])
+            entry[0] += p.rows
+            entry[1] += p.approx_bytes
+        print()
+        print_table(
+            ["protocol", "rows", "approx size"],
+            [[name, rows, _size(nbytes)] for name, (rows, nbytes) in sorted(totals.items())],
+        )
+    print()
+    print(f"growth: {_size(usage.bytes_per_day) or 'unknown'} per day")
+    if usage.free_bytes is not None:
+        print(
+            f"free: {_size(usage.free_bytes)}, disk guard watermark: {_size(usage.watermark_bytes)}"
+        )
+    if usage.days_until_watermark is not None:
+        print(f"days until the watermark: {usage.days_until_watermark} ({usage.projection_note})")
+    else:
+        print(f"days until the watermark: unknown ({usage.projection_note})")
 
 
 def _locked(
@@ -250,6 +316,32 @@ def _table_vacuum(args: argparse.Namespace, config: Config) -> int:
     return 0
 
 
+def _in_service_or_here(
+    config: Config,
+    request: dict[str, Any],
+    progress: ProgressReporter,
+    here: Callable[[], maintenance.MaintenanceResult],
+) -> maintenance.MaintenanceResult:
+    """Run a delete in the running service (no commit of its own meanwhile), else here.
+
+    A delete from this process would race the service's commits: delta-rs
+    fails it whenever an append adds a file it might have to read
+    (retention.py, "hand-off").
+    """
+    pid = retention.serving_pid(config.state_dir)
+    if pid is not None:
+        request = {**request, "vacuum_retention_hours": config.maintenance.vacuum_retention_hours}
+        return retention.hand_off(config.state_dir, request, pid, progress)
+    running = holder_pid(config.state_dir)
+    if running is not None:
+        print(
+            f"note: the running service (pid {running}) takes no table requests "
+            "([maintenance] enabled = false): deleting alongside its commits",
+            file=sys.stderr,
+        )
+    return _locked(config, here)
+
+
 def _table_expire(args: argparse.Namespace, config: Config) -> int:
     policy = retention.RetentionPolicy.from_config(config.retention)
     if args.max_age_days is not None:
@@ -259,17 +351,30 @@ def _table_expire(args: argparse.Namespace, config: Config) -> int:
             "retention is off: set [retention] max_age_days (or rules), or pass --max-age-days N"
         )
     with _progress(args, "expire") as progress:
-        result = _locked(
-            config,
-            lambda: retention.expire(
+
+        def here() -> maintenance.MaintenanceResult:
+            return retention.expire(
                 config.table_uri,
                 config.lake.storage_options or None,
                 policy=policy,
                 dry_run=args.dry_run,
                 vacuum_retention_hours=config.maintenance.vacuum_retention_hours,
                 progress=progress,
-            ),
-        )
+            )
+
+        if args.dry_run:
+            result = _locked(config, here)
+        else:
+            request = {
+                "operation": "expire",
+                "max_age_days": policy.max_age_days,
+                "rules": [
+                    {"max_age_days": r.max_age_days, "tag_prefix": r.tag_prefix,
+                     "protocol": r.protocol}
+                    for r in policy.rules
+                ],
+            }  # fmt: skip
+            result = _in_service_or_here(config, request, progress, here)
     _print_maintenance(result, args.json)
     return 0
 
@@ -312,17 +417,20 @@ def _table_erase(args: argparse.Namespace, config: Config) -> int:
     options = config.lake.storage_options or None
 
     def run(progress: ProgressReporter) -> maintenance.MaintenanceResult:
-        return _locked(
-            config,
-            lambda: retention.erase(
+        def here() -> maintenance.MaintenanceResult:
+            return retention.erase(
                 config.table_uri,
                 options,
                 predicate=predicate,
                 dry_run=args.dry_run,
                 vacuum_retention_hours=config.maintenance.vacuum_retention_hours,
                 progress=progress,
-            ),
-        )
+            )
+
+        if args.dry_run:
+            return _locked(config, here)
+        request = {"operation": "erase", "predicate": predicate}
+        return _in_service_or_here(config, request, progress, here)
 
     if args.dry_run:
         with _progress(args, "erase") as progress:
@@ -436,7 +544,16 @@ def add_parser(
         parser.set_defaults(func=_guarded(func))
         return parser
 
-    add("stats", _table_stats, "file count, sizes and rows")
+    stats = add("stats", _table_stats, "files, sizes and rows, per day and protocol")
+    stats.add_argument(
+        "--days",
+        type=_non_negative_int,
+        default=14,
+        help="days listed, newest last (default: 14; 0: all)",
+    )
+    stats.add_argument(
+        "--no-protocols", action="store_true", help="skip the rows per protocol (a table scan)"
+    )
     compact = add("compact", _table_compact, "rewrite small files into large ones")
     compact.add_argument(
         "--target-file-bytes",

@@ -158,6 +158,11 @@ class TableStats:
         """A JSON-ready mapping."""
         return {**asdict(self), "average_file_bytes": self.average_file_bytes}
 
+    @classmethod
+    def from_json(cls, value: dict[str, Any]) -> TableStats:
+        """The statistics :meth:`to_json` wrote."""
+        return cls(**{f: value[f] for f in cls.__dataclass_fields__})
+
 
 @dataclass(frozen=True, slots=True)
 class MaintenanceResult:
@@ -178,6 +183,17 @@ class MaintenanceResult:
             "after": self.after.to_json(),
             "details": self.details,
         }
+
+    @classmethod
+    def from_json(cls, value: dict[str, Any]) -> MaintenanceResult:
+        """The result :meth:`to_json` wrote (handed back by the service)."""
+        return cls(
+            value["operation"],
+            value["table"],
+            TableStats.from_json(value["before"]),
+            TableStats.from_json(value["after"]),
+            dict(value["details"]),
+        )
 
 
 @contextmanager
@@ -397,6 +413,18 @@ async def run_maintenance(writer: LakeWriter, config: Config) -> None:
             vacuum_retention_hours=settings.vacuum_retention_hours,
         )
         intervals["expire"] = config.retention.interval_seconds
+    async with trio.open_nursery() as nursery:
+        # erase and expire handed over by the CLI (retention.hand_off).
+        nursery.start_soon(retention.serve_requests, writer, config.state_dir, options)
+        await _schedule(writer, lock, operations, intervals)
+
+
+async def _schedule(
+    writer: LakeWriter,
+    lock: Path,
+    operations: dict[Operation, Callable[[], MaintenanceResult]],
+    intervals: dict[Operation, float],
+) -> None:
     start = trio.current_time()
     last: dict[Operation, float] = dict.fromkeys(intervals, start)
     while True:

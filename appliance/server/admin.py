@@ -89,6 +89,11 @@ TLS_HANDSHAKE_TIMEOUT_SECONDS: Final = 10.0
 MAX_REQUESTS_PER_CONNECTION: Final = 1000
 #: Seconds a readiness check (the auth database's ``SELECT 1``) may take.
 READY_CHECK_TIMEOUT_SECONDS: Final = 2.0
+#: After an error answer, seconds and bytes of the client's leftover input read
+#: and dropped before the close, so the close does not reset the connection
+#: (and destroy the answer) while the client is still sending.
+LINGER_SECONDS: Final = 2.0
+LINGER_MAX_BYTES: Final = 1024 * 1024
 #: Shortest bearer token accepted in ``token_file``, in characters.
 MIN_TOKEN_CHARS: Final = 16
 
@@ -272,6 +277,25 @@ class _Closed(Exception):
     """The connection ends (the peer left, or a deadline passed)."""
 
 
+async def _linger(stream: trio.abc.Stream) -> None:
+    """Say "no more" (plain TCP) and drop what the client still sends, within bounds."""
+    if isinstance(stream, trio.abc.HalfCloseableStream):
+        try:
+            await stream.send_eof()
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            return
+    drained = 0
+    with trio.move_on_after(LINGER_SECONDS):
+        try:
+            while drained < LINGER_MAX_BYTES:
+                data = await stream.receive_some(READ_SIZE_BYTES)
+                if not data:
+                    return
+                drained += len(data)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            return
+
+
 class _AdminHandler:
     """Serves the admin endpoints on one connection at a time (a TcpService handler)."""
 
@@ -290,6 +314,7 @@ class _AdminHandler:
                     if conn.our_state in (h11.IDLE, h11.SEND_RESPONSE):
                         body = f"bad request: {exc}\n".encode()
                         await self._send(conn, stream, _Response(exc.error_status_hint, body))
+                        await _linger(stream)
                     return
                 if request is None:
                     return
@@ -321,6 +346,7 @@ class _AdminHandler:
                         await self._send(
                             conn, stream, _Response(413, b"admin requests have no body\n")
                         )
+                        await _linger(stream)
                     raise _Closed
                 elif isinstance(event, h11.EndOfMessage):
                     return request

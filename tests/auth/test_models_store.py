@@ -60,7 +60,13 @@ def audit_text(store: SqlCredentialStore) -> str:
 
 def test_the_store_has_every_method_of_the_contract(store: SqlCredentialStore) -> None:
     contract = [n for n in vars(CredentialStore) if not n.startswith("_")]
-    assert set(contract) == {"resolve_source", "password_of", "note_login", "note_failure"}
+    assert set(contract) == {
+        "resolve_source",
+        "password_of",
+        "note_login",
+        "note_failure",
+        "record_audit",
+    }
     assert all(callable(getattr(store, name)) for name in contract)
     assert store.password_of("nobody") is None
 

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.hostile.support import HostileService
+from tests.hostile.support import MIB, RSS_GROWTH, RSS_GROWTH_BOUND_BYTES, HostileService
 
 
 @pytest.fixture(scope="module")
@@ -24,3 +24,13 @@ def service(hostile_service: HostileService) -> HostileService:
     """The module's service; started again (fresh state) when an earlier test took it down."""
     hostile_service.ensure_running()
     return hostile_service
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """The largest peak-RSS growths of the service measured by hostile tests."""
+    if not RSS_GROWTH:
+        return
+    terminalreporter.section("hostile: service peak RSS growth per test")
+    bound = RSS_GROWTH_BOUND_BYTES / MIB
+    for test, growth in sorted(RSS_GROWTH.items(), key=lambda kv: -kv[1])[:8]:
+        terminalreporter.write_line(f"{growth / MIB:7.1f} MiB (bound {bound:.0f})  {test}")

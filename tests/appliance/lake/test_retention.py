@@ -6,9 +6,11 @@ duration: waits are bounded only to fail a hung test.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import logging
+import os
 import subprocess
 import sys
 import threading
@@ -36,6 +38,7 @@ from appliance.lake.errors import LakeError
 from appliance.lake.rows import RowBlock, blocks_to_arrow
 from appliance.lake.table import EventsTable
 from appliance.lake.writer import LakeWriter, WriterSettings
+from appliance.state_lock import StateLock
 
 FAST = WriterSettings(
     commit_max_delay_seconds=0.01, retry_initial_seconds=0.05, retry_max_seconds=0.2
@@ -304,7 +307,7 @@ def test_erase_removes_exactly_the_matching_rows_and_rewrites_only_their_files(
     seeded: Seeded,
 ) -> None:
     before = rows(seeded.uri)
-    files_before = set(DeltaTable(seeded.uri).files())
+    files_before = set(DeltaTable(seeded.uri).file_uris())
     predicate = retention.erase_predicate(source="it's bob")
     assert predicate == "source = 'it''s bob'"
     result = retention.erase(seeded.uri, predicate=predicate)
@@ -312,7 +315,7 @@ def test_erase_removes_exactly_the_matching_rows_and_rewrites_only_their_files(
     assert sorted(map(key, after)) == sorted(key(r) for r in before if r["source"] != "it's bob")
     assert result.details["rows_deleted"] == len(before) - len(after)
     # Files of other sources were not touched (one block per file here).
-    files_after = set(DeltaTable(seeded.uri).files())
+    files_after = set(DeltaTable(seeded.uri).file_uris())
     assert files_after <= files_before
     assert len(files_before - files_after) == len(AGES)
     assert result.details["files_awaiting_vacuum"] == len(AGES)
@@ -442,51 +445,117 @@ async def test_erase_through_the_writer_while_ingest_continues(tmp_path: Path) -
 
 
 @pytest.mark.trio
-async def test_erase_from_another_process_races_the_writer_and_loses_no_row(
-    tmp_path: Path,
-) -> None:
-    """The CLI's way: no run_exclusive, only Delta's optimistic concurrency.
+async def test_erase_handed_to_the_service_while_ingest_continues(tmp_path: Path) -> None:
+    """The CLI's way while the service runs: a request file, run through run_exclusive."""
+    state = tmp_path / "state"
+    state.mkdir()
+    uri = str(tmp_path / "events")
+    config = replace(Config(state_dir=state), lake=replace(Config().lake, path=uri))
+    service_lock = StateLock(state)  # this test process plays the running service
+    try:
+        async with trio.open_nursery() as nursery:
+            writer = await _writer(nursery, uri)
+            nursery.start_soon(maintenance.run_maintenance, writer, config)
+            with trio.fail_after(PATIENCE_SECONDS):
+                while retention.serving_pid(state) is None:
+                    await trio.sleep(0.01)
+            tickets = []
+            for n in range(10):
+                source = "gone" if n % 2 else "kept"
+                tickets.append(await writer.submit(make_block(n, 0, source=source)))
+            with trio.fail_after(PATIENCE_SECONDS):
+                for ticket in tickets:
+                    await ticket.wait()
+            steps: list[str] = []
+            results: list[maintenance.MaintenanceResult] = []
+
+            def cli_side() -> None:
+                pid = retention.serving_pid(state)
+                assert pid == os.getpid()
+                request = {"operation": "erase", "predicate": "source = 'gone'"}
+                results.append(
+                    retention.hand_off(state, request, pid, lambda i, n, what: steps.append(what))
+                )
+
+            async with trio.open_nursery() as inner:
+                inner.start_soon(trio.to_thread.run_sync, cli_side)
+                n = 10
+                while not results:
+                    tickets.append(await writer.submit(make_block(n, 0, source="kept")))
+                    n += 1
+                    await trio.sleep(0.01)
+            with trio.fail_after(PATIENCE_SECONDS):
+                for ticket in tickets:
+                    await ticket.wait()
+            nursery.cancel_scope.cancel()
+    finally:
+        service_lock.release()
+    assert results[0].operation == "erase"
+    assert results[0].details["rows_deleted"] == 5 * ROWS_PER_BLOCK
+    assert results[0].details["attempts"] == 1, "the delete raced a commit"
+    assert any("running in the service" in s for s in steps)
+    table_rows = rows(uri)
+    assert {r["source"] for r in table_rows} == {"kept"}
+    assert len(table_rows) == (n - 5) * ROWS_PER_BLOCK
+    assert not list((state / retention.REQUESTS_DIR).glob("*.json"))
+
+
+@pytest.mark.trio
+async def test_a_request_the_service_does_not_take_is_withdrawn(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    (state / retention.REQUESTS_DIR).mkdir(parents=True)
+    request = {"operation": "erase", "predicate": "source = 'x'"}
+    with pytest.raises(retention.RequestError, match="stopped before it took the request"):
+        await trio.to_thread.run_sync(lambda: retention.hand_off(state, request, os.getpid()))
+    service_lock = StateLock(state)  # a service that runs but never looks
+    try:
+        with pytest.raises(retention.RequestError, match="did not take the request within"):
+            await trio.to_thread.run_sync(
+                lambda: retention.hand_off(state, request, os.getpid(), pickup_timeout=0.3)
+            )
+    finally:
+        service_lock.release()
+    assert not list((state / retention.REQUESTS_DIR).iterdir())
+
+
+@pytest.mark.trio
+async def test_erase_beside_the_writer_without_hand_off_loses_no_row(tmp_path: Path) -> None:
+    """No service to hand to (or one that takes no requests): Delta's concurrency decides.
 
     A delete that read a snapshot before a commit that added matching rows
-    is retried on a fresh one; an append that raced the delete fails and the
-    writer retries it. Every acknowledged "kept" row is in the table.
+    is run again on a fresh one (and may give up); an append that raced the
+    delete fails and the writer retries it. Every acknowledged row that does
+    not match is in the table either way.
     """
     uri = str(tmp_path / "events")
     async with trio.open_nursery() as nursery:
         writer = await _writer(nursery, uri)
         stop = threading.Event()
         results: list[maintenance.MaintenanceResult] = []
-        errors: list[BaseException] = []
 
         def erase_repeatedly() -> None:
-            # Every round erases what was ingested as "gone" meanwhile.
             predicate = retention.erase_predicate(source="gone")
             while not stop.is_set():
-                try:
+                # A delete that lost its race DELETE_ATTEMPTS times is tried again.
+                with contextlib.suppress(LakeError):
                     results.append(retention.erase(uri, predicate=predicate))
-                except LakeError as exc:  # a delete that kept losing: not expected here
-                    errors.append(exc)
-                    return
 
         tickets = []
         async with trio.open_nursery() as inner:
             inner.start_soon(trio.to_thread.run_sync, erase_repeatedly)
             for n in range(120):
                 source = "gone" if n % 3 == 0 else "kept"
-                tickets.append((source, await writer.submit(make_block(n, 0, source=source))))
+                tickets.append(await writer.submit(make_block(n, 0, source=source)))
                 await trio.sleep(0.005)
             with trio.fail_after(PATIENCE_SECONDS):
-                for _, ticket in tickets:
+                for ticket in tickets:
                     await ticket.wait()
             stop.set()
         await writer.close_input()
-    assert not errors
-    assert any(r.details.get("rows_deleted") for r in results), "no erase deleted anything"
     kept = {f"b-{n}" for n in range(120) if n % 3}
     table_rows = rows(uri)
     assert kept <= {r["batch_id"] for r in table_rows}
     assert sum(1 for r in table_rows if r["source"] == "kept") == len(kept) * ROWS_PER_BLOCK
-    # After the last round nothing of "gone" that was committed before it is left.
     final = retention.erase(uri, predicate=retention.erase_predicate(source="gone"))
     assert {r["source"] for r in rows(uri)} == {"kept"}
     assert final.after.rows == len(kept) * ROWS_PER_BLOCK
@@ -642,3 +711,51 @@ def test_cli_expire_and_erase(tmp_path: Path) -> None:
     assert any(d.startswith("failed: maintenance already running") for d in details)
     assert all(e.actor.startswith("cli:") for e in entries)
     assert protocol_of(uri) == (1, 2, None, None)
+
+
+# -- usage (appliance table stats) ---------------------------------------------------
+
+
+def test_usage_per_day_and_protocol_and_the_projection(seeded: Seeded) -> None:
+    usage = retention.usage(seeded.uri, min_free_bytes=0, today=seeded.today)
+    assert [d.event_date for d in usage.days] == sorted(
+        seeded.today - dt.timedelta(days=age) for age in AGES
+    )
+    assert usage.oldest == seeded.today - dt.timedelta(days=max(AGES))
+    assert usage.newest == seeded.today
+    for day in usage.days:
+        assert day.files == len(KINDS)
+        assert day.rows == len(KINDS) * ROWS_PER_BLOCK
+    by_protocol = {(p.event_date, p.protocol): p.rows for p in usage.protocols}
+    assert by_protocol[(seeded.today, "forward")] == 2 * ROWS_PER_BLOCK
+    assert by_protocol[(seeded.today, "logjam")] == ROWS_PER_BLOCK
+    assert sum(p.approx_bytes for p in usage.protocols) <= sum(d.bytes for d in usage.days)
+    # The last 7 complete days hold the days of ages 1, 2, 3 and 6.
+    recent = [d for d in usage.days if 1 <= (seeded.today - d.event_date).days <= 7]
+    assert usage.bytes_per_day == sum(d.bytes for d in recent) // retention.RATE_DAYS
+    assert usage.free_bytes is not None
+    assert usage.days_until_watermark is not None
+    assert usage.days_until_watermark == pytest.approx(
+        usage.free_bytes / usage.bytes_per_day, rel=0.01
+    )
+    full = retention.usage(seeded.uri, min_free_bytes=2**62, today=seeded.today)
+    assert full.days_until_watermark == 0
+    quick = retention.usage(seeded.uri, by_protocol=False, today=seeded.today)
+    assert quick.protocols == []
+
+
+def test_cli_stats_shows_days_protocols_and_the_projection(seeded: Seeded, tmp_path: Path) -> None:
+    config = tmp_path / "appliance.toml"
+    config.write_text(f'state_dir = "{tmp_path}"\n[lake]\npath = "{seeded.uri}"\n')
+    shown = cli(config, "stats", "--days", "3")
+    assert shown.returncode == 0, shown.stderr
+    assert f"oldest {seeded.today - dt.timedelta(days=max(AGES))}" in shown.stdout
+    assert "(the last 3 shown; --days 0 for all)" in shown.stdout
+    assert "forward 8, logjam 4" in shown.stdout
+    assert "days until the watermark:" in shown.stdout
+    as_json = cli(config, "stats", "--json")
+    assert as_json.returncode == 0, as_json.stderr
+    report = json.loads(as_json.stdout)
+    assert report["files"] == len(AGES) * len(KINDS)
+    assert len(report["usage"]["days"]) == len(AGES)
+    assert report["usage"]["oldest_partition"] == str(seeded.today - dt.timedelta(days=max(AGES)))

@@ -33,6 +33,7 @@ from appliance.timefmt import MAX_TIME_NS
 from tests.appliance.server.support import (
     StandInWriter,
     handler_factory,
+    receive_exactly,
     receive_within,
     serving,
 )
@@ -403,13 +404,14 @@ async def test_ack_carries_the_highest_sequence_of_a_backwards_window(
 
 
 @pytest.mark.trio
-async def test_a_run_of_empty_windows_is_acked_once_per_window(
-    autojump_clock: trio.testing.MockClock,
-) -> None:
+async def test_a_run_of_empty_windows_is_acked_once_per_window() -> None:
+    # The real clock: a read this large is decoded in a worker thread, which an
+    # autojump clock would not wait for.
     writer = stand_in_writer()
     async with serving(handler_for(writer, keepalive_seconds=600), INFO) as client:
         await client.send_all(window(0) * 1000)
-        assert await receive_within(client, 1) == ack(0) * 1000
+        expected = ack(0) * 1000
+        assert await receive_exactly(client, len(expected)) == expected
         await client.aclose()
     assert writer.blocks == []
 

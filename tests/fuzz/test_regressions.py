@@ -1,0 +1,137 @@
+"""Regression tests for the inputs that once took the appliance down (issue 13).
+
+Two kinds, one test each:
+
+* ``issue13/...``: the crashes issue 13 lists, reproduced against 65b6c94 by
+  hand, kept as seeds in ``fuzz/corpus/<target>/issue13-*``. Each now ends
+  its own connection (or falls back per field) and stores what the test says.
+* ``found/...``: every input the fuzzer reported, kept in
+  ``fuzz/crashes/<target>/`` (fuzz/README.md lists each with the codec and
+  the traceback it gave). Each must now run through its target without an
+  escaping exception.
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+
+import pytest
+
+import fuzz.harness as harness
+from appliance.lake.rows import RowBlock
+
+FUZZ_DIR = Path(__file__).resolve().parents[2] / "fuzz"
+TARGETS = ("forward", "lumberjack", "courier", "logjam", "websocket")
+
+#: Issue 13's inputs: (target, seed) -> rows stored.
+ISSUE13: dict[tuple[str, str], int] = {
+    # forward: a str tag that is not UTF-8, lone surrogates in the JSON form,
+    # a tag over MAX_TAG_BYTES, an empty chunk: refused, nothing stored.
+    ("forward", "issue13-tag-not-utf8"): 0,
+    ("forward", "issue13-json-tag-surrogate"): 0,
+    ("forward", "issue13-json-chunk-surrogate"): 0,
+    ("forward", "issue13-tag-long"): 0,
+    ("forward", "issue13-chunk-empty"): 0,
+    # forward: an entries stream that cannot be read whole is not acked or stored.
+    ("forward", "issue13-gzip-unlabelled"): 0,
+    ("forward", "issue13-entries-truncated"): 0,
+    ("forward", "issue13-entries-invalid-byte"): 0,
+    # forward with security: a PING then more than MAX_PING_BYTES in one read;
+    # a PING hostname that is not UTF-8.
+    ("forward", "issue13-ping-then-flood"): 0,
+    ("forward", "issue13-ping-host-not-utf8"): 0,
+    # Lumberjack: '²' and Go's zero time in @timestamp (stored, receive time);
+    # a long tag field (stored, listener's tag); W 0 and empty C frames in a C frame.
+    ("lumberjack", "issue13-timestamp-superscript"): 1,
+    ("lumberjack", "issue13-timestamp-go-zero"): 1,
+    ("lumberjack", "issue13-tag-long"): 1,
+    ("lumberjack", "issue13-host-surrogate"): 0,
+    ("lumberjack", "issue13-w0-in-c"): 0,
+    ("lumberjack", "issue13-empty-nested-c"): 0,
+    # Log Courier: HELO bodies of 9 and 19 bytes; odd @timestamp digits;
+    # lone surrogates in type and host (stored with the fallbacks).
+    ("courier", "issue13-hello-9"): 0,
+    ("courier", "issue13-hello-19"): 0,
+    ("courier", "issue13-timestamp-odd"): 3,
+    ("courier", "issue13-type-host-surrogate"): 1,
+    # Logjam: a lone-surrogate or long host (stored, null host); an app-env
+    # that is not UTF-8 (400).
+    ("logjam", "issue13-host-surrogate"): 1,
+    ("logjam", "issue13-host-long"): 1,
+    ("logjam", "issue13-app-env-not-utf8"): 0,
+    # WebSocket: the shared time parser ('²', Go's zero time), lone surrogates.
+    ("websocket", "issue13-time-superscript"): 0,
+    ("websocket", "issue13-time-go-zero"): 0,
+    ("websocket", "issue13-surrogates"): 0,
+}
+
+
+def found_crashes() -> list[tuple[str, Path]]:
+    """The fuzzer's crash inputs kept in fuzz/crashes/<target>/."""
+    found = []
+    for name in TARGETS:
+        directory = FUZZ_DIR / "crashes" / name
+        if directory.is_dir():
+            found += [(name, p) for p in sorted(directory.iterdir()) if p.name != "README.md"]
+    return found
+
+
+@pytest.fixture
+def stored(monkeypatch: pytest.MonkeyPatch) -> list[RowBlock]:
+    """The blocks every target's check_rows accepts."""
+    blocks: list[RowBlock] = []
+    real = harness.check_rows
+
+    def keeping(block: RowBlock) -> bool:
+        ok = real(block)
+        if ok:
+            blocks.append(block)
+        return ok
+
+    monkeypatch.setattr(harness, "check_rows", keeping)
+    for name in TARGETS:
+        module = importlib.import_module(f"fuzz.fuzz_{name}")
+        if hasattr(module, "check_rows"):
+            monkeypatch.setattr(module, "check_rows", keeping)
+    return blocks
+
+
+def run(name: str, path: Path) -> None:
+    importlib.import_module(f"fuzz.fuzz_{name}").run_one(path.read_bytes())
+
+
+@pytest.mark.parametrize(
+    ("name", "seed", "rows"),
+    [(name, seed, rows) for (name, seed), rows in ISSUE13.items()],
+    ids=[f"issue13/{name}/{seed}" for name, seed in ISSUE13],
+)
+def test_issue13_input(name: str, seed: str, rows: int, stored: list[RowBlock]) -> None:
+    run(name, FUZZ_DIR / "corpus" / name / seed)
+    assert sum(b.rows for b in stored) == rows
+
+
+def test_issue13_times_fall_back_to_the_receive_time(stored: list[RowBlock]) -> None:
+    run("lumberjack", FUZZ_DIR / "corpus/lumberjack/issue13-timestamp-superscript")
+    run("lumberjack", FUZZ_DIR / "corpus/lumberjack/issue13-timestamp-go-zero")
+    run("courier", FUZZ_DIR / "corpus/courier/issue13-timestamp-odd")
+    assert [list(b.times_ns) for b in stored] == [[None], [None], [None, None, None]]
+
+
+def test_issue13_bad_fields_fall_back_per_field(stored: list[RowBlock]) -> None:
+    run("lumberjack", FUZZ_DIR / "corpus/lumberjack/issue13-tag-long")
+    run("courier", FUZZ_DIR / "corpus/courier/issue13-type-host-surrogate")
+    run("logjam", FUZZ_DIR / "corpus/logjam/issue13-host-surrogate")
+    lumberjack, courier, logjam = stored
+    assert (list(lumberjack.tag), list(lumberjack.host or [])) == (["lumberjack"], [None])
+    assert (courier.tag, courier.host) == ("courier", None)
+    assert logjam.host is None
+
+
+@pytest.mark.parametrize(
+    ("name", "path"),
+    found_crashes() or [pytest.param("", Path(), marks=pytest.mark.skip(reason="none found"))],
+    ids=lambda value: value.name if isinstance(value, Path) else f"found/{value}",
+)
+def test_fuzzer_finding(name: str, path: Path) -> None:
+    run(name, path)
