@@ -7,10 +7,15 @@ base units (seconds, bytes) in the name, and only bounded label values: a
 listener's configured ``listener`` name and its ``protocol``, and short
 reason classes chosen here (never a peer, a tag or a free-text reason).
 
-The hot path binds labels once: a listener's :class:`ListenerMetrics` holds
-the children of its ``(listener, protocol)`` pair, so counting a request is
-one ``inc`` (a lock and an add). Label look-ups happen only on the rare
-paths (a refusal, a protocol error, an authentication).
+The hot path binds labels once and takes no lock: a listener's
+:class:`ListenerMetrics` holds plain numbers for its ``(listener,
+protocol)`` pair (connections, requests, events, bytes, acks, the ack
+latency histogram) that only the event loop's thread updates, and a
+collector reads them into the registry at scrape time, on that same
+thread. Counting a request is an add (about 0.1 µs, where a
+prometheus-client child takes a lock: about 0.6 µs). Label look-ups happen
+only on the rare paths (a refusal, a protocol error, an authentication),
+through prometheus-client's thread-safe metrics.
 
 ``Metrics(enabled=False)`` (and :data:`NULL_METRICS`, the default of every
 constructor that takes metrics) hands out :class:`_Noop` objects: drivers,
@@ -21,7 +26,9 @@ nothing could read them.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import math
+from bisect import bisect_left
+from collections.abc import Callable, Iterable, Sequence
 from typing import Final, Literal, Protocol
 
 from prometheus_client import (
@@ -35,6 +42,12 @@ from prometheus_client import (
     disable_created_metrics,
 )
 from prometheus_client.exposition import choose_encoder
+from prometheus_client.metrics_core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 
 from appliance import __version__
 
@@ -164,46 +177,132 @@ class _Noop:
 _NOOP: Final = _Noop()
 
 
+class _LoopCounter:
+    """A counter (or gauge) only the event loop's thread touches: a plain number.
+
+    No lock, so about a tenth of a prometheus-client child's cost; the
+    registry reads it at scrape time (:class:`_ListenerCollector`), which is
+    on the same thread.
+    """
+
+    __slots__ = ("value",)
+
+    def __init__(self) -> None:
+        self.value = 0.0
+
+    def inc(self, amount: float = 1) -> None:
+        self.value += amount
+
+    def dec(self, amount: float = 1) -> None:
+        self.value -= amount
+
+    def set(self, value: float) -> None:
+        self.value = value
+
+    def set_function(self, f: Callable[[], float]) -> None:
+        raise NotImplementedError("a loop counter holds its value")
+
+
+class _LoopHistogram:
+    """A histogram only the event loop's thread touches: per-bucket counts and a sum."""
+
+    __slots__ = ("bounds", "counts", "sum")
+
+    def __init__(self, bounds: Sequence[float]) -> None:
+        self.bounds = [*bounds, math.inf]
+        self.counts = [0] * len(self.bounds)
+        self.sum = 0.0
+
+    def observe(self, amount: float) -> None:
+        self.counts[bisect_left(self.bounds, amount)] += 1
+        self.sum += amount
+
+    def cumulative(self) -> list[tuple[str, float]]:
+        """``(le, observations <= le)`` pairs, as the exposition wants them."""
+        pairs: list[tuple[str, float]] = []
+        total = 0
+        for bound, count in zip(self.bounds, self.counts, strict=True):
+            total += count
+            pairs.append(("+Inf" if math.isinf(bound) else repr(bound), float(total)))
+        return pairs
+
+
+#: The hot-path metrics of a listener: attribute, metric name, kind, help.
+_LOOP_METRICS: Final = (
+    ("connections_open", "appliance_connections_open", "gauge", "Connections open now."),
+    ("connections_accepted", "appliance_connections_accepted", "counter",
+     "Connections accepted (under the connection caps)."),
+    ("connections_failed", "appliance_connections_failed", "counter",
+     "Connections ended by an unexpected exception (a bug: see connection.failed)."),
+    ("requests", "appliance_requests", "counter",
+     "Requests (forward requests, Lumberjack windows, Courier payloads, WebSocket "
+     "messages, Logjam messages) handed to the writer."),
+    ("events", "appliance_events_received", "counter", "Events handed to the writer."),
+    ("received_bytes", "appliance_received_bytes", "counter",
+     "Bytes read from clients after TLS (WebSocket: message characters; Logjam: frames)."),
+    ("acks", "appliance_acks_sent", "counter", "Acknowledgements sent after a commit."),
+)  # fmt: skip
+_ACK_LATENCY: Final = (
+    "appliance_ack_latency_seconds",
+    "Seconds from receiving a request to sending its acknowledgement.",
+)
+_LABELS: Final = ("listener", "protocol")
+
+
+class _ListenerCollector:
+    """Reads every listener's loop counters into the registry at scrape time."""
+
+    def __init__(self, listeners: dict[tuple[str, str], ListenerMetrics]) -> None:
+        self._listeners = listeners
+
+    def collect(self) -> Iterable[Metric]:
+        listeners = [m for m in self._listeners.values() if m.counting]
+        for attribute, name, kind, documentation in _LOOP_METRICS:
+            family: Metric
+            if kind == "gauge":
+                family = GaugeMetricFamily(name, documentation, labels=_LABELS)
+            else:
+                family = CounterMetricFamily(name, documentation, labels=_LABELS)
+            for metrics in listeners:
+                counter = getattr(metrics, attribute)
+                assert isinstance(counter, _LoopCounter)
+                family.add_metric(list(metrics.labels), counter.value)
+            yield family
+        histogram = HistogramMetricFamily(*_ACK_LATENCY, labels=_LABELS)
+        for metrics in listeners:
+            latency = metrics.ack_latency
+            assert isinstance(latency, _LoopHistogram)
+            histogram.add_metric(list(metrics.labels), latency.cumulative(), latency.sum)
+        yield histogram
+
+    def describe(self) -> Iterable[Metric]:
+        """The families' names, for the registry's duplicate check."""
+        for _attribute, name, kind, documentation in _LOOP_METRICS:
+            if kind == "gauge":
+                yield GaugeMetricFamily(name, documentation, labels=_LABELS)
+            else:
+                yield CounterMetricFamily(name, documentation, labels=_LABELS)
+        yield HistogramMetricFamily(*_ACK_LATENCY, labels=_LABELS)
+
+
 class _Families:
-    """The labelled metric families of a listener, shared by every listener."""
+    """The labelled families of the listeners' rare paths (thread-safe prometheus-client)."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
-        labels = ("listener", "protocol")
-
         def counter(name: str, doc: str, *extra: str) -> Counter:
-            return Counter(name, doc, [*labels, *extra], registry=registry)
+            return Counter(name, doc, [*_LABELS, *extra], registry=registry)
 
-        self.connections_open = Gauge(
-            "appliance_connections_open", "Connections open now.", labels, registry=registry
-        )
-        self.connections_accepted = counter(
-            "appliance_connections_accepted", "Connections accepted (under the connection caps)."
-        )
         self.connections_refused = counter(
             "appliance_connections_refused",
             "Connections closed at once over a cap (reason: max_connections, "
             "max_connections_per_address).",
             "reason",
         )
-        self.connections_failed = counter(
-            "appliance_connections_failed",
-            "Connections ended by an unexpected exception (a bug: see connection.failed).",
-        )
         self.tls_failures = counter(
             "appliance_tls_handshake_failures",
             "TLS handshakes that failed (reason: timeout, plaintext, certificate, closed, "
             "protocol).",
             "reason",
-        )
-        self.requests = counter(
-            "appliance_requests",
-            "Requests (forward requests, Lumberjack windows, Courier payloads, WebSocket "
-            "messages, Logjam messages) handed to the writer.",
-        )
-        self.events = counter("appliance_events_received", "Events handed to the writer.")
-        self.received_bytes = counter(
-            "appliance_received_bytes",
-            "Bytes read from clients after TLS (WebSocket: message characters).",
         )
         self.events_dropped = counter(
             "appliance_events_dropped",
@@ -215,14 +314,6 @@ class _Families:
             "Requests or connections refused for a protocol violation (reason: compression, "
             "limit, handshake, encoding, malformed).",
             "reason",
-        )
-        self.acks = counter("appliance_acks_sent", "Acknowledgements sent after a commit.")
-        self.ack_latency = Histogram(
-            "appliance_ack_latency_seconds",
-            "Seconds from receiving a request to sending its acknowledgement.",
-            labels,
-            buckets=ACK_LATENCY_BUCKETS_SECONDS,
-            registry=registry,
         )
         self.auth = counter(
             "appliance_auth_attempts",
@@ -236,72 +327,71 @@ class _Families:
 class ListenerMetrics:
     """The metrics of one listener, its labels bound once.
 
-    The attributes are the children the hot path increments; the methods
-    take a reason or mechanism and so look the label up (rare paths only).
+    The attributes are what the hot path counts into: plain numbers that
+    only the event loop's thread may touch (every driver counts them there;
+    a session's ``receive`` that runs in a worker thread must not). The
+    methods take a reason or mechanism, look the label up, and are
+    thread-safe (rare paths only).
     """
 
     __slots__ = (
         "_families",
-        "_labels",
         "ack_latency",
         "acks",
         "connections_accepted",
         "connections_failed",
         "connections_open",
+        "counting",
         "events",
+        "labels",
         "received_bytes",
         "requests",
     )
 
     def __init__(self, families: _Families | None, listener: str, protocol: str) -> None:
         self._families = families
-        self._labels = (listener, protocol)
-        self.connections_open: _Level = _NOOP
-        self.connections_accepted: _Count = _NOOP
-        self.connections_failed: _Count = _NOOP
-        self.requests: _Count = _NOOP
-        self.events: _Count = _NOOP
-        self.received_bytes: _Count = _NOOP
-        self.acks: _Count = _NOOP
-        self.ack_latency: _Observe = _NOOP
-        if families is not None:
-            self.connections_open = families.connections_open.labels(listener, protocol)
-            self.connections_accepted = families.connections_accepted.labels(listener, protocol)
-            self.connections_failed = families.connections_failed.labels(listener, protocol)
-            self.requests = families.requests.labels(listener, protocol)
-            self.events = families.events.labels(listener, protocol)
-            self.received_bytes = families.received_bytes.labels(listener, protocol)
-            self.acks = families.acks.labels(listener, protocol)
-            self.ack_latency = families.ack_latency.labels(listener, protocol)
+        self.labels = (listener, protocol)
+        #: Whether anything is counted (False: every attribute is a no-op).
+        self.counting = families is not None
+        self.connections_open: _Level = _LoopCounter() if families else _NOOP
+        self.connections_accepted: _Count = _LoopCounter() if families else _NOOP
+        self.connections_failed: _Count = _LoopCounter() if families else _NOOP
+        self.requests: _Count = _LoopCounter() if families else _NOOP
+        self.events: _Count = _LoopCounter() if families else _NOOP
+        self.received_bytes: _Count = _LoopCounter() if families else _NOOP
+        self.acks: _Count = _LoopCounter() if families else _NOOP
+        self.ack_latency: _Observe = (
+            _LoopHistogram(ACK_LATENCY_BUCKETS_SECONDS) if families else _NOOP
+        )
 
     def connection_refused(
         self, reason: Literal["max_connections", "max_connections_per_address"]
     ) -> None:
         """A connection over a cap, closed at once."""
         if self._families is not None:
-            self._families.connections_refused.labels(*self._labels, reason).inc()
+            self._families.connections_refused.labels(*self.labels, reason).inc()
 
     def tls_failure(self, reason: str) -> None:
         """A failed TLS handshake; ``reason`` is the log line's text."""
         if self._families is not None:
-            self._families.tls_failures.labels(*self._labels, tls_failure_class(reason)).inc()
+            self._families.tls_failures.labels(*self.labels, tls_failure_class(reason)).inc()
 
     def protocol_error(self, reason: str) -> None:
         """A protocol violation; ``reason`` is the codec's text."""
         if self._families is not None:
             label = protocol_error_class(reason)
-            self._families.protocol_errors.labels(*self._labels, label).inc()
+            self._families.protocol_errors.labels(*self.labels, label).inc()
 
     def events_dropped(self, reason: str, count: int) -> None:
         """``count`` events dropped from a valid request; ``reason`` is the codec's text."""
         if self._families is not None:
             label = drop_reason_class(reason)
-            self._families.events_dropped.labels(*self._labels, label).inc(count)
+            self._families.events_dropped.labels(*self.labels, label).inc(count)
 
     def auth(self, mechanism: str, result: AuthResult) -> None:
         """One authentication attempt's outcome."""
         if self._families is not None:
-            self._families.auth.labels(*self._labels, mechanism, result).inc()
+            self._families.auth.labels(*self.labels, mechanism, result).inc()
 
 
 #: The metrics of a listener built without any (tests, tools): counts nothing.
@@ -469,6 +559,8 @@ class Metrics:
         registry = self.registry if enabled else None
         self._families = _Families(self.registry) if enabled else None
         self._listeners: dict[tuple[str, str], ListenerMetrics] = {}
+        if enabled:
+            self.registry.register(_ListenerCollector(self._listeners))
         self.lake = LakeMetrics(registry)
         self._maintenance = _MaintenanceFamilies(self.registry) if enabled else None
         if not enabled:

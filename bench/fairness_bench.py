@@ -345,7 +345,7 @@ def courier_max_events() -> Request:
 
 
 def websocket_max_events() -> Request:
-    events = [{"record": {}}] * 10_000
+    events: list[dict[str, Any]] = [{"record": {}}] * 10_000
 
     def request(n: int) -> tuple[bytes, Callable[[bytearray], bool]]:
         text = json.dumps({"id": f"hostile-{n}", "tag": "hostile", "events": events})

@@ -10,7 +10,9 @@ ingest. The operations here are blocking and run in a worker thread:
 * from the CLI (``appliance table ...``), possibly while the service commits
   in another process: there Delta's optimistic concurrency resolves an
   append racing a compaction (an append never conflicts with a compaction's
-  ``dataChange=false`` rewrite).
+  ``dataChange=false`` rewrite). Deletes (expire, erase: retention.py) do
+  conflict with appends, so the CLI hands those to the running service,
+  whose :func:`run_maintenance` serves them.
 
 Both hold :class:`MaintenanceLock`, an exclusive advisory lock file in the
 state directory, so maintenance never runs twice at once on one machine.

@@ -26,14 +26,18 @@ the table stays at reader 1 / writer 2 with no table features.
 The bytes stay on disk until a vacuum older than the retention floor deletes
 the replaced files; every result says so (``vacuum`` in its details).
 
-Runs in a worker thread: in the service through ``LakeWriter.run_exclusive``
-(never alongside a commit), from the CLI under the maintenance lock while the
-service may commit in another process. Delta's optimistic concurrency then
-decides: a delete that read a snapshot to which a concurrent commit added
-matching rows fails ("concurrent transaction added new data") and is run
-again on a fresh snapshot, up to :data:`DELETE_ATTEMPTS` times; an append
-that raced the delete fails and the service's writer retries it (its usual
-commit retry), so no ingested row is lost.
+Runs in a worker thread, through ``LakeWriter.run_exclusive`` in the
+service (never alongside one of its commits), under the maintenance lock.
+While the service runs, the CLI hands its erase and expire to it
+(:func:`hand_off`, :func:`serve_requests`): a delete from another process
+would race the service's appends, and delta-rs fails whichever commits
+second (a delete when an append added a file its predicate might match, an
+append when a delete removed a file). With no service, the CLI deletes
+itself, and a delete that lost such a race runs again on a fresh snapshot,
+up to :data:`DELETE_ATTEMPTS` times.
+
+``appliance table stats`` reads :func:`usage`: size, rows and files per day
+and protocol, and the days left until the disk guard's watermark.
 """
 
 from __future__ import annotations
@@ -783,14 +787,27 @@ async def serve_requests(writer: LakeWriter, state_dir: Path, storage_options: A
     try:
         while True:
             await trio.sleep(REQUEST_POLL_SECONDS)
-            pending = await trio.to_thread.run_sync(
-                lambda: sorted(directory.glob("*.request.json"), key=lambda p: p.stat().st_mtime)
-            )
+            try:
+                pending = await trio.to_thread.run_sync(_pending, directory)
+            except OSError as exc:
+                log.warning("table_request.unreadable", directory=str(directory), reason=str(exc))
+                continue
             for path in pending:
                 await _serve_one(writer, path, uri, storage_options, lock)
     finally:
         with trio.CancelScope(shield=True):
             await trio.to_thread.run_sync(lambda: marker.unlink(missing_ok=True))
+
+
+def _pending(directory: Path) -> list[Path]:
+    """The requests waiting, oldest first (one withdrawn meanwhile is left out)."""
+    found: list[tuple[int, Path]] = []
+    for path in directory.glob("*.request.json"):
+        try:
+            found.append((path.stat().st_mtime_ns, path))
+        except FileNotFoundError:
+            continue
+    return [path for _, path in sorted(found)]
 
 
 async def _serve_one(

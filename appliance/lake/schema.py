@@ -45,6 +45,9 @@ WRITER_VERSION: Final = 2
 
 #: Table properties set at creation. Stats are kept for the columns queries
 #: filter on, not for ``record``: delta-rs stores full-length string min/max.
+#: ``delta.appendOnly`` is true until the first expire or erase with rows to
+#: remove sets it to false (appliance/lake/retention.py, docs/decisions.md 22):
+#: a property change only, the protocol stays reader 1 / writer 2.
 TABLE_CONFIGURATION: Final[dict[str, str | None]] = {
     "delta.appendOnly": "true",
     "delta.dataSkippingStatsColumns": (

@@ -31,6 +31,7 @@ FIXED_KEYS: tuple[str, ...] = (
     "lake",
     "auth",
     "maintenance",
+    "retention",
     "spark",
     "admin",
 )

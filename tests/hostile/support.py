@@ -391,7 +391,8 @@ class HostileService:
         columns = ["event_time_ns", "received_at", "protocol", "tag", "source", "peer", "host",
                    "record", "batch_id"]  # fmt: skip
         table = DeltaTable(self.running.table_uri).to_pyarrow_table(columns=columns)
-        return table.to_pylist()
+        rows: list[dict[str, Any]] = table.to_pylist()
+        return rows
 
 
 def rows_from(rows: list[dict[str, Any]], address: str) -> list[dict[str, Any]]:
@@ -407,7 +408,7 @@ def received_at_ns(row: dict[str, Any]) -> int:
 
 def has_receive_time(row: dict[str, Any]) -> bool:
     """Whether the row's event time is its receive time (docs/table.md: no usable time)."""
-    return row["event_time_ns"] // 1000 * 1000 == received_at_ns(row)
+    return bool(row["event_time_ns"] // 1000 * 1000 == received_at_ns(row))
 
 
 def record(row: dict[str, Any]) -> Any:
@@ -629,7 +630,7 @@ def logjam_dealer(
     service: HostileService, source: str | None = None, *, curve: bool = True
 ) -> zmq.Socket[bytes]:
     """A DEALER to the Logjam ROUTER (CURVE with the good producer's key unless told)."""
-    dealer = zmq.Context.instance().socket(zmq.DEALER)
+    dealer: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.DEALER)
     if curve:
         creds = service.creds
         dealer.curve_serverkey = creds.curve_server_key

@@ -266,7 +266,7 @@ def test_hostile_async_data_is_refused_without_a_reply(service: HostileService) 
     """The same rules on the ROUTER's async form and on the PULL socket (no reply)."""
     with hostile_case(service, "logjam") as case:
         creds = case.service.creds
-        push = zmq.Context.instance().socket(zmq.PUSH)
+        push: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.PUSH)
         push.curve_serverkey = creds.curve_server_key
         push.curve_publickey = creds.curve_public
         push.curve_secretkey = creds.curve_secret

@@ -88,7 +88,8 @@ def forward_batch(chunk: str) -> bytes:
     now = int(time.time())
     payload = base64.b64encode(os.urandom(RECORD_BYTES * 3 // 4)).decode()
     entry = msgpack.packb([now, {"chunk": chunk, "data": payload}])
-    return msgpack.packb(["disk.test", entry, {"chunk": chunk, "size": 1}])
+    packed: bytes = msgpack.packb(["disk.test", entry, {"chunk": chunk, "size": 1}])
+    return packed
 
 
 async def forward_send(running: service.Running, data: bytes) -> object | None:
@@ -111,7 +112,8 @@ async def forward_send(running: service.Running, data: bytes) -> object | None:
                     return None
                 unpacker.feed(received)
                 for obj in unpacker:
-                    return obj
+                    answer: object = obj
+                    return answer
         return None
     finally:
         with trio.move_on_after(1):

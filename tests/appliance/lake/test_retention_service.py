@@ -33,7 +33,8 @@ DAY_S = 86_400
 def request(chunk: str, tag: str, age_days: int = 0, n: int = 3) -> bytes:
     at = int(time.time()) - age_days * DAY_S
     entries = b"".join(msgpack.packb([at, {"chunk": chunk, "i": i}]) for i in range(n))
-    return msgpack.packb([tag, entries, {"chunk": chunk, "size": n}])
+    packed: bytes = msgpack.packb([tag, entries, {"chunk": chunk, "size": n}])
+    return packed
 
 
 async def read_ack(stream: trio.abc.ReceiveStream) -> object | None:
@@ -45,7 +46,8 @@ async def read_ack(stream: trio.abc.ReceiveStream) -> object | None:
                 return None
             unpacker.feed(data)
             for obj in unpacker:
-                return obj
+                answer: object = obj
+                return answer
     return None
 
 
@@ -139,6 +141,7 @@ async def test_cli_deletes_run_in_the_service_while_a_client_sends(tmp_path: Pat
             assert "vacuum" in erase.stdout
             assert expire.returncode == 0, expire.stderr
             assert "running in the service" in expire.stderr
+            assert running.writer is not None
             assert running.writer.failed_attempts == 0, "a commit of the service raced a delete"
         finally:
             stop.set()
