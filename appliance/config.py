@@ -3,7 +3,9 @@
 With no file, :func:`default_config` is the embedded default: state in
 ``./var``, a generated CA and server certificate, one forward TLS listener on
 127.0.0.1:24224 and the ``events`` table at ``<state>/lake/events``. Every
-key, its unit and its default is documented in ``docs/configuration.md``.
+key, its unit and its default is listed in ``docs/limits.md`` (rendered from
+these dataclasses by :mod:`appliance.config_reference`); ``docs/configuration.md``
+and the protocol pages explain them.
 
 Errors name the key and, when it can be found, the line of the file.
 """
@@ -463,8 +465,9 @@ class LogjamListenerConfig(ListenerConfig):
     (client keys from ``appliance curve``) unless ``curve = false`` says
     otherwise. ``tls`` must stay false and ``client_auth`` "off"; the other
     TCP settings of every listener (``max_connections``,
-    ``tls_handshake_timeout_seconds``, ``idle_timeout_seconds``,
-    ``max_pending_acks``, ``read_size_bytes``) do not apply to ZeroMQ sockets.
+    ``max_connections_per_address``, ``tls_handshake_timeout_seconds``,
+    ``idle_timeout_seconds``, ``request_timeout_seconds``, ``max_pending_acks``,
+    ``read_size_bytes``) do not apply to ZeroMQ sockets.
     """
 
     protocol: Literal["logjam"] = "logjam"
