@@ -21,6 +21,7 @@ Reports, never asserts.
 from __future__ import annotations
 
 import argparse
+import gc
 import statistics
 import sys
 import time
@@ -95,7 +96,20 @@ def main() -> int:
         "--events", type=int, default=50_000, help="events per run (at least 2000 requests)"
     )
     parser.add_argument("--rounds", type=int, default=9, help="on/off pairs per batch")
+    parser.add_argument(
+        "--only",
+        choices=("on", "off"),
+        help="one run of one side and exit, for an instruction count that other processes "
+        "cannot disturb: valgrind --tool=callgrind python bench/metrics_overhead.py --only on",
+    )
     args = parser.parse_args()
+    if args.only is not None:
+        batch = int(args.batches.split(",")[0])
+        payloads = requests(batch, max(1, args.events // batch))
+        trio.run(one_run, payloads[:10], NULL_LISTENER)  # warm-up: first-call costs
+        listener = Metrics(process=False).listener("bench", "forward")
+        trio.run(one_run, payloads, listener if args.only == "on" else NULL_LISTENER)
+        return 0
     print("metrics on vs off, CPU per event of the forward driver in-process (median of rounds)")
     for batch in (int(b) for b in args.batches.split(",")):
         count = max(2000, args.events // batch)
@@ -103,10 +117,14 @@ def main() -> int:
         on: list[float] = []
         off: list[float] = []
         trio.run(one_run, payloads[:100], NULL_LISTENER)  # warm-up
-        for _ in range(args.rounds):
+        for round_ in range(args.rounds):
             listener = Metrics(process=False).listener("bench", "forward")
-            on.append(trio.run(one_run, payloads, listener) / (count * batch))
-            off.append(trio.run(one_run, payloads, NULL_LISTENER) / (count * batch))
+            # Alternate which goes first, and start each from a collected heap,
+            # so neither side inherits the other's garbage or warm caches.
+            for side in ("on", "off") if round_ % 2 == 0 else ("off", "on"):
+                gc.collect()
+                seconds = trio.run(one_run, payloads, listener if side == "on" else NULL_LISTENER)
+                (on if side == "on" else off).append(seconds / (count * batch))
         m_on, m_off = statistics.median(on), statistics.median(off)
         pairs = sorted(a / b - 1 for a, b in zip(on, off, strict=True))
         print(

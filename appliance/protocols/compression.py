@@ -1,14 +1,19 @@
 """Bounded decoders for the compressed bodies Logjam and Fluentd producers send.
 
-Pure Python on purpose: small enough to audit, and every decoder takes the
-largest output it may produce, checked *before* the output grows, so a
-decompression bomb costs at most that many bytes. docs/logjam.md says where
-each format comes from (skaes/logjam-tools ``src/logjam-util.c``, the agents).
+Pure Python on purpose (zstd aside): small enough to audit, and every decoder
+takes the largest output it may produce, checked *before* the output grows, so
+a decompression bomb costs at most that many bytes. docs/logjam.md says where
+each format comes from (skaes/logjam-tools ``src/logjam-util.c``, the agents);
+docs/forward.md does for zstd.
 
 * :func:`gunzip` - concatenated gzip members (Fluentd's CompressedPackedForward,
   through ``forward.gunzip_members``). Any number of members, each of any
   size (Fluentd writes one per buffer append), in time linear in the input:
   no member costs a copy of the input after it.
+* :func:`unzstd` - one or more concatenated zstd frames (Fluentd's
+  ``compressed: "zstd"``, through ``forward.unzstd_frames``): decoded by the
+  ``zstandard`` library (libzstd), read out in bounded pieces, with the frame
+  structure walked here so that data ending inside a frame is refused.
 * :func:`inflate` - Logjam's compression method 1. logjam-tools compresses
   with zlib's ``compress()`` (RFC 1950), but the Ruby agent sends
   ``ActiveSupport::Gzip.compress`` output (RFC 1952) under the same id, so a
@@ -32,8 +37,11 @@ import struct
 import zlib
 from typing import Final
 
+import zstandard
+
 __all__ = [
     "GZIP_MAGIC",
+    "ZSTD_MAGIC",
     "CompressionError",
     "InvalidDataError",
     "OutputLimitError",
@@ -43,10 +51,44 @@ __all__ = [
     "lz4_block_decompress",
     "lz4_prefixed_decompress",
     "snappy_decompress",
+    "unzstd",
 ]
 
 #: The first two bytes of every gzip member (RFC 1952).
 GZIP_MAGIC: Final = b"\x1f\x8b"
+#: The first four bytes of a zstd frame, little-endian (RFC 8878 3.1.1).
+ZSTD_MAGIC: Final = b"\x28\xb5\x2f\xfd"
+#: Skippable frames: a little-endian magic 0x184D2A50 to 0x184D2A5F, a u32
+#: length, that many bytes (RFC 8878 3.1.2). libzstd skips them.
+_ZSTD_SKIPPABLE_MAGIC: Final = 0x184D2A50
+_ZSTD_SKIPPABLE_MASK: Final = 0xFFFFFFF0
+_ZSTD_SKIPPABLE_HEADER: Final = struct.Struct("<II")
+#: A frame header's size by its Frame_Header_Descriptor (RFC 8878 3.1.1.1):
+#: magic and descriptor, Window_Descriptor unless Single_Segment (bit 5),
+#: Dictionary_ID of 0/1/2/4 bytes (bits 0-1), Frame_Content_Size of 0/2/4/8
+#: bytes (bits 6-7; 0 means 1 byte in a single-segment frame).
+_ZSTD_HEADER_BYTES: Final = tuple(
+    5 + (0 if d >> 5 & 1 else 1) + (0, 1, 2, 4)[d & 3] + ((0, 2, 4, 8)[d >> 6] or d >> 5 & 1)
+    for d in range(256)
+)
+#: The 4-byte Content_Checksum after the last block, by the descriptor (bit 2).
+_ZSTD_CHECKSUM_BYTES: Final = tuple(4 * (d >> 2 & 1) for d in range(256))
+#: A block header, 3 bytes little-endian: Last_Block (bit 0), Block_Type
+#: (bits 1-2: raw, RLE, compressed, reserved), Block_Size (bits 3-23).
+_ZSTD_BLOCK_HEADER: Final = struct.Struct("<HB")
+#: Block_Type bits 1-2 of a block header, as they are in its first byte.
+_ZSTD_BLOCK_RLE: Final = 1 << 1
+_ZSTD_BLOCK_RESERVED: Final = 3 << 1
+#: Bytes of output asked of libzstd at a time (ZSTD_DStreamOutSize: one full
+#: block), and never more than one byte past the room left under the limit.
+_ZSTD_READ_BYTES: Final = zstandard.DECOMPRESSION_RECOMMENDED_OUTPUT_SIZE
+#: The largest zstd window (history) accepted whatever the output limit:
+#: windowLog 23, what zstd's non-"ultra" levels 1 to 19 use (Fluentd's
+#: zstd-ruby streams at level 3: 2 MiB). A larger limit allows a window up to
+#: that limit, for single-segment frames (window = content size, as Fluent
+#: Bit's one-shot ZSTD_compress writes), up to libzstd's default cap (2**27).
+_ZSTD_MIN_WINDOW_BYTES: Final = 1 << 23
+_ZSTD_MAX_WINDOW_BYTES: Final = 1 << 27
 #: zlib's ``wbits`` for gzip (RFC 1952) framing.
 _GZIP_WBITS: Final = 16 + zlib.MAX_WBITS
 #: Bytes of compressed input first handed to zlib for each gzip member or zlib
@@ -75,7 +117,7 @@ class TruncatedError(CompressionError):
 
 
 class InvalidDataError(CompressionError):
-    """zlib refused the data; ``detail`` is its message."""
+    """zlib or libzstd refused the data; ``detail`` is its message."""
 
     def __init__(self, message: str, detail: str) -> None:
         super().__init__(message)
@@ -162,6 +204,116 @@ def gunzip(data: bytes, max_output: int) -> bytes:
     """
     _check_limit(max_output)
     return _inflate_stream(data, max_output, _GZIP_WBITS, members=True, magic=False)
+
+
+# -- zstd --------------------------------------------------------------------------
+
+
+def unzstd(data: bytes, max_output: int) -> bytes:
+    """One or more concatenated zstd frames, at most ``max_output`` bytes out.
+
+    Skippable frames are skipped. Decompression is streamed: libzstd (the
+    ``zstandard`` package) reads ``data`` in place, without a copy, and hands
+    out at most :data:`_ZSTD_READ_BYTES` at a time, asked for no more than one
+    byte past the room left, so a bomb stops with at most ``max_output + 1``
+    bytes produced. The decoder's window is bounded too
+    (:data:`_ZSTD_MIN_WINDOW_BYTES`, or the limit up to 128 MiB) and is only
+    touched as output is written. Then :func:`_zstd_check_frames` walks the
+    frame and block headers, which libzstd's streaming API does not report:
+    data that ends inside a frame is refused instead of returning a prefix.
+    Work is linear in ``len(data)``: one pass of libzstd, one of the walk
+    (a Python step per frame and per block, each at least 3 bytes).
+
+    Raises:
+        OutputLimitError: more than ``max_output`` bytes of output.
+        TruncatedError: the data ends inside a frame (or is empty).
+        InvalidDataError: data that is not zstd, a corrupt frame, a bad
+            checksum, a dictionary or a window the decoder does not allow.
+    """
+    _check_limit(max_output)
+    window = max(_ZSTD_MIN_WINDOW_BYTES, min(max_output, _ZSTD_MAX_WINDOW_BYTES))
+    decompressor = zstandard.ZstdDecompressor(max_window_size=window)
+    pieces: list[bytes] = []
+    total = 0
+    try:
+        with decompressor.stream_reader(data, read_across_frames=True) as reader:
+            while True:
+                piece = reader.read(min(_ZSTD_READ_BYTES, max_output - total + 1))
+                if not piece:
+                    break
+                total += len(piece)
+                if total > max_output:
+                    raise OutputLimitError(f"decompressed body exceeds {max_output} bytes")
+                pieces.append(piece)
+    except zstandard.ZstdError as exc:
+        detail = str(exc).removeprefix("zstd decompress error: ")
+        raise InvalidDataError(f"invalid compressed body: {detail}", detail) from None
+    _zstd_check_frames(data)
+    return b"".join(pieces)
+
+
+def _zstd_check_frames(data: bytes) -> None:
+    """Check that ``data`` is whole zstd frames, by their headers (RFC 8878 3.1).
+
+    Each frame: the magic, a Frame_Header_Descriptor giving the header's
+    size, blocks of a 3-byte header (Last_Block, Block_Type, Block_Size)
+    up to the last one, then a 4-byte checksum when the descriptor says so.
+    The blocks' content is libzstd's to check; this only finds where frames
+    end. A Python step per frame and per block: about 1 s for 16 MiB of empty
+    9-byte frames or of empty 3-byte blocks, the worst cases (a Python loop,
+    like the other decoders here; real frames have a block per 128 KiB of
+    output at most, and a Fluentd chunk a frame per buffer append).
+
+    Raises:
+        TruncatedError: the data is empty or ends inside a frame.
+        InvalidDataError: bytes where a frame should start that are not one.
+    """
+    end = len(data)
+    if end == 0:
+        raise TruncatedError("the compressed body is truncated")
+    # Locals: this loop runs once per block.
+    at_magic = data.startswith
+    block_header = _ZSTD_BLOCK_HEADER.unpack_from
+    header_bytes = _ZSTD_HEADER_BYTES
+    checksum_bytes = _ZSTD_CHECKSUM_BYTES
+    magic_end = len(ZSTD_MAGIC)  # the descriptor's offset in the frame
+    rle = _ZSTD_BLOCK_RLE
+    reserved = _ZSTD_BLOCK_RESERVED
+    pos = 0
+    while pos < end:
+        if at_magic(ZSTD_MAGIC, pos):
+            if pos + magic_end >= end:
+                raise TruncatedError("the compressed body is truncated")
+            descriptor = data[pos + magic_end]
+            pos += header_bytes[descriptor]
+            while True:
+                if pos + 3 > end:
+                    raise TruncatedError("the compressed body is truncated")
+                low, high = block_header(data, pos)
+                kind = low & 6  # Block_Type, as it is in the first byte
+                if kind == rle:  # one byte, repeated Block_Size times
+                    pos += 4
+                elif kind == reserved:
+                    raise InvalidDataError(
+                        "invalid compressed body: reserved block type", "reserved block type"
+                    )
+                else:  # raw or compressed: Block_Size bytes
+                    pos += 3 + ((low | high << 16) >> 3)
+                if low & 1:  # Last_Block
+                    break
+            pos += checksum_bytes[descriptor]
+        else:
+            if end - pos < _ZSTD_SKIPPABLE_HEADER.size:
+                # libzstd refuses a partial magic that is not a prefix of one.
+                raise TruncatedError("the compressed body is truncated")
+            magic, size = _ZSTD_SKIPPABLE_HEADER.unpack_from(data, pos)
+            if magic & _ZSTD_SKIPPABLE_MASK != _ZSTD_SKIPPABLE_MAGIC:
+                raise InvalidDataError(
+                    "invalid compressed body: Unknown frame descriptor", "Unknown frame descriptor"
+                )
+            pos += _ZSTD_SKIPPABLE_HEADER.size + size
+        if pos > end:
+            raise TruncatedError("the compressed body is truncated")
 
 
 # -- Snappy ------------------------------------------------------------------------

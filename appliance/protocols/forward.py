@@ -10,8 +10,9 @@ Invariants this module keeps (the h11 way):
   any byte gives the same events as the request in one read.
 * A partial request never holds more than ``limits.max_request_bytes`` bytes
   (:data:`MAX_PING_BYTES` before the handshake's PONG), a decompressed
-  ``entries`` stream never more than ``limits.max_decompressed_bytes``, and a
-  request never more than ``limits.max_events_per_request`` events.
+  ``entries`` stream (gzip or zstd) never more than
+  ``limits.max_decompressed_bytes``, and a request never more than
+  ``limits.max_events_per_request`` events.
 * Any :class:`~appliance.protocols.errors.RemoteProtocolError` moves the
   connection to ``CLOSED``; nothing is accepted afterwards. It is the only
   exception the peer's bytes can cause.
@@ -38,9 +39,10 @@ Strict strings (appliance/protocols/text.py; a violation is a
 
 Reading whole requests: a request is framed with msgpack's skipping parser
 (no Python objects) and decoded only once complete. An ``entries`` stream
-(PackedForward, after gunzip for CompressedPackedForward) that is not valid
-msgpack, ends inside an entry, or is gzip data without ``compressed:
-"gzip"``, fails the request, as Fluentd and Fluent Bit close without an ack;
+(PackedForward, after gunzip or unzstd for CompressedPackedForward with
+``compressed: "gzip"`` or ``"zstd"``) that is not valid msgpack, ends inside
+an entry, or is gzip or zstd data without its ``compressed`` label, fails the
+request, as Fluentd and Fluent Bit close without an ack;
 single unusable entries inside a readable stream (record not a map, a bad
 time, an entry that is not ``[time, record]``) are dropped and counted.
 
@@ -65,8 +67,8 @@ Memory per byte (measured in tests/appliance/protocols/test_forward_hardening.py
   (chains of ``{"":...}``; ``json.loads`` refuses nesting past about 1000).
 
 CPU per byte is linear: the msgpack framer and the JSON framer look at each
-byte once, gunzip never copies the input after a member
-(:mod:`appliance.protocols.compression`), and each request is decoded once.
+byte once, gunzip never copies the input after a member, unzstd reads it in
+place (:mod:`appliance.protocols.compression`), and each request is decoded once.
 """
 
 from __future__ import annotations
@@ -85,10 +87,12 @@ import msgpack
 
 from appliance.protocols.compression import (
     GZIP_MAGIC,
+    ZSTD_MAGIC,
     InvalidDataError,
     OutputLimitError,
     TruncatedError,
     gunzip,
+    unzstd,
 )
 from appliance.protocols.errors import LocalProtocolError, RemoteProtocolError
 from appliance.protocols.forward_handshake import (
@@ -112,6 +116,7 @@ __all__ = [
     "DEFAULT_MAX_REQUEST_BYTES",
     "MAX_BINARY_CHUNK_BYTES",
     "MAX_PING_BYTES",
+    "ZSTD_MAX_EXPANSION",
     "Chunk",
     "EventTime",
     "EventsReceived",
@@ -122,12 +127,14 @@ __all__ = [
     "Heartbeat",
     "PingReceived",
     "gunzip_members",
+    "unzstd_frames",
 ]
 
 #: Largest request (one msgpack array, or one JSON value) accepted, in bytes.
 #: Fluentd's default buffer chunk is 8 MiB and Fluent Bit's about 2 MiB.
 DEFAULT_MAX_REQUEST_BYTES: Final = 16 * 1024 * 1024
-#: Largest decompressed ``entries`` of a CompressedPackedForward request, in bytes.
+#: Largest decompressed ``entries`` of a CompressedPackedForward request (gzip
+#: or zstd), in bytes.
 DEFAULT_MAX_DECOMPRESSED_BYTES: Final = 64 * 1024 * 1024
 #: Most events one request may carry.
 DEFAULT_MAX_EVENTS_PER_REQUEST: Final = 250_000
@@ -359,6 +366,52 @@ def gunzip_members(data: bytes, limit: int) -> bytes:
         raise RemoteProtocolError("gzip entries are truncated") from None
     except InvalidDataError as exc:
         raise RemoteProtocolError(f"gzip entries are invalid: {exc.detail}") from None
+
+
+#: The most a zstd ``entries`` stream may expand, output bytes per input byte:
+#: deflate's own ceiling (about 1032:1). zstd can expand far more (192 bytes
+#: to 250,000 events), which would break the driver's bound on work done on
+#: the event loop for small reads (appliance/server/connection.py,
+#: INLINE_DECODE_MAX_BYTES) and make a tiny request cost seconds of decoding.
+#: Real log chunks compress 5-50:1; a stream past this is refused, not acked.
+ZSTD_MAX_EXPANSION: Final = 1032
+
+
+def unzstd_frames(data: bytes, limit: int) -> bytes:
+    """Decompress one or several concatenated zstd frames, at most ``limit`` bytes out.
+
+    ``compressed: "zstd"`` (Fluentd >= 1.19's out_forward, which writes a frame
+    per buffer append, so a chunk is usually several; docs/forward.md). Like
+    :func:`gunzip_members`: streamed, stopped as soon as the output would pass
+    ``limit``, linear in ``len(data)``.
+
+    Raises:
+        RemoteProtocolError: invalid or truncated zstd data, or output over ``limit``.
+    """
+    ratio_limit = ZSTD_MAX_EXPANSION * len(data)
+    try:
+        return unzstd(data, min(limit, ratio_limit))
+    except OutputLimitError:
+        if ratio_limit < limit:
+            raise RemoteProtocolError(
+                f"zstd entries expand more than {ZSTD_MAX_EXPANSION}:1 "
+                f"(ZSTD_MAX_EXPANSION, the most deflate can)"
+            ) from None
+        raise RemoteProtocolError(
+            f"decompressed entries exceed max_decompressed_bytes={limit}"
+        ) from None
+    except TruncatedError:
+        raise RemoteProtocolError("zstd entries are truncated") from None
+    except InvalidDataError as exc:
+        raise RemoteProtocolError(f"zstd entries are invalid: {exc.detail}") from None
+
+
+#: What each ``compressed`` option value names: its decoder (spec "Option" has
+#: "gzip"; Fluentd >= 1.19 and Fluent Bit's in_forward also read "zstd").
+_DECOMPRESSORS: Final = {"gzip": gunzip_members, "zstd": unzstd_frames}
+#: The magic of each compressed format, to refuse compressed entries that came
+#: without their label (0x1f and 0x28 are msgpack integers, never an entry).
+_MAGICS: Final = {"gzip": GZIP_MAGIC, "zstd": ZSTD_MAGIC}
 
 
 def _time_ns(value: Any) -> int | None:
@@ -775,21 +828,26 @@ class ForwardServerConnection:
             stream = entries
         compressed = option.get("compressed")
         mode: Literal["packed", "compressed"] = "packed"
-        # Spec "Option": compressed is "gzip"; absent or "text" (what Fluentd
-        # itself sends for uncompressed chunks) means plain msgpack.
-        if compressed == "gzip":
+        # Spec "Option": compressed is "gzip"; Fluentd >= 1.19 also sends
+        # "zstd" (docs/forward.md). Absent or "text" (what Fluentd itself
+        # sends for uncompressed chunks) means plain msgpack.
+        decompress = _DECOMPRESSORS.get(compressed) if type(compressed) is str else None
+        if decompress is not None:
             mode = "compressed"
             try:
-                stream = gunzip_members(stream, self.limits.max_decompressed_bytes)
+                stream = decompress(stream, self.limits.max_decompressed_bytes)
             except RemoteProtocolError as exc:
                 raise self._fail(exc.reason) from None
         elif compressed not in (None, "text"):
             raise self._fail(f"unsupported compression {compressed!r}")
-        elif stream.startswith(GZIP_MAGIC):
-            # 0x1f is an integer, never an entry: these are compressed events
-            # the client forgot to label. Reading them as msgpack would drop
-            # the whole chunk as "invalid entries" and ack it.
-            raise self._fail(f"entries are gzip data but compressed is {compressed!r}")
+        else:
+            for name, magic in _MAGICS.items():
+                if stream.startswith(magic):
+                    # 0x1f and 0x28 are integers, never an entry: these are
+                    # compressed events the client forgot to label. Reading them
+                    # as msgpack would drop the whole chunk as "invalid entries"
+                    # and ack it.
+                    raise self._fail(f"entries are {name} data but compressed is {compressed!r}")
         dropped: dict[str, int] = {}
         times: list[int | None] = []
         records: list[dict[Any, Any]] = []

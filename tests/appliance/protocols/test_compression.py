@@ -1,19 +1,22 @@
-"""The bounded gzip and zlib decoders: results, errors, and work per input byte.
+"""The bounded gzip, zlib and zstd decoders: results, errors, and work per input byte.
 
 The work tests count what zlib is handed (bytes fed, bytes it copies into
 ``unused_data``) through a counting wrapper instead of timing anything: the
 old decoder handed zlib the whole rest of the input once per gzip member,
-which made many small members quadratic.
+which made many small members quadratic. The zstd tests count, the same
+way, what libzstd is handed and the output bytes it produces.
 """
 
 from __future__ import annotations
 
+import functools
 import gzip
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+import zstandard
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -25,6 +28,7 @@ from appliance.protocols.compression import (
     TruncatedError,
     gunzip,
     inflate,
+    unzstd,
 )
 
 FAST = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -230,6 +234,289 @@ def test_corrupted_members_raise_only_compression_errors(parts: list[bytes], dat
     raw[index] ^= data.draw(st.integers(min_value=1, max_value=255))
     try:
         out = gunzip(bytes(raw), 10**6)
+    except CompressionError:
+        return
+    assert len(out) <= 10**6
+
+
+# -- zstd ----------------------------------------------------------------------------
+#
+# Frames as the real senders write them (docs/forward.md): Fluentd's zstd-ruby
+# StreamWriter streams one frame per buffer append, without a content size;
+# Fluent Bit's flb_zstd_compress is one-shot ZSTD_compress at level 1, with
+# the content size (a single-segment frame).
+
+
+def fluentd_frame(data: bytes) -> bytes:
+    """One frame the way zstd-ruby's StreamWriter writes it: write, flush, finish."""
+    compressor = zstandard.ZstdCompressor(level=3).compressobj()
+    return (
+        compressor.compress(data)
+        + compressor.flush(zstandard.COMPRESSOBJ_FLUSH_BLOCK)
+        + compressor.flush(zstandard.COMPRESSOBJ_FLUSH_FINISH)
+    )
+
+
+def fluent_bit_frame(data: bytes) -> bytes:
+    """One frame the way flb_zstd_compress writes it: ZSTD_compress(level 1)."""
+    return zstandard.ZstdCompressor(level=1).compress(data)
+
+
+def frames(*parts: bytes) -> bytes:
+    return b"".join(fluentd_frame(part) for part in parts)
+
+
+#: A skippable frame (RFC 8878 3.1.2) of three bytes: libzstd skips it.
+SKIPPABLE = (0x184D2A53).to_bytes(4, "little") + (3).to_bytes(4, "little") + b"abc"
+
+
+def test_zstd_frame_kinds() -> None:
+    payload = b"fluent " * 1000
+    for frame in (fluentd_frame(payload), fluent_bit_frame(payload)):
+        assert unzstd(frame, len(payload)) == payload
+    assert zstandard.get_frame_parameters(fluentd_frame(payload)).content_size == (
+        zstandard.CONTENTSIZE_UNKNOWN
+    )
+    assert zstandard.get_frame_parameters(fluent_bit_frame(payload)).content_size == len(payload)
+    checked = zstandard.ZstdCompressor(write_checksum=True).compress(payload)
+    assert unzstd(checked, len(payload)) == payload
+
+
+def test_zstd_several_frames_empty_and_skippable_ones() -> None:
+    data = frames(b"ab", b"", b"cd") + SKIPPABLE + fluent_bit_frame(b"ef") + frames(b"")
+    assert unzstd(data, 6) == b"abcdef"
+    assert unzstd(frames(b"") * 1000, 0) == b""
+    assert unzstd(SKIPPABLE, 0) == b""
+
+
+def test_zstd_large_frames() -> None:
+    payload = bytes(range(256)) * 4000  # about 1 MiB, several blocks and reads
+    data = frames(payload, b"x") + fluent_bit_frame(payload)
+    assert unzstd(data, 2 * len(payload) + 1) == payload + b"x" + payload
+
+
+def test_zstd_every_cut_inside_a_frame_is_truncated() -> None:
+    parts = [
+        fluentd_frame(b"first frame " * 20),
+        fluentd_frame(b""),
+        SKIPPABLE,
+        zstandard.ZstdCompressor(write_checksum=True).compress(b"checked " * 30),
+        fluent_bit_frame(bytes(range(256)) * 3),
+    ]
+    outputs = [b"first frame " * 20, b"", b"", b"checked " * 30, bytes(range(256)) * 3]
+    data = b"".join(parts)
+    ends = [sum(len(part) for part in parts[: i + 1]) for i in range(len(parts))]
+    for cut in range(len(data)):
+        if cut in ends:
+            assert unzstd(data[:cut], 10**6) == b"".join(outputs[: ends.index(cut) + 1])
+        else:
+            # Never a prefix of the output: a checksum, a last block or a
+            # skippable frame cut short is refused like the rest.
+            with pytest.raises(TruncatedError):
+                unzstd(data[:cut], 10**6)
+    assert unzstd(data, 10**6) == b"".join(outputs)
+
+
+def test_zstd_empty_input_is_truncated() -> None:
+    with pytest.raises(TruncatedError):
+        unzstd(b"", 10)
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"not zstd at all",
+        gzip.compress(b"gzip, not zstd"),
+        frames(b"ok") + b"garbage!",
+        frames(b"ok") + b"\x00",
+        b"\x92\x01\x81\xa1a\x01",  # plain msgpack entries
+    ],
+    ids=["text", "gzip", "frame-then-garbage", "frame-then-one-byte", "msgpack"],
+)
+def test_unzstd_refuses_what_is_not_zstd(data: bytes) -> None:
+    with pytest.raises(InvalidDataError):
+        unzstd(data, 10**6)
+
+
+def test_zstd_bad_checksum_is_invalid() -> None:
+    frame = bytearray(zstandard.ZstdCompressor(write_checksum=True).compress(b"payload " * 10))
+    frame[-1] ^= 0xFF
+    with pytest.raises(InvalidDataError, match=r"(?i)checksum"):
+        unzstd(bytes(frame), 10**6)
+
+
+def test_zstd_reserved_block_type_is_invalid() -> None:
+    # Checked by the frame walk too (libzstd refuses it first in unzstd).
+    frame = bytes.fromhex("28b52ffd") + b"\x20\x00" + b"\x07\x00\x00"
+    with pytest.raises(InvalidDataError):
+        compression._zstd_check_frames(frame)
+    with pytest.raises(InvalidDataError):
+        unzstd(frame, 10)
+
+
+def test_zstd_window_is_bounded() -> None:
+    # A streamed frame declares its window: up to 8 MiB whatever the limit
+    # (zstd's levels 1 to 19), larger only up to the limit (at most 128 MiB).
+    params = zstandard.ZstdCompressionParameters.from_level(3, window_log=24)
+    compressor = zstandard.ZstdCompressor(compression_params=params).compressobj()
+    frame = compressor.compress(b"wide window") + compressor.flush()
+    assert zstandard.get_frame_parameters(frame).window_size == 1 << 24
+    with pytest.raises(InvalidDataError, match="memory"):
+        unzstd(frame, 1 << 20)
+    assert unzstd(frame, 1 << 24) == b"wide window"
+    params = zstandard.ZstdCompressionParameters.from_level(3, window_log=23)
+    compressor = zstandard.ZstdCompressor(compression_params=params).compressobj()
+    frame = compressor.compress(b"level 19's window") + compressor.flush()
+    assert unzstd(frame, 100) == b"level 19's window"
+
+
+def test_zstd_output_limit_exact_and_one_over() -> None:
+    data = frames(b"a" * 100, b"b" * 100)
+    assert unzstd(data, 200) == b"a" * 100 + b"b" * 100
+    with pytest.raises(OutputLimitError):
+        unzstd(data, 199)
+    with pytest.raises(OutputLimitError):
+        unzstd(fluent_bit_frame(b"z"), 0)
+    with pytest.raises(ValueError, match="negative"):
+        unzstd(data, -1)
+
+
+@dataclass
+class ZstdWork:
+    """What the decoder asked of libzstd."""
+
+    decompressors: int = 0
+    sources: list[Any] = field(default_factory=list)  # what each stream_reader reads
+    asked: int = 0  # output bytes asked for, over all reads
+    largest_ask: int = 0
+    produced: int = 0  # output bytes libzstd returned
+
+
+class _CountingReader:
+    def __init__(self, real: Any, work: ZstdWork) -> None:
+        self._real = real
+        self._work = work
+
+    def __enter__(self) -> _CountingReader:
+        self._real.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._real.__exit__(*exc)
+
+    def read(self, size: int = -1) -> bytes:
+        assert size > 0, "never read all: the output must be bounded"
+        self._work.asked += size
+        self._work.largest_ask = max(self._work.largest_ask, size)
+        out: bytes = self._real.read(size)
+        self._work.produced += len(out)
+        return out
+
+
+@pytest.fixture
+def zstd_work(monkeypatch: pytest.MonkeyPatch) -> ZstdWork:
+    counted = ZstdWork()
+    real = zstandard.ZstdDecompressor
+
+    class Counting:
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            counted.decompressors += 1
+            self._real = real(*args, **kwargs)
+
+        def stream_reader(self, source: Any, **kwargs: Any) -> _CountingReader:
+            counted.sources.append(source)
+            return _CountingReader(self._real.stream_reader(source, **kwargs), counted)
+
+    monkeypatch.setattr(compression.zstandard, "ZstdDecompressor", Counting)
+    return counted
+
+
+@functools.cache
+def zstd_bombs() -> tuple[bytes, bytes]:
+    """1 GiB of zeros as one frame (about 32 KiB) and as 1024 frames of 1 MiB."""
+    compressor = zstandard.ZstdCompressor(level=19).compressobj()
+    mebibyte = bytes(1 << 20)
+    one = b"".join(compressor.compress(mebibyte) for _ in range(1024)) + compressor.flush()
+    return one, frames(mebibyte) * 1024
+
+
+@pytest.mark.parametrize("limit", [0, 1, 1000, 1 << 20, 64 << 20])
+def test_a_zstd_bomb_produces_at_most_the_limit_plus_one_byte(
+    zstd_work: ZstdWork, limit: int
+) -> None:
+    # libzstd is never asked for more than one byte past the room left.
+    for bomb in zstd_bombs():
+        assert len(bomb) < 1 << 20
+        zstd_work.produced = 0
+        with pytest.raises(OutputLimitError):
+            unzstd(bomb, limit)
+        assert limit < zstd_work.produced <= limit + 1
+    assert zstd_work.largest_ask <= compression._ZSTD_READ_BYTES
+
+
+def test_zstd_reads_the_input_once_in_place(zstd_work: ZstdWork) -> None:
+    count = 5000
+    data = frames(b"") * count + frames(*[bytes([i]) * i for i in range(200)])
+    assert unzstd(data, 10**6) == b"".join(bytes([i]) * i for i in range(200))
+    # One decoder and one reader for all the frames, reading the input object
+    # itself (no copy, no slice per frame); output asked for in bounded reads.
+    assert zstd_work.decompressors == 1
+    assert len(zstd_work.sources) == 1
+    assert zstd_work.sources[0] is data
+    assert zstd_work.produced == sum(range(200))
+
+
+def test_zstd_frame_walk_steps_once_per_frame_and_block(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The walk reads each block header once: count the struct reads.
+    calls = 0
+    real = compression._ZSTD_BLOCK_HEADER
+
+    class Counting:
+        size = real.size
+
+        @staticmethod
+        def unpack_from(buffer: Any, offset: int = 0) -> tuple[Any, ...]:
+            nonlocal calls
+            calls += 1
+            return real.unpack_from(buffer, offset)
+
+    monkeypatch.setattr(compression, "_ZSTD_BLOCK_HEADER", Counting)
+    count = 3000
+    compression._zstd_check_frames(frames(b"") * count)
+    assert calls == count  # an empty frame is one (last, raw, empty) block
+    payload = bytes(range(256)) * 2000  # 512 KB: 4 blocks of 128 KiB
+    calls = 0
+    compression._zstd_check_frames(fluent_bit_frame(payload))
+    assert calls <= len(payload) // (128 * 1024) + 1
+
+
+@FAST
+@given(st.lists(st.binary(max_size=300), min_size=1, max_size=8), st.booleans())
+def test_generated_zstd_frames_round_trip(parts: list[bytes], one_shot: bool) -> None:
+    expected = b"".join(parts)
+    frame = fluent_bit_frame if one_shot else fluentd_frame
+    assert unzstd(b"".join(frame(part) for part in parts), len(expected)) == expected
+
+
+@FAST
+@given(st.binary(max_size=200), st.integers(min_value=0, max_value=500))
+def test_arbitrary_bytes_raise_only_compression_errors_from_unzstd(data: bytes, limit: int) -> None:
+    for candidate in (data, compression.ZSTD_MAGIC + data):
+        try:
+            out = unzstd(candidate, limit)
+        except CompressionError:
+            continue
+        assert len(out) <= limit
+
+
+@FAST
+@given(st.lists(st.binary(max_size=100), min_size=1, max_size=4), st.data())
+def test_corrupted_zstd_frames_raise_only_compression_errors(parts: list[bytes], data: Any) -> None:
+    raw = bytearray(frames(*parts))
+    index = data.draw(st.integers(min_value=0, max_value=len(raw) - 1))
+    raw[index] ^= data.draw(st.integers(min_value=1, max_value=255))
+    try:
+        out = unzstd(bytes(raw), 10**6)
     except CompressionError:
         return
     assert len(out) <= 10**6

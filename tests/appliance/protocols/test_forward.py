@@ -413,7 +413,7 @@ def test_entries_that_are_gzip_without_compressed_gzip_close_the_connection(
     assert "gzip" in error.reason
 
 
-@pytest.mark.parametrize("compressed", ["zstd", "GZIP", "", 1, b"gzip"])
+@pytest.mark.parametrize("compressed", ["lz4", "ZSTD", "GZIP", "", 1, b"gzip"])
 def test_unknown_compression_closes_with_an_error(compressed: Any) -> None:
     codec = ForwardServerConnection()
     error = closed_with_error(codec, pack(["x", GZIP_ONE, {"compressed": compressed}]))
