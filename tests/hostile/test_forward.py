@@ -403,7 +403,7 @@ UNREADABLE: dict[str, Callable[[], bytes]] = {
         ]
     ),
     "unsupported compression": lambda: pack(
-        ["t", entries([{"a": 1}]), {"chunk": chunk_id(), "compressed": "zstd"}]
+        ["t", entries([{"a": 1}]), {"chunk": chunk_id(), "compressed": "lz4"}]
     ),
 }
 
