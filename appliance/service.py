@@ -58,6 +58,7 @@ from appliance.server.logjam_driver import serve_logjam
 from appliance.server.registry import handler_for
 from appliance.server.reload import FIXED_KEYS as _FIXED_KEYS
 from appliance.server.reload import ReloadPlan, plan_reload
+from appliance.server.sdnotify import Notifier
 from appliance.server.tls import TlsManager
 from appliance.server.tls_audit import TlsRefusalAudit
 from appliance.server.websocket_driver import open_token_verifier
@@ -331,8 +332,14 @@ async def _serve_locked(
                     )
                     if ca_file:
                         print(f"CA certificate for clients: {ca_file}", flush=True)
+                    # systemd (Type=notify): ready once the listeners are open; the
+                    # watchdog is pinged from this event loop (appliance/server/sdnotify.py).
+                    notifier = Notifier()
+                    notifier.notify("READY=1", f"STATUS=listening: {', '.join(running.ports)}")
+                    acceptors.start_soon(notifier.keep_alive)
                     task_status.started(running)
                     await stop_event.wait()
+                    notifier.notify("STOPPING=1")
                     shutdown.deadline = trio.current_time() + config.shutdown_timeout_seconds
                     for scope in running.accepting.values():
                         scope.cancel()

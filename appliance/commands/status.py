@@ -498,6 +498,10 @@ def _watch(client: _Client, interval: float, emit: Callable[[str], None], as_jso
 
 
 def _run(args: argparse.Namespace, config: Config) -> int:
+    if not args.url and not config.admin.enabled:
+        print("appliance: the admin listener is off ([admin] enabled = false): nothing to read",
+              file=sys.stderr)  # fmt: skip
+        return 1
     url = args.url or default_url(config)
     if not url.startswith(("http://", "https://")):
         print(f"appliance: --url must be http:// or https://, not {url!r}", file=sys.stderr)

@@ -389,7 +389,7 @@ async def test_a_silent_admin_client_is_closed_at_the_deadline(tmp_path: Path) -
 def test_off_loopback_the_admin_listener_needs_tls_and_a_token() -> None:
     with pytest.raises(ConfigError, match=r"not a loopback address.*tls = true and a token_file"):
         parse_config('[admin]\nbind = "0.0.0.0:9880"\n', "a.toml")
-    with pytest.raises(ConfigError, match=r"a\.toml: admin: bind .10\.0\.0\.5:9880. is not a loopback"):
+    with pytest.raises(ConfigError, match=r"a\.toml: admin: bind .10\.0\.0\.5:9880. is not"):
         parse_config('[admin]\nbind = "10.0.0.5:9880"\ntls = true\n', "a.toml")
     config = parse_config(
         '[admin]\nbind = "10.0.0.5:9880"\ntls = true\ntoken_file = "/etc/appliance/admin.token"\n'
