@@ -169,7 +169,10 @@ async def test_tls_handshake_has_a_deadline(tmp_path: Path) -> None:
 
 
 @pytest.mark.trio
-async def test_plaintext_client_on_tls_listener_is_refused(tmp_path: Path) -> None:
+async def test_plaintext_client_on_tls_listener_is_refused(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 20: recognised from its first bytes, and the log says the fix."""
     config = make_config(tmp_path)
     async with running(config) as info:
         sock = await trio.open_tcp_stream("127.0.0.1", info.ports["forward"])
@@ -179,6 +182,13 @@ async def test_plaintext_client_on_tls_listener_is_refused(tmp_path: Path) -> No
             while data:
                 data = await sock.receive_some(100)
     assert DeltaTable(config.table_uri).to_pyarrow_table().num_rows == 0
+    (plaintext,) = [
+        r.fields  # type: ignore[attr-defined]
+        for r in caplog.records
+        if r.getMessage() == "tls.plaintext_client"
+    ]
+    assert "plaintext Fluentd forward client" in plaintext["reason"]
+    assert "enable TLS in the client" in plaintext["reason"]
 
 
 @pytest.mark.trio
