@@ -23,7 +23,6 @@ import hashlib
 import os
 import secrets
 import signal
-import socket
 import ssl
 import uuid
 from collections.abc import Awaitable, Callable
@@ -121,25 +120,26 @@ def node_id(config: Config) -> str:
 
 
 def writer_token(config: Config) -> int:
-    """This state directory's writer token on this machine (the app id lease, table.py).
+    """This state directory's writer token (the app id lease, appliance/lake/table.py).
 
-    A restart of the same state directory reclaims its app id at once; another
-    state directory, or a clone of this one on a machine with another
-    ``/etc/machine-id``, has another token, so a shared ``node_id`` is caught.
+    Drawn once and kept in ``<state_dir>/writer-token``: a restart of the same
+    state directory reclaims its app id at once, even after SIGKILL, and
+    another state directory under the same ``node_id`` has another token, so
+    it is refused while the first one's lease is fresh. It is not tied to the
+    machine (``/etc/machine-id`` changes at every boot of a container without
+    one, which would lock a restarted node out for a lease). A machine cloned
+    from an image that already ran the appliance copies this file with
+    ``node-id``: remove both from the image (docs/table.md).
     """
     path = config.state_dir / "writer-token"
     try:
-        secret = path.read_text(encoding="ascii").strip()
+        text = path.read_text(encoding="ascii").strip()
     except FileNotFoundError:
-        secret = secrets.token_hex(16)
+        text = secrets.token_hex(16)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w", encoding="ascii") as out:
-            out.write(secret + "\n")
-    try:
-        machine = Path("/etc/machine-id").read_text(encoding="ascii").strip()
-    except OSError:
-        machine = socket.gethostname()
-    digest = hashlib.sha256(f"{secret}:{machine}".encode()).digest()
+            out.write(text + "\n")
+    digest = hashlib.sha256(text.encode("ascii", "replace")).digest()
     return int.from_bytes(digest[:8], "big") >> 2  # positive, fits a Delta txn version
 
 

@@ -408,7 +408,26 @@ EOF
             printf '%s\n' \"\$0\" | grep -q '^CapBnd:.*0000000000000000' &&
             printf '%s\n' \"\$0\" | grep -q '^NoNewPrivs:.*1' &&
             printf '%s\n' \"\$0\" | grep -q '^Seccomp:.*2'" "$status"
-    result=$(send 24224 3 --tag pkg.systemd) || fail "forward exchange with the systemd service"
+    # Type=exec: "active" once the process runs, before its listeners are open.
+    # Wait for service.ready in the journal (claiming the app id is a commit).
+    local ready=""
+    for _ in $(seq 600); do
+        if nsenter -t "$INIT" -a journalctl -u appliance.service -o cat --no-pager 2>/dev/null |
+            grep -q 'event=service.ready'; then
+            ready=yes
+            break
+        fi
+        sleep 0.1
+    done
+    if [ -z "$ready" ]; then
+        nsenter -t "$INIT" -a journalctl -u appliance.service -o cat --no-pager | tail -40 >&2
+        fail "the systemd service did not become ready within 60 s"
+    fi
+    ok "under systemd: the service is ready (journal: service.ready)"
+    result=$(send 24224 3 --tag pkg.systemd) || {
+        nsenter -t "$INIT" -a journalctl -u appliance.service -o cat --no-pager | tail -40 >&2
+        fail "forward exchange with the systemd service"
+    }
     ok "under systemd: TLS forward exchange with ack: $result"
     result=$(APPLIANCE_TEST_PASSWORD=$PASSWORD send 24225 4 --tag pkg.systemd.auth --handshake \
         --cert "$R/tmp/web-01/web-01.pem") || fail "handshake with the systemd service"
