@@ -25,10 +25,12 @@ Limits: the listener's defaults; with ``SMALL_LIMITS`` 512-byte messages,
 
 from __future__ import annotations
 
+import os
 import sys
 from contextlib import nullcontext, suppress
 from pathlib import Path
 from typing import Any, Final
+from urllib.parse import urlsplit
 
 if not __package__:  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -71,6 +73,9 @@ with _instrumented():
         split_frames,
     )
 
+#: With ``FUZZ_SKIP_KNOWN=1``, inputs that hit an open finding (fuzz/README.md)
+#: skip that one call, so a long run can look past it until the codec is fixed.
+SKIP_KNOWN: Final = os.environ.get("FUZZ_SKIP_KNOWN", "") == "1"
 BINARY: Final = 0x01
 HANDSHAKE: Final = 0x02
 #: Most messages one input holds.
@@ -99,6 +104,17 @@ def _message(data: str | bytes, limits: MessageLimits, stored: list[RowBlock]) -
         error_json("not stored", message.id)
 
 
+def _hits_w1(target: str) -> bool:
+    """Whether ``target`` hits open finding W1 (fuzz/README.md): ``parse_target``
+    lets ``urlsplit``'s ValueError escape for a bracketed host that is not an
+    IP address (``//[x]/ingest``)."""
+    try:
+        urlsplit(target)
+    except ValueError:
+        return True
+    return False
+
+
 def _handshake(payload: bytes) -> None:
     lines = payload.split(b"\r\n")
     target = lines[0].decode("latin-1")
@@ -106,8 +122,9 @@ def _handshake(payload: bytes) -> None:
     for line in lines[1:]:
         name, _, value = line.partition(b":")
         headers.append((name.strip().lower(), value.strip()))
-    with suppress(MessageError):  # answered 400
-        parse_target(target)
+    if not (SKIP_KNOWN and _hits_w1(target)):
+        with suppress(MessageError):  # answered 400
+            parse_target(target)
     origin = header(headers, b"origin")
     origin_allowed(origin, ALLOWED_ORIGINS)
     origin_allowed(origin, ["*"])

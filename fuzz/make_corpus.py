@@ -188,6 +188,7 @@ def forward_seeds() -> Iterable[Seed]:
         "handshake-accept-any", _ping("host\u00e9.fuzz", "someone") + after,
         SECURITY | USERS | ACCEPT_ANY_PING,
     )  # fmt: skip
+    yield from _zstd_seeds(stream)
     yield from split_variants("handshake-request-first", after, SECURITY)
     yield seed("handshake-store-unavailable", _ping() + after,
                SECURITY | UNKNOWN_NETWORK | ALLOW_ANONYMOUS_USER)  # fmt: skip
@@ -211,6 +212,29 @@ def forward_seeds() -> Iterable[Seed]:
         _pack(["PING", b"h\xff", b"s", b"d", "", ""]),
         SECURITY | ACCEPT_ANY_PING,
     )
+
+
+def _zstd_seeds(stream: bytes) -> Iterable[Seed]:
+    """CompressedPackedForward with ``compressed: "zstd"`` (Fluentd >= 1.19); needs zstandard."""
+    try:
+        import zstandard
+    except ImportError:  # optional: a dependency of the appliance since zstd support
+        return
+    zstd = zstandard.ZstdCompressor().compress(stream)
+    skippable = struct.pack("<II", 0x184D2A50, 4) + b"skip"
+    requests = {
+        "zstd": _pack(["app.web", zstd, {"compressed": "zstd", "chunk": "zs1"}]),
+        "zstd-multi-frame": _pack(
+            ["app.web", zstd + skippable + zstd, {"compressed": "zstd", "chunk": "zs2"}]
+        ),
+        "zstd-unlabelled": _pack(["app.web", zstd, {"chunk": "zs3"}]),
+        "zstd-truncated": _pack(["app.web", zstd[:-2], {"compressed": "zstd"}]),
+    }
+    for name, payload in requests.items():
+        yield from split_variants(name, payload)
+    big = zstandard.ZstdCompressor().compress(_pack([_T, {"z": "0" * 2_000_000}]))
+    yield seed("limit-zstd-expansion", _pack(["app.web", big, {"compressed": "zstd"}]))
+    yield seed("limit-zstd-small", _pack(["app.web", zstd, {"compressed": "zstd"}]), SMALL_LIMITS)
 
 
 # -- lumberjack --------------------------------------------------------------------
