@@ -399,7 +399,12 @@ def parse_target(target: str) -> tuple[str, TailFilter]:
     Raises:
         MessageError: a filter value that is too long.
     """
-    parts = urlsplit(target)
+    try:
+        parts = urlsplit(target)
+    except ValueError:
+        # urlsplit refuses a bracketed host that is not an IP address
+        # ("//[x]/ingest"), which h11 admits as a target: the client's fault.
+        raise MessageError("the request target is not a valid URL") from None
     query = parse_qs(parts.query, keep_blank_values=True)
     tag = query.get("tag", [""])[-1]
     protocol = query.get("protocol", [""])[-1] or None

@@ -436,6 +436,9 @@ class _Replies:
                     log.warning("message.refused", listener=self._listener, reason=exc.reason,
                                 reply="400")  # fmt: skip
                     frames = bad_request_frames(route)
+            # An earlier reply withheld at a stop wakes this one: a wait that
+            # returned does not deliver a cancel that is already pending.
+            await trio.lowlevel.checkpoint_if_cancelled()
             ready = True
         finally:
             if not ready:
@@ -586,6 +589,9 @@ class _Listener:
             await replies.reserve()
             reserved = True
         try:
+            # Taking a reply slot never raises Cancelled (trio shields it): a
+            # message read as the listener stops must not be answered either.
+            await trio.lowlevel.checkpoint_if_cancelled()
             try:
                 event = await self._decode(kind, frames)
             except MalformedMessage as exc:

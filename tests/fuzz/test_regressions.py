@@ -70,10 +70,7 @@ ISSUE13: dict[tuple[str, str], int] = {
 
 #: Findings not fixed yet (fuzz/README.md, "Findings"): input file -> the finding.
 #: strict xfail: once the codec is fixed the test passes, and this entry must go.
-OPEN: dict[str, str] = {
-    "crash-8c3884d48504e06c45306f5f2483ae77ebf5bce3": "W1",
-    "crash-parse-target-bracketed-host-min": "W1",
-}
+OPEN: dict[str, str] = {}
 _W1 = (
     "issue 13 finding W1 (open): websocket_messages.parse_target lets urlsplit's "
     "ValueError escape for a bracketed host that is not an IP address (//[x]/ingest)"
@@ -155,7 +152,6 @@ def test_fuzzer_finding(name: str, path: Path) -> None:
     run(name, path)
 
 
-@pytest.mark.xfail(raises=ValueError, strict=True, reason=_W1)
 @pytest.mark.parametrize("target", ["//[x]/ingest", "http://[::1/tail", "//[0,2]/tail?tag=a"])
 def test_w1_a_request_target_with_a_bad_bracketed_host_is_a_400(target: str) -> None:
     """h11 admits these targets (visible ASCII); the answer must be a 400, not a crash."""
