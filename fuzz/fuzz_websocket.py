@@ -105,9 +105,9 @@ def _message(data: str | bytes, limits: MessageLimits, stored: list[RowBlock]) -
 
 
 def _hits_w1(target: str) -> bool:
-    """Whether ``target`` hits open finding W1 (fuzz/README.md): ``parse_target``
-    lets ``urlsplit``'s ValueError escape for a bracketed host that is not an
-    IP address (``//[x]/ingest``)."""
+    """Whether ``target`` hits finding W1 (fuzz/README.md; fixed in 63c575b):
+    ``parse_target`` let ``urlsplit``'s ValueError escape for a bracketed host
+    that is not an IP address (``//[x]/ingest``)."""
     try:
         urlsplit(target)
     except ValueError:

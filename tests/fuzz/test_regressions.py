@@ -72,8 +72,8 @@ ISSUE13: dict[tuple[str, str], int] = {
 #: strict xfail: once the codec is fixed the test passes, and this entry must go.
 OPEN: dict[str, str] = {}
 _W1 = (
-    "issue 13 finding W1 (open): websocket_messages.parse_target lets urlsplit's "
-    "ValueError escape for a bracketed host that is not an IP address (//[x]/ingest)"
+    "issue 13 finding W1 (fixed in 63c575b): websocket_messages.parse_target let "
+    "urlsplit's ValueError escape for a bracketed host that is not an IP address"
 )
 _REASONS = {"W1": _W1}
 
