@@ -247,7 +247,8 @@ async def serve(
     """Run the appliance until ``stop`` is set, or SIGTERM/SIGINT when ``stop`` is None."""
     prepare_state(config)
     # One process per state directory (issue 20): before anything is written.
-    state_lock = StateLock(config.state_dir)
+    # StateLock retries for up to half a second: in a worker thread, not on the loop.
+    state_lock = await trio.to_thread.run_sync(StateLock, config.state_dir)
     try:
         await _serve_locked(config, state_lock, stop, task_status)
     finally:
