@@ -293,6 +293,8 @@ inner_deb() {
         test "$(in_root stat -c '%a %U:%G' /etc/appliance/appliance.toml)" = "640 root:appliance"
     check "appliance.toml is a dpkg conffile" \
         grep -qx /etc/appliance/appliance.toml "$R/var/lib/dpkg/info/appliance.conffiles"
+    check "the Grafana dashboard is installed and is JSON" \
+        chroot "$R" python3 -c "import json; json.load(open('/usr/share/appliance/grafana/appliance.json'))"
     check "/opt/appliance/venv is the virtual environment built by postinst" \
         in_root test -x /opt/appliance/venv/bin/appliance
     check "the service is enabled (deb-systemd-helper)" \
@@ -408,22 +410,14 @@ EOF
             printf '%s\n' \"\$0\" | grep -q '^CapBnd:.*0000000000000000' &&
             printf '%s\n' \"\$0\" | grep -q '^NoNewPrivs:.*1' &&
             printf '%s\n' \"\$0\" | grep -q '^Seccomp:.*2'" "$status"
-    # Type=exec: "active" once the process runs, before its listeners are open.
-    # Wait for service.ready in the journal (claiming the app id is a commit).
-    local ready=""
-    for _ in $(seq 600); do
-        if nsenter -t "$INIT" -a journalctl -u appliance.service -o cat --no-pager 2>/dev/null |
-            grep -q 'event=service.ready'; then
-            ready=yes
-            break
-        fi
-        sleep 0.1
-    done
-    if [ -z "$ready" ]; then
-        nsenter -t "$INIT" -a journalctl -u appliance.service -o cat --no-pager | tail -40 >&2
-        fail "the systemd service did not become ready within 60 s"
-    fi
-    ok "under systemd: the service is ready (journal: service.ready)"
+    # Type=notify: "active" only after READY=1, which the service sends once its
+    # listeners are open. The status text comes only through sd_notify, so it
+    # proves the notification reached systemd; the exchange right after
+    # proves "active" meant ready.
+    check "the unit is Type=notify, NotifyAccess=main, WatchdogSec=20s" \
+        test "$(in_container systemctl show --property=Type --value appliance.service) $(in_container systemctl show --property=NotifyAccess --value appliance.service) $(in_container systemctl show --property=WatchdogUSec --value appliance.service)" = "notify main 20s"
+    eventually "under systemd: active (running) through READY=1 (StatusText from sd_notify)" \
+        sh -c "nsenter -t $INIT -a systemctl show --property=StatusText --value appliance.service | grep -q '^listening: '"
     result=$(send 24224 3 --tag pkg.systemd) || {
         nsenter -t "$INIT" -a journalctl -u appliance.service -o cat --no-pager | tail -40 >&2
         fail "forward exchange with the systemd service"
@@ -435,6 +429,33 @@ EOF
     check "systemctl reload appliance" in_container systemctl reload appliance.service
     eventually "the reload re-read the certificates (journal: tls.reloaded trigger=SIGHUP)" \
         sh -c "nsenter -t $INIT -a journalctl -u appliance.service -o cat --no-pager | grep -q 'event=tls.reloaded.*trigger=SIGHUP'"
+    step "systemd: the watchdog restarts a stopped event loop (SIGSTOP)"
+    local stopped_pid restarted_pid
+    stopped_pid=$(in_container systemctl show --property=MainPID --value appliance.service)
+    in_container kill -STOP "$stopped_pid"
+    # WatchdogSec=20s, then SIGABRT (with SIGCONT), then RestartSec=5s and READY=1.
+    restarted_pid=""
+    for _ in $(seq 900); do
+        restarted_pid=$(nsenter -t "$INIT" -a systemctl show --property=MainPID --value appliance.service)
+        if [ "$restarted_pid" != "$stopped_pid" ] && [ "$restarted_pid" != 0 ] &&
+            nsenter -t "$INIT" -a systemctl is-active --quiet appliance.service; then
+            break
+        fi
+        sleep 0.1
+    done
+    if [ "$restarted_pid" = "$stopped_pid" ] || [ "$restarted_pid" = 0 ]; then
+        nsenter -t "$INIT" -a journalctl -u appliance.service --no-pager | tail -40 >&2
+        fail "the watchdog did not restart the stopped service within 90 s"
+    fi
+    check "systemd logged a watchdog timeout for the stopped process" \
+        sh -c "nsenter -t $INIT -a journalctl -u appliance.service --no-pager | grep -q 'Watchdog timeout'"
+    ok "the watchdog killed pid $stopped_pid and systemd restarted the service as pid $restarted_pid (active through READY=1)"
+    check "no core file was written (LimitCORE=0)" sh -c "! ls '$R/var/lib/appliance' | grep -q '^core'"
+    result=$(send 24224 2 --tag pkg.watchdog) || {
+        nsenter -t "$INIT" -a journalctl -u appliance.service -o cat --no-pager | tail -40 >&2
+        fail "forward exchange after the watchdog restart"
+    }
+    ok "after the watchdog restart: TLS forward exchange with ack: $result"
     state_fingerprint >"$WORK/state-before"
     sed 's/^/     /' "$WORK/state-before"
 
@@ -490,7 +511,7 @@ EOF
     eventually "it stopped gracefully (journal: service.stopped)" \
         sh -c "nsenter -t $INIT -a journalctl -u appliance.service -o cat --no-pager | grep -q 'event=service.stopped'"
     stop_container
-    check "the table holds every acknowledged event (34 rows)" test "$(rows)" = 34
+    check "the table holds every acknowledged event (36 rows)" test "$(rows)" = 36
 
     step "deb: a low port without the capability, remove, purge"
     sed -i 's/^bind = "127.0.0.1:24224"$/bind = "127.0.0.1:514"/' "$R/etc/appliance/appliance.toml"
