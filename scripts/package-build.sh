@@ -197,6 +197,8 @@ cp "$ROOT"/packaging/appliance.service "$ROOT"/packaging/appliance-generator \
     "$ROOT"/packaging/appliance-cli.sh "$ROOT"/packaging/appliance.toml \
     "$ROOT"/packaging/sysusers.conf "$STAGE/packaging/"
 cp "$ROOT"/packaging/scripts/*.sh "$STAGE/packaging/scripts/"
+mkdir -p "$STAGE/packaging/grafana"
+cp "$ROOT"/packaging/grafana/appliance.json "$STAGE/packaging/grafana/"
 cp "$ROOT"/docs/*.md "$STAGE/docs/"
 cp "$ROOT"/README.md "$STAGE/docs/README.md"
 cat >"$STAGE/build-info" <<EOF
