@@ -17,12 +17,13 @@ from typing import Final
 __all__ = ["ROW_OVERHEAD_BYTES", "RowBlock"]
 
 #: Bytes a row costs in the writer beyond its strings (Arrow offsets, the
-#: fixed-width columns, list slots); the writer's byte limits
-#: (``commit_max_bytes``) count it. 96 is the value the writer has always
-#: counted (``check_block`` in appliance/lake/blocks.py returns ``nbytes``),
-#: so commit groups keep their size; before one constructor did the
-#: accounting, the forward mapping had once used 64, and the Lumberjack,
-#: Logjam and WebSocket mappings counted 96 without the strings.
+#: fixed-width columns, list slots); the writer's byte limit
+#: (``commit_max_bytes``) counts it. 96 is what the writer's own count
+#: (``check_block``, appliance/lake/blocks.py) used, so commit groups keep
+#: their size and the limits' tests hold. The per-protocol counts this
+#: replaces, which the writer never read, left the strings out (Lumberjack,
+#: Logjam, WebSocket: 96 per row), measured Python memory (Courier), or
+#: once used 64 (forward, before issue 13).
 ROW_OVERHEAD_BYTES: Final = 96
 
 

@@ -4,8 +4,8 @@ Transport, deadlines and ordered acks are the shared
 :class:`~appliance.server.connection.StreamDriver`'s; parsing and digests are
 the codec's (:mod:`appliance.protocols.forward`,
 :mod:`appliance.protocols.forward_handshake`); the rows are
-:mod:`appliance.rows.forward`'s. This module maps one onto the
-other and, with ``security`` on, asks the credential store (in a worker
+:mod:`appliance.rows.forward`'s. This module ties them together
+and, with ``security`` on, asks the credential store (in a worker
 thread, at every PING, so CLI changes apply to the next connection) and the
 failure limiter.
 """
