@@ -12,13 +12,14 @@ them are the shared pieces: :mod:`~appliance.rows.block` (the
 
 Import direction: the per-protocol modules import their codec
 (``appliance.protocols.*``) and the shared modules. The shared modules import
-nothing from ``appliance`` (nor trio, sockets or pyarrow), so a codec may use
-them: the codecs turn records into row values as they decode them, to bound
-memory (issue 13). No codec imports a per-protocol module. Storing a block
-(its checks, dedupe identity and Arrow conversion) is the lake's
-(:mod:`appliance.lake.blocks`), which imports :class:`RowBlock` from here.
-A driver (``appliance.server.*``) keeps the I/O and calls its protocol's
-module here for the mapping.
+nothing from ``appliance`` but :mod:`appliance.protocols.text` (the text
+rule, which imports no codec), and neither trio, sockets nor pyarrow, so a
+codec may use them: the codecs turn records into row values as they decode
+them, to bound memory (issue 13). No codec imports a per-protocol module.
+Storing a block (its checks, dedupe identity and Arrow conversion) is the
+lake's (:mod:`appliance.lake.blocks`), which imports :class:`RowBlock` from
+here. A driver (``appliance.server.*``) keeps the I/O and calls its
+protocol's module here for the mapping.
 
 This file re-exports nothing: import the module you need, so that a codec
 importing :mod:`~appliance.rows.records` does not load the per-protocol
