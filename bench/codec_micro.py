@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from forward_bench import Workload, chunk_id  # noqa: E402
 
 from appliance.protocols.forward import EventTime, ForwardServerConnection  # noqa: E402
-from appliance.records import record_json  # noqa: E402
+from appliance.rows.records import record_json  # noqa: E402
 
 _EVENT_TIME = struct.Struct(">II")
 
@@ -111,7 +111,7 @@ def main() -> int:
         ("  msgpack entries, ext_hook -> EventTime", lambda: unpack(stream, hook_event_time)),
         ("  msgpack entries, ext_hook -> int ns", lambda: unpack(stream, hook_ns)),
         ("  inline fast path sketch (decode + checks)", lambda: inline_entries(stream)),
-        ("record_json (appliance.records)", lambda: [record_json(r) for r in records]),
+        ("record_json (appliance.rows.records)", lambda: [record_json(r) for r in records]),
         ("  json.JSONEncoder(check_circular=False)", lambda: [no_cycle_check(r) for r in records]),
     ]
     rows = [(name, best_us(fn, n)) for name, fn in cases]

@@ -157,7 +157,7 @@ def measure_ceilings(
     """Single-core in-process rates on the bytes the generator sends."""
     from appliance.config import CourierListenerConfig
     from appliance.protocols.courier import CourierServerConnection, PayloadReceived
-    from appliance.server.courier_driver import payload_block
+    from appliance.rows.courier import payload_block
     from appliance.server.listener import ConnectionInfo
 
     with pinned(core):
@@ -173,7 +173,9 @@ def measure_ceilings(
         return block_ceilings(
             payloads,
             lambda p: p.count,
-            lambda p, now: payload_block(p, settings, info, now),
+            lambda p, now: payload_block(
+                p, tag=settings.tag, source=info.source, peer=info.peer, received_at_ns=now
+            ),
             seconds,
             with_commit,
             "courier-bench-ceiling-",

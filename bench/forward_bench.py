@@ -185,10 +185,10 @@ def measure_ceilings(
     workload: Workload, seconds: float, core: int | None, with_commit: bool
 ) -> dict[str, float]:
     """Single-core in-process rates on the bytes the generator sends."""
-    from appliance.lake.rows import blocks_to_arrow
+    from appliance.lake.blocks import blocks_to_arrow
     from appliance.protocols.forward import EventsReceived, ForwardServerConnection
-    from appliance.records import record_json
-    from appliance.server.forward_driver import forward_block
+    from appliance.rows.forward import forward_block
+    from appliance.rows.records import record_json
     from appliance.server.listener import ConnectionInfo
 
     with pinned(core):
@@ -224,7 +224,10 @@ def measure_ceilings(
 
         def codec_arrow_table() -> tuple[int, Any]:
             now = time.time_ns()
-            blocks = [forward_block(e, info, now) for e in codec_events()]
+            blocks = [
+                forward_block(e, source=info.source, peer=info.peer, received_at_ns=now)
+                for e in codec_events()
+            ]
             table = blocks_to_arrow(blocks)
             return table.num_rows, table
 

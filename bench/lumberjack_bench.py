@@ -128,8 +128,8 @@ def measure_ceilings(
     """Single-core in-process rates on the bytes the generator sends."""
     from appliance.config import LumberjackListenerConfig
     from appliance.protocols.lumberjack import LumberjackServerConnection, Window
+    from appliance.rows.lumberjack import window_block
     from appliance.server.listener import ConnectionInfo
-    from appliance.server.lumberjack_driver import window_block
 
     with pinned(core):
         group = max(1, 25_000 // workload.window)  # about one commit group of rows
@@ -146,7 +146,9 @@ def measure_ceilings(
         return block_ceilings(
             windows,
             lambda w: len(w.texts),
-            lambda w, now: window_block(w, settings, info, now),
+            lambda w, now: window_block(
+                w, tag=settings.tag, source=info.source, peer=info.peer, received_at_ns=now
+            ),
             seconds,
             with_commit,
             "lumberjack-bench-ceiling-",

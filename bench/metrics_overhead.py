@@ -34,9 +34,10 @@ import trio.testing
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from appliance.config import ForwardListenerConfig
-from appliance.lake.rows import RowBlock, check_block
+from appliance.lake.blocks import check_block
 from appliance.lake.writer import CommitTicket
 from appliance.metrics import NULL_LISTENER, ListenerMetrics, Metrics
+from appliance.rows.block import RowBlock
 from appliance.server.context import ServiceContext
 from appliance.server.forward_driver import forward_driver
 from appliance.server.lifecycle import Lifecycle

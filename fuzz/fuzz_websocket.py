@@ -6,7 +6,7 @@ Without atheris, :func:`run_one` runs one input (tests/fuzz).
 The input is fuzz/harness.py's layout; the payload is up to
 :data:`MAX_MESSAGES` ingest messages separated by ``harness.FRAME_SEPARATOR``,
 each handled as ``WebSocketHandler._message`` does: ``parse_ingest``, the
-``IngestMessage.block`` (the token admits every tag), the row checks, then the ack
+``ingest_block`` (the token admits every tag), the row checks, then the ack
 (``ack_json``) or, for a refused one, the error answer; the stored messages
 are then converted to Arrow together (one commit group). Flag bits:
 
@@ -49,7 +49,6 @@ def _instrumented() -> Any:
 
 with _instrumented():
     from appliance.config import WebSocketListenerConfig
-    from appliance.lake.rows import RowBlock
     from appliance.protocols.websocket_messages import (
         MessageError,
         MessageLimits,
@@ -61,6 +60,8 @@ with _instrumented():
         parse_ingest,
         parse_target,
     )
+    from appliance.rows.block import RowBlock
+    from appliance.rows.websocket import ingest_block
     from appliance.server.websocket_driver import _subprotocol_token
     from fuzz.harness import (
         PEER,
@@ -96,7 +97,7 @@ def _message(data: str | bytes, limits: MessageLimits, stored: list[RowBlock]) -
     except MessageError as exc:
         error_json(exc.reason, exc.message_id)
         return
-    block = message.block(source=SOURCE, peer=PEER, received_at_ns=RECEIVED_AT_NS)
+    block = ingest_block(message, source=SOURCE, peer=PEER, received_at_ns=RECEIVED_AT_NS)
     if check_rows(block):
         stored.append(block)
         ack_json(message.id)

@@ -39,11 +39,13 @@ from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Final, Protocol
 
+from appliance.lake.blocks import blocks_to_arrow, check_block
 from appliance.lake.errors import BlockRefused
-from appliance.lake.rows import RowBlock, blocks_to_arrow, check_block
 from appliance.logs import configure
 from appliance.protocols.errors import RemoteProtocolError
-from appliance.protocols.websocket_messages import TailFilter, tail_events_json
+from appliance.protocols.websocket_messages import TailFilter
+from appliance.rows.block import RowBlock
+from appliance.rows.websocket import tail_events_json
 from appliance.server.connection import Action, Await, Reply, Submit
 from appliance.server.listener import ConnectionInfo
 

@@ -37,8 +37,8 @@ from deltalake import (
 )
 from deltalake.exceptions import DeltaError
 
+from appliance.lake.blocks import DedupeKey, dedupe_scope
 from appliance.lake.errors import AppIdInUse, CommitError, LakeError, TableSchemaError
-from appliance.lake.rows import DedupeKey, dedupe_scope
 from appliance.lake.schema import (
     EVENTS_SCHEMA,
     PARTITION_COLUMNS,

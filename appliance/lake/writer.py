@@ -1,6 +1,6 @@
 """Group commit of every connection's batches into the ``events`` table (DESIGN §2).
 
-Connections :meth:`LakeWriter.submit` a :class:`~appliance.lake.rows.RowBlock`
+Connections :meth:`LakeWriter.submit` a :class:`~appliance.rows.block.RowBlock`
 and get a :class:`CommitTicket`; the ticket resolves only once the rows are in
 a successful Delta commit, and only then does the connection acknowledge.
 
@@ -21,7 +21,7 @@ Deduplication: a batch with a globally unique id (Fluentd chunk, Courier
 nonce, ...) that was committed within ``dedupe_window_seconds`` is acked
 again without a second write; one that is still pending is attached to the
 pending commit. Ids are unique within their sender's scope
-(:func:`~appliance.lake.rows.dedupe_scope`).
+(:func:`~appliance.lake.blocks.dedupe_scope`).
 
 The ticket contract, one for every driver: :meth:`CommitTicket.wait` returns
 only once the block is in a successful commit, and raises
@@ -30,7 +30,7 @@ It has no "not committed" outcome: at shutdown the writer commits everything
 queued, and a driver that is cancelled first simply sends nothing.
 
 Data cannot stop the writer: :meth:`LakeWriter.submit` checks each block on
-its own (:func:`~appliance.lake.rows.check_block`) before it joins a group,
+its own (:func:`~appliance.lake.blocks.check_block`) before it joins a group,
 and should a group still fail to convert or write for a reason in its data,
 the committer retries its blocks one by one and refuses only the blocks that
 fail, so one connection's bad block never costs another connection its ack.
@@ -49,12 +49,13 @@ from typing import Final, TypeVar, TypeVarTuple, Unpack
 import pyarrow as pa
 import trio
 
+from appliance.lake.blocks import DedupeKey, blocks_to_arrow, check_block, dedupe_key
 from appliance.lake.diskguard import DiskGuard
 from appliance.lake.errors import AppIdInUse, BlockRefused, CommitError
-from appliance.lake.rows import DedupeKey, RowBlock, blocks_to_arrow, check_block
 from appliance.lake.table import EventsTable
 from appliance.logs import get_logger
 from appliance.metrics import NULL_METRICS, Metrics
+from appliance.rows.block import RowBlock
 
 __all__ = ["CommitListener", "CommitTicket", "LakeWriter", "WriterSettings"]
 
@@ -353,7 +354,7 @@ class LakeWriter:
 
     def _admit(self, group: _Group, block: RowBlock, nbytes: int, ticket: CommitTicket) -> None:
         now = trio.current_time()
-        key = block.dedupe_key
+        key = dedupe_key(block)
         if key is not None:
             if self._already_committed(key, now):
                 self.duplicates += 1

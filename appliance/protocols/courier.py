@@ -26,7 +26,7 @@ as single bytes, client id), zero-padded to 8. Over 32 bytes is refused.
 
 Events become rows here, one at a time (issue 13, bounded memory): as soon as
 an event's bytes are complete it is decoded, turned into its JSON record text
-(:func:`appliance.records.record_json`, valid UTF-8), and only that text and
+(:func:`appliance.rows.records.record_json`, valid UTF-8), and only that text and
 the three fields the rows need are kept; the decoded object is dropped. The
 rules for those fields (the *strict strings* rule, DESIGN §2):
 
@@ -41,7 +41,7 @@ rules for those fields (the *strict strings* rule, DESIGN §2):
   convention (a lone surrogate becomes ``{"$binary": ...}``). Log Courier
   already keeps per-event fallbacks (not-JSON events), so one odd field never
   costs the client its payload, and the client cannot fix it by resending.
-* ``@timestamp`` goes through :func:`appliance.timefmt.rfc3339_ns`: ASCII
+* ``@timestamp`` goes through :func:`appliance.rows.timefmt.rfc3339_ns`: ASCII
   digits only, int64 nanoseconds only; anything else (``²``, Arabic-Indic
   digits, Go's zero time ``0001-01-01T00:00:00Z``) keeps the event with the
   receive time (docs/table.md, "Times").
@@ -64,7 +64,7 @@ Invariants this module keeps (the h11 way):
   JSON array of empty objects), and the kept rows of the payload in
   progress. Those
   rows are counted as they are made (:attr:`PayloadReceived.memory_bytes`:
-  ``sys.getsizeof`` of each record text plus :data:`ROW_OVERHEAD_BYTES` per
+  ``sys.getsizeof`` of each record text plus :data:`EVENT_OVERHEAD_BYTES` per
   event and each distinct tag/host string once) and bounded by
   ``limits.max_payload_memory_bytes`` and ``limits.max_events``. ASCII JSON
   events hold their text plus about 130 bytes each: 1.1x the decompressed
@@ -100,12 +100,12 @@ from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
 from appliance import __version__
-from appliance.fields import HOST_PATHS, first_string
 from appliance.protocols.errors import LocalProtocolError, RemoteProtocolError
 from appliance.protocols.limits import require_at_least_one
 from appliance.protocols.text import MAX_HOST_BYTES, MAX_TAG_BYTES, InvalidText, check_text
-from appliance.records import record_json
-from appliance.timefmt import rfc3339_ns
+from appliance.rows.fields import HOST_PATHS, first_string
+from appliance.rows.records import record_json
+from appliance.rows.timefmt import rfc3339_ns
 
 __all__ = [
     "DEFAULT_MAX_DECOMPRESSED_BYTES",
@@ -113,11 +113,11 @@ __all__ = [
     "DEFAULT_MAX_EVENT_BYTES",
     "DEFAULT_MAX_PAYLOAD_BYTES",
     "DEFAULT_MAX_PAYLOAD_MEMORY_BYTES",
+    "EVENT_OVERHEAD_BYTES",
     "FLAG_SUPPORTS_EVNT",
     "MAX_COMPACT_HELLO_BYTES",
     "MAX_HELLO_BYTES",
     "NONCE_BYTES",
-    "ROW_OVERHEAD_BYTES",
     "SERVER_ID",
     "STREAMED_LENGTH",
     "CourierEvent",
@@ -153,8 +153,9 @@ DEFAULT_MAX_EVENTS: Final = 250_000
 DEFAULT_MAX_PAYLOAD_MEMORY_BYTES: Final = 128 * 1024 * 1024
 #: Memory counted per kept event besides its record text, in bytes: four list
 #: slots (text, type, host, time; 8 bytes each, plus list growth slack) and an
-#: int of epoch nanoseconds (36 bytes).
-ROW_OVERHEAD_BYTES: Final = 80
+#: int of epoch nanoseconds (36 bytes). The codec's own count of Python
+#: memory, not the writer's per-row bytes (appliance/rows/block.py).
+EVENT_OVERHEAD_BYTES: Final = 80
 
 #: Bytes of the content digest in a batch id (:attr:`PayloadReceived.batch_id`).
 _CONTENT_DIGEST_BYTES: Final = 8
@@ -420,7 +421,7 @@ class _Rows:
         self.types.append(type_)
         self.hosts.append(host)
         self.times_ns.append(time_ns)
-        self.memory_bytes += sys.getsizeof(text) + ROW_OVERHEAD_BYTES
+        self.memory_bytes += sys.getsizeof(text) + EVENT_OVERHEAD_BYTES
 
     def payload(
         self, nonce: bytes, kind: Literal["JDAT", "EVNT"], digest: bytes = b""

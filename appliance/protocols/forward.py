@@ -107,7 +107,7 @@ from appliance.protocols.forward_handshake import (
 )
 from appliance.protocols.limits import require_at_least_one
 from appliance.protocols.text import MAX_BATCH_ID_BYTES, MAX_TAG_BYTES, InvalidText, check_text
-from appliance.timefmt import ns_in_range
+from appliance.rows.timefmt import ns_in_range
 
 __all__ = [
     "DECODE_MEMORY_FACTOR",

@@ -61,7 +61,7 @@ AUTH_SALT_BYTES: Final = 16
 
 #: Longest username taken from a PING, in bytes: an authenticated username
 #: becomes the events' ``source``, whose column limit this is
-#: (``appliance.lake.rows.MAX_SOURCE_BYTES``).
+#: (``appliance.lake.blocks.MAX_SOURCE_BYTES``).
 MAX_USERNAME_BYTES: Final = 1024
 
 REASON_INVALID_PING: Final = "invalid ping message"

@@ -2,6 +2,8 @@
 
 No sockets, no clock, no trio: the driver (:mod:`appliance.server.websocket_driver`)
 passes message texts and times in, and sends the texts this module builds.
+What a message becomes in the table, and the live tail's messages, are
+:mod:`appliance.rows.websocket`'s.
 
 Ingest (``/ingest``), one WebSocket message per batch::
 
@@ -26,9 +28,9 @@ written, the connection carries on). There are no per-event drops: a client
 of this protocol can always be told exactly what was wrong.
 
 Times (docs/table.md, "Times"): a string must be ASCII RFC 3339
-(:func:`appliance.timefmt.rfc3339_ns`: no ``²`` or Arabic-Indic digits) and a
+(:func:`appliance.rows.timefmt.rfc3339_ns`: no ``²`` or Arabic-Indic digits) and a
 number must be finite; either must name an instant that int64 epoch
-nanoseconds hold (1677-09-21 .. 2262-04-11, :func:`~appliance.timefmt.ns_in_range`).
+nanoseconds hold (1677-09-21 .. 2262-04-11, :func:`~appliance.rows.timefmt.ns_in_range`).
 A present time that breaks this refuses the message (``events[i].time: ...``):
 it is never silently replaced, since the client can fix and resend it. Only
 an absent or null time means "the receive time". A float keeps the
@@ -76,12 +78,12 @@ from urllib.parse import parse_qs, urlsplit
 
 import orjson
 
-from appliance.lake.rows import RowBlock
 from appliance.protocols.errors import RemoteProtocolError
 from appliance.protocols.limits import require_at_least_one
 from appliance.protocols.text import MAX_BATCH_ID_BYTES, MAX_TAG_BYTES, InvalidText, check_text
-from appliance.records import record_json
-from appliance.timefmt import ns_in_range, rfc3339_ns
+from appliance.rows.block import RowBlock
+from appliance.rows.records import record_json
+from appliance.rows.timefmt import ns_in_range, rfc3339_ns
 
 __all__ = [
     "DEFAULT_MAX_CONTAINERS_PER_MESSAGE",
@@ -101,7 +103,6 @@ __all__ = [
     "origin_allowed",
     "parse_ingest",
     "parse_target",
-    "tail_events_json",
 ]
 
 #: Largest message, in bytes (characters of a text message).
@@ -118,8 +119,6 @@ MAX_FILTER_CHARS: Final = 1024
 #: The two endpoints.
 INGEST_PATH: Final = "/ingest"
 TAIL_PATH: Final = "/tail"
-#: Per-row overhead added to the record bytes when sizing a block for the writer.
-_ROW_OVERHEAD_BYTES: Final = 96
 _NS_PER_SECOND: Final = 1_000_000_000
 _BEARER: Final = "bearer "
 #: The ``id`` integers taken: what int64 holds, like every other integer column.
@@ -174,26 +173,6 @@ class IngestMessage:
     def batch_id(self) -> str:
         """The writer's dedupe id: the text of ``id``."""
         return str(self.id)
-
-    @property
-    def nbytes(self) -> int:
-        """Approximate memory of the rows, for the writer's byte limits."""
-        return sum(map(len, self.records)) + _ROW_OVERHEAD_BYTES * len(self.records)
-
-    def block(self, *, source: str, peer: str, received_at_ns: int) -> RowBlock:
-        """The rows of this message (DESIGN §3 column meanings; no host)."""
-        return RowBlock(
-            protocol="websocket",
-            source=source,
-            peer=peer,
-            received_at_ns=received_at_ns,
-            batch_id=self.batch_id,
-            tag=self.tag,
-            host=None,
-            times_ns=self.times_ns,
-            records=self.records,
-            nbytes=self.nbytes,
-        )
 
 
 _ID_RULE: Final = (
@@ -316,7 +295,7 @@ def parse_ingest(data: str | bytes, limits: MessageLimits) -> IngestMessage:
             raise MessageError(f"events[{index}].record: must be an object", message_id)
         times.append(_time_ns(event.get("time"), index, message_id))
         # record_json always returns valid UTF-8 (lone surrogates become
-        # $binary, NaN null: appliance/records.py), whatever the parser gave.
+        # $binary, NaN null: appliance/rows/records.py), whatever the parser gave.
         records.append(record_json(record))
     return IngestMessage(message_id, tag, tuple(times), tuple(records))
 
@@ -412,50 +391,6 @@ def parse_target(target: str) -> tuple[str, TailFilter]:
         if len(value) > MAX_FILTER_CHARS:
             raise MessageError(f"a filter value is longer than {MAX_FILTER_CHARS} characters")
     return parts.path, TailFilter(tag, protocol)
-
-
-def _iso_ns(ns: int) -> str:
-    """RFC 3339 UTC text of epoch nanoseconds, with nine fraction digits."""
-    seconds, nanos = divmod(ns, _NS_PER_SECOND)
-    days, rest = divmod(seconds, 86_400)
-    # Civil date from days since 1970-01-01 (Howard Hinnant's algorithm):
-    # valid over the whole int64 nanosecond range, unlike datetime's year 1..9999.
-    z = days + 719_468
-    era = z // 146_097
-    doe = z - era * 146_097
-    yoe = (doe - doe // 1460 + doe // 36_524 - doe // 146_096) // 365
-    doy = doe - (365 * yoe + yoe // 4 - yoe // 100)
-    mp = (5 * doy + 2) // 153
-    day = doy - (153 * mp + 2) // 5 + 1
-    month = mp + 3 if mp < 10 else mp - 9
-    year = yoe + era * 400 + (1 if month <= 2 else 0)
-    hour, rest = divmod(rest, 3600)
-    minute, second = divmod(rest, 60)
-    return f"{year:04d}-{month:02d}-{day:02d}T{hour:02d}:{minute:02d}:{second:02d}.{nanos:09d}Z"
-
-
-def tail_events_json(block: RowBlock, rows: Sequence[int]) -> list[str]:
-    """One tail message per row index of ``block`` (the record embedded as JSON, not text)."""
-    out: list[str] = []
-    for i in rows:
-        time_ns = block.times_ns[i]
-        if time_ns is None:
-            time_ns = block.received_at_ns
-        tag = block.tag if isinstance(block.tag, str) else block.tag[i]
-        host = block.host if block.host is None or isinstance(block.host, str) else block.host[i]
-        document = {
-            "time": _iso_ns(time_ns),
-            "time_ns": time_ns,
-            "protocol": block.protocol,
-            "tag": tag,
-            "source": block.source,
-            "peer": block.peer,
-            "host": host,
-            "batch_id": block.batch_id,
-            "record": orjson.Fragment(block.records[i]),
-        }
-        out.append(orjson.dumps(document).decode())
-    return out
 
 
 class MessageRate:

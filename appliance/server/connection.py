@@ -45,10 +45,10 @@ from typing import Final, Protocol
 import trio
 
 from appliance.lake.errors import BlockRefused
-from appliance.lake.rows import RowBlock
 from appliance.lake.writer import CommitTicket, LakeWriter
 from appliance.logs import StructLogger
 from appliance.protocols.errors import RemoteProtocolError
+from appliance.rows.block import RowBlock
 from appliance.server.lifecycle import Lifecycle
 from appliance.server.listener import ConnectionInfo
 

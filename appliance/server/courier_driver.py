@@ -4,28 +4,10 @@ Transport, deadlines and ordered acks are the shared
 :class:`~appliance.server.connection.StreamDriver`'s; parsing is the codec's
 (:mod:`appliance.protocols.courier`). This module maps one onto the other.
 
-Mapping into ``events`` (issue 6, docs/courier.md). The codec has already
-turned each event into its row values as it decoded it (issue 13: bounded
-memory) and applied the strict-string rules; here they become columns:
-
-* the record is the event's JSON object; an event that is not a JSON object
-  is kept as ``{"message": <raw text>}``;
-* ``tag`` is the event's ``type`` field when it is a non-empty string (Log
-  Courier's ``fields: {type: ...}`` convention), else the listener's ``tag``;
-  a ``type`` that is not valid UTF-8 (a lone surrogate) or is over
-  ``MAX_TAG_BYTES`` also falls back to the listener's tag, counted and logged
-  (``events.invalid_field``), and the event is stored;
-* ``host`` is ``host.name`` (ECS mode), ``beat.hostname`` or a string
-  ``host`` field; one that is not valid UTF-8 or is over ``MAX_HOST_BYTES``
-  becomes null, counted and logged the same way;
-* the event time is ``@timestamp`` (RFC 3339, nanoseconds kept, ASCII digits
-  only, within int64 nanoseconds), else the receive time;
-* ``batch_id`` is the payload's nonce in lowercase hex (32 ASCII characters),
-  ``:``, and a 16-hex digest of the decompressed payload (a restarted old
-  client that repeats nonces is not taken for a resend; PayloadReceived.batch_id;
-  checked against ``MAX_BATCH_ID_BYTES``), so a payload resent after a
-  reconnect is acked again without a second write (the writer dedupes by
-  ``(protocol, source, batch_id)``).
+Mapping into ``events`` (issue 6, docs/courier.md) is
+:mod:`appliance.rows.courier`'s. A ``type`` or host that cannot be stored
+falls back to the listener's tag or null there, and is counted and logged
+here (``events.invalid_field``); the event is stored.
 
 Answers: HELO gets VERS (advertising EVNT), PING gets PONG, an unknown
 message gets ``????``, all in order with the ACKNs queued before them. A
@@ -39,10 +21,7 @@ of an unfinished message.
 
 from __future__ import annotations
 
-from typing import Final
-
 from appliance.config import CourierListenerConfig
-from appliance.lake.rows import RowBlock
 from appliance.logs import get_logger
 from appliance.protocols.courier import (
     CourierLimits,
@@ -54,52 +33,14 @@ from appliance.protocols.courier import (
     Unsupported,
 )
 from appliance.protocols.errors import RemoteProtocolError
-from appliance.protocols.text import MAX_BATCH_ID_BYTES, text_or_error
+from appliance.rows.courier import payload_block
 from appliance.server.connection import Action, DriverSettings, Reply, StreamDriver, Submit
 from appliance.server.context import ServiceContext
 from appliance.server.listener import ConnectionInfo
 
-__all__ = ["CourierSession", "courier_driver", "limits_of", "payload_block"]
+__all__ = ["CourierSession", "courier_driver", "limits_of"]
 
 log = get_logger("courier")
-
-#: Bytes of one list slot (a pointer): what a per-row tag list adds to a block.
-_LIST_SLOT_BYTES: Final = 8
-
-
-def payload_block(
-    payload: PayloadReceived,
-    settings: CourierListenerConfig,
-    info: ConnectionInfo,
-    received_at_ns: int,
-) -> RowBlock:
-    """The rows of one payload (DESIGN §3 column meanings).
-
-    A column whose value is the same for every row (no event named a type,
-    or none a host) is passed once, not once per row.
-
-    Raises:
-        RemoteProtocolError: the batch id breaks the text rule (it cannot:
-            a nonce is 16 bytes, 32 hex characters; checked all the same).
-    """
-    types = payload.types
-    tag: str | list[str] = settings.tag
-    if any(t is not None for t in types):
-        tag = [settings.tag if t is None else t for t in types]
-    hosts = payload.hosts if any(h is not None for h in payload.hosts) else None
-    return RowBlock(
-        protocol="courier",
-        source=info.source,
-        peer=info.peer,
-        received_at_ns=received_at_ns,
-        batch_id=text_or_error(payload.batch_id, "batch id (nonce)", MAX_BATCH_ID_BYTES),
-        tag=tag,
-        host=hosts,
-        times_ns=payload.times_ns,
-        records=payload.records,
-        # What the codec counted for the rows, plus the per-row tag list.
-        nbytes=payload.memory_bytes + (_LIST_SLOT_BYTES * len(tag) if isinstance(tag, list) else 0),
-    )
 
 
 def limits_of(settings: CourierListenerConfig) -> CourierLimits:
@@ -189,7 +130,13 @@ class CourierSession:
                 invalid_hosts=payload.invalid_hosts,
             )
         return Submit(
-            payload_block(payload, self._settings, self._info, received_at_ns),
+            payload_block(
+                payload,
+                tag=self._settings.tag,
+                source=self._info.source,
+                peer=self._info.peer,
+                received_at_ns=received_at_ns,
+            ),
             ack=self._codec.ack_bytes(payload),
             label=payload.nonce_hex,
             keepalive=self._codec.keepalive_bytes(payload),

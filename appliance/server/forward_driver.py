@@ -3,8 +3,9 @@
 Transport, deadlines and ordered acks are the shared
 :class:`~appliance.server.connection.StreamDriver`'s; parsing and digests are
 the codec's (:mod:`appliance.protocols.forward`,
-:mod:`appliance.protocols.forward_handshake`). This module maps one onto the
-other and, with ``security`` on, asks the credential store (in a worker
+:mod:`appliance.protocols.forward_handshake`); the rows are
+:mod:`appliance.rows.forward`'s. This module ties them together
+and, with ``security`` on, asks the credential store (in a worker
 thread, at every PING, so CLI changes apply to the next connection) and the
 failure limiter.
 """
@@ -19,7 +20,6 @@ from functools import partial
 import trio
 
 from appliance.config import ForwardListenerConfig
-from appliance.lake.rows import ROW_OVERHEAD_BYTES, RowBlock
 from appliance.logs import get_logger
 from appliance.protocols.errors import RemoteProtocolError
 from appliance.protocols.forward import (
@@ -36,7 +36,7 @@ from appliance.protocols.forward_handshake import (
     Verdict,
     anonymous_denied_reason,
 )
-from appliance.records import record_json
+from appliance.rows.forward import forward_block
 from appliance.server.connection import (
     Action,
     Await,
@@ -51,44 +51,9 @@ from auth.errors import AuthError
 from auth.policy import CredentialStore
 from auth.ratelimit import FailureLimiter, LimiterSettings
 
-__all__ = ["ForwardSession", "forward_block", "forward_driver"]
+__all__ = ["ForwardSession", "forward_driver"]
 
 log = get_logger("forward")
-
-
-def forward_block(
-    event: EventsReceived, info: ConnectionInfo, received_at_ns: int, host: str | None = None
-) -> RowBlock:
-    """The rows of one forward request (DESIGN §3 column meanings).
-
-    The codec has checked the tag, the chunk and the PING's hostname (``host``)
-    against appliance/protocols/text.py. ``nbytes`` counts the per-block
-    strings once per row, as Arrow copies them onto every row (the way
-    ``appliance.lake.rows.check_block`` counts them).
-    """
-    records = [record_json(r) for r in event.records]
-    batch_id = event.chunk.text() if event.chunk is not None else None
-    per_row = (
-        ROW_OVERHEAD_BYTES
-        + len("forward")
-        + len(info.source)
-        + len(info.peer)
-        + len(event.tag)
-        + (len(host) if host else 0)
-        + (len(batch_id) if batch_id else 0)
-    )
-    return RowBlock(
-        protocol="forward",
-        source=info.source,
-        peer=info.peer,
-        received_at_ns=received_at_ns,
-        batch_id=batch_id,
-        tag=event.tag,
-        host=host,
-        times_ns=event.times_ns,
-        records=records,
-        nbytes=sum(map(len, records)) + per_row * len(records),
-    )
 
 
 def _address(peer: str) -> str:
@@ -171,7 +136,13 @@ class ForwardSession:
                 for reason, count in event.dropped.items():
                     self._info.metrics.events_dropped(reason, count)
             ack = self._codec.ack_bytes(event.chunk, json_form=event.json) if event.chunk else None
-            block = forward_block(event, self._info, received_at_ns, self._host)
+            block = forward_block(
+                event,
+                source=self._info.source,
+                peer=self._info.peer,
+                received_at_ns=received_at_ns,
+                host=self._host,
+            )
             actions.append(Submit(block, ack, chunk))
         return actions
 

@@ -31,21 +31,10 @@ is handled is logged as ``message.failed`` with its type, counted, and the
 reader goes on with the next message: no reply is sent for that message
 (the client resends after its timeout).
 
-What each message becomes (one row per data message, :func:`message_block`):
-
-* ``tag``: the topic; ``host``: the body's ``host`` when it is a non-empty
-  string that is valid UTF-8 of at most ``MAX_HOST_BYTES``; a string host
-  that is not is stored as null (the record keeps it), counted in
-  ``hosts_dropped`` and logged (``message.host_dropped``);
-* ``source``: the CURVE key's name (the ZAP user id), ``anonymous`` without CURVE;
-* ``peer``: ZeroMQ's ``Peer-Address`` of the message;
-* event time: the body's ``started_ms`` (a Logjam request's start, in ms)
-  when it is an integer, else the meta frame's ``created_ms``; 0 or an
-  out-of-range value means the receive time;
-* ``record``: the JSON body, plus ``"_logjam": {"app_env", "device",
-  "sequence", "created_ms"}`` so the app-env survives into the table;
-* ``batch_id``: app-env, device, sequence, created_ms and a digest of topic
-  and body: the writer acknowledges a resent message again without a second row.
+What each message becomes (one row per data message) is
+:mod:`appliance.rows.logjam`'s; a string host that cannot be stored becomes
+null there and is counted here in ``hosts_dropped`` and logged
+(``message.host_dropped``).
 
 Replies are the spec's frames after the routing id, with no empty frame:
 ``[app-env]["202 Accepted"]``, ``[app-env]["400 Bad Request"]``,
@@ -78,7 +67,6 @@ from zmq.utils import z85
 
 from appliance.config import LogjamListenerConfig
 from appliance.lake.errors import BlockRefused
-from appliance.lake.rows import RowBlock
 from appliance.lake.writer import CommitTicket, LakeWriter
 from appliance.logs import get_logger
 from appliance.metrics import NULL_LISTENER, ListenerMetrics
@@ -94,10 +82,9 @@ from appliance.protocols.logjam import (
     bad_request_frames,
     pong_frames,
 )
-from appliance.records import record_json
+from appliance.rows.logjam import message_block
 from appliance.server.context import ServiceContext
 from appliance.server.listener import describe_failure
-from appliance.timefmt import ns_in_range
 from auth.errors import AuthError
 from auth.ratelimit import FailureLimiter
 
@@ -110,7 +97,6 @@ __all__ = [
     "INLINE_DECODE_BYTES",
     "REPLY_LINGER_SECONDS",
     "LogjamPorts",
-    "message_block",
     "serve_logjam",
 ]
 
@@ -145,46 +131,6 @@ class LogjamPorts:
     pull: int | None
     #: The server's CURVE public key (Z85), None without CURVE.
     server_public_key: str | None
-
-
-# -- rows ----------------------------------------------------------------------------
-
-
-def _ms_to_ns(ms: object) -> int | None:
-    """Epoch ms as ns when positive and within the table's int64 ns, else None."""
-    if type(ms) is not int or ms <= 0:
-        return None
-    ns = ms * 1_000_000
-    return ns if ns_in_range(ns) else None
-
-
-def _event_ns(message: DataMessage) -> int | None:
-    started = _ms_to_ns(message.record.get("started_ms"))
-    return started if started is not None else _ms_to_ns(message.meta.created_ms)
-
-
-def message_block(message: DataMessage, *, source: str, peer: str, received_at_ns: int) -> RowBlock:
-    """The one row of a data message."""
-    record = dict(message.record)
-    record["_logjam"] = {
-        "app_env": message.app_env,
-        "device": message.meta.device,
-        "sequence": message.meta.sequence,
-        "created_ms": message.meta.created_ms,
-    }
-    text = record_json(record)
-    return RowBlock(
-        protocol="logjam",
-        source=source,
-        peer=peer,
-        received_at_ns=received_at_ns,
-        batch_id=message.batch_id,
-        tag=message.topic,
-        host=message.host,
-        times_ns=[_event_ns(message)],
-        records=[text],
-        nbytes=len(text) + 96,
-    )
 
 
 # -- sockets in trio -----------------------------------------------------------------

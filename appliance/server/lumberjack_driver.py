@@ -1,25 +1,14 @@
 """The Lumberjack (Beats) session: windows to rows, ordered acks, keepalives.
 
-Mapping into ``events`` (issue 5, docs/lumberjack.md); the codec
+Mapping into ``events`` (issue 5, docs/lumberjack.md) is
+:mod:`appliance.rows.lumberjack`'s; the codec
 (:mod:`appliance.protocols.lumberjack`) already took each value out of the
-record and checked it, this module only fills the defaults:
-
-* the record is a ``J`` frame's JSON text as sent, or a ``D`` frame's pairs
-  as a JSON object (a value that is not UTF-8 as ``{"$binary": ...}``);
-* ``tag`` is the first of the listener's ``tag_fields`` (dotted paths,
-  default ``@metadata.beat`` then ``type``) whose value is a non-empty
-  string, else the listener's ``tag``;
-* ``host`` is ``host.name`` (Beats ≥ 6.3), ``beat.hostname`` (older Beats)
-  or a string ``host`` (logstash-forwarder, v1), else null;
-* the event time is ``@timestamp`` (RFC 3339, ASCII digits, within int64
-  nanoseconds), else the receive time.
+record and checked it.
 
 Strict strings (issue 13): a tag or host string from the record that cannot
 be stored (over ``MAX_TAG_BYTES`` / ``MAX_HOST_BYTES``) does not fail the
 window: that event gets the listener's ``tag`` / a null host, and the count
-is logged (``event=fields.invalid``) and kept on the session. The record
-itself is valid and is stored whole; refusing the window would make the
-client resend it for ever.
+is logged (``event=fields.invalid``) and kept on the session.
 
 Acks: each window's ack carries its highest sequence (the codec's rule) and
 is built when it is sent, after the commit, from two numbers: the window's
@@ -32,44 +21,20 @@ from __future__ import annotations
 from functools import partial
 
 from appliance.config import LumberjackListenerConfig
-from appliance.lake.rows import ROW_OVERHEAD_BYTES, RowBlock
 from appliance.logs import get_logger
 from appliance.protocols.errors import RemoteProtocolError
 from appliance.protocols.lumberjack import (
     LumberjackLimits,
     LumberjackServerConnection,
-    Window,
 )
+from appliance.rows.lumberjack import window_block
 from appliance.server.connection import Action, DriverSettings, StreamDriver, Submit
 from appliance.server.context import ServiceContext
 from appliance.server.listener import ConnectionInfo
 
-__all__ = ["LumberjackSession", "lumberjack_driver", "window_block"]
+__all__ = ["LumberjackSession", "lumberjack_driver"]
 
 log = get_logger("lumberjack")
-
-
-def window_block(
-    window: Window,
-    settings: LumberjackListenerConfig,
-    info: ConnectionInfo,
-    received_at_ns: int,
-) -> RowBlock:
-    """The rows of one complete window."""
-    texts = window.texts
-    default = settings.tag
-    return RowBlock(
-        protocol="lumberjack",
-        source=info.source,
-        peer=info.peer,
-        received_at_ns=received_at_ns,
-        batch_id=None,
-        tag=[default if tag is None else tag for tag in window.tags],
-        host=window.hosts,
-        times_ns=window.times_ns,
-        records=texts,
-        nbytes=sum(map(len, texts)) + ROW_OVERHEAD_BYTES * len(texts),
-    )
 
 
 class LumberjackSession:
@@ -134,7 +99,13 @@ class LumberjackSession:
             highest = window.highest_sequence
             actions.append(
                 Submit(
-                    window_block(window, self._settings, self._info, received_at_ns),
+                    window_block(
+                        window,
+                        tag=self._settings.tag,
+                        source=self._info.source,
+                        peer=self._info.peer,
+                        received_at_ns=received_at_ns,
+                    ),
                     # Computed when sent (acks go out in window order after each
                     # commit); it keeps two numbers, not the window, alive.
                     ack=partial(self._codec.ack_bytes_for, highest, window.acks),

@@ -6,7 +6,8 @@ certificate reload work as for every listener); this handler then runs
 trio-websocket's server side over the TLS stream
 (:func:`trio_websocket.wrap_server_stream`), checks the request and accepts
 or rejects it. Parsing and the answers' JSON are the sans-IO
-:mod:`appliance.protocols.websocket_messages`.
+:mod:`appliance.protocols.websocket_messages`; the rows of a message and the
+tail's messages are :mod:`appliance.rows.websocket`'s.
 
 The HTTP upgrade, under ``tls_handshake_timeout_seconds``, is refused with:
 
@@ -87,7 +88,6 @@ from trio_websocket import (
 
 from appliance.config import WebSocketListenerConfig
 from appliance.lake.errors import BlockRefused
-from appliance.lake.rows import RowBlock
 from appliance.lake.writer import CommitTicket
 from appliance.logs import get_logger
 from appliance.protocols.websocket_messages import (
@@ -105,8 +105,9 @@ from appliance.protocols.websocket_messages import (
     origin_allowed,
     parse_ingest,
     parse_target,
-    tail_events_json,
 )
+from appliance.rows.block import RowBlock
+from appliance.rows.websocket import ingest_block, tail_events_json
 from appliance.server.context import ServiceContext
 from appliance.server.listener import ANONYMOUS, ConnectionInfo
 from auth.errors import AuthError
@@ -536,8 +537,8 @@ class WebSocketHandler:
             reason = f"tag {message.tag!r} is outside the token's tag prefixes"
             info.metrics.protocol_error("tag outside the token's prefixes")
             return self._refused(MessageError(reason, message.id), info)
-        block = message.block(
-            source=admission.source, peer=info.peer, received_at_ns=received_at_ns
+        block = ingest_block(
+            message, source=admission.source, peer=info.peer, received_at_ns=received_at_ns
         )
         try:
             ticket = await self.context.writer.submit(block)

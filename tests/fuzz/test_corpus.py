@@ -17,8 +17,8 @@ from types import ModuleType
 import pytest
 
 import fuzz.harness as harness
-from appliance.lake.rows import RowBlock
 from appliance.protocols.errors import RemoteProtocolError
+from appliance.rows.block import RowBlock
 from appliance.server.connection import Action
 
 FUZZ_DIR = Path(__file__).resolve().parents[2] / "fuzz"
@@ -129,6 +129,6 @@ def test_check_rows_refuses_a_block_the_writer_would_refuse() -> None:
     block = RowBlock(
         protocol="forward", source="anonymous", peer=harness.PEER,
         received_at_ns=harness.RECEIVED_AT_NS, batch_id=None, tag="a\ud800", host=None,
-        times_ns=[None], records=["{}"], nbytes=2,
+        times_ns=[None], records=["{}"],
     )  # fmt: skip
     assert harness.check_rows(block) is False

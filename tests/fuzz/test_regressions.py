@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 import fuzz.harness as harness
-from appliance.lake.rows import RowBlock
 from appliance.protocols.websocket_messages import MessageError, parse_target
+from appliance.rows.block import RowBlock
 
 FUZZ_DIR = Path(__file__).resolve().parents[2] / "fuzz"
 TARGETS = ("forward", "lumberjack", "courier", "logjam", "websocket")

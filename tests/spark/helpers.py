@@ -11,8 +11,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from appliance.lake.rows import RowBlock, blocks_to_arrow
+from appliance.lake.blocks import blocks_to_arrow
 from appliance.lake.table import EventsTable
+from appliance.rows.block import RowBlock
 
 #: Seconds one CLI call may take (a Spark session, a query, a job).
 CLI_TIMEOUT_SECONDS = 180
@@ -56,7 +57,6 @@ def block(
         host=host,
         times_ns=list(times_ns) if times_ns is not None else [received] * len(texts),
         records=texts,
-        nbytes=sum(len(t) for t in texts),
     )
 
 

@@ -19,9 +19,9 @@ from appliance.config import ConfigError, LakeConfig, parse_config
 from appliance.lake import diskguard
 from appliance.lake.diskguard import DiskGuard, DiskSpace
 from appliance.lake.errors import BlockRefused
-from appliance.lake.rows import RowBlock
 from appliance.lake.table import EventsTable
 from appliance.lake.writer import LakeWriter, WriterSettings
+from appliance.rows.block import RowBlock
 
 MIB = 1024**2
 PATIENCE_SECONDS = 60
@@ -162,7 +162,6 @@ def block(n: int) -> RowBlock:
         host=None,
         times_ns=[now],
         records=[f'{{"n":{n}}}'],
-        nbytes=20,
     )
 
 
@@ -190,7 +189,7 @@ async def test_the_writer_refuses_new_blocks_but_commits_the_accepted_ones(
         with trio.fail_after(PATIENCE_SECONDS):
             await accepted.wait()
         # An empty block writes nothing: it is not refused.
-        empty = RowBlock("forward", "s", "p", time.time_ns(), None, "t", None, [], [], 0)
+        empty = RowBlock("forward", "s", "p", time.time_ns(), None, "t", None, [], [])
         assert (await writer.submit(empty)).done
         disk.free = 500 * MIB
         disk.now += diskguard.CHECK_INTERVAL_SECONDS

@@ -23,10 +23,11 @@ from deltalake import DeltaTable
 
 from appliance.config import Config, ConfigError, MaintenanceConfig, SparkConfig, parse_config
 from appliance.lake import maintenance
+from appliance.lake.blocks import blocks_to_arrow
 from appliance.lake.errors import LakeError
-from appliance.lake.rows import RowBlock, blocks_to_arrow
 from appliance.lake.table import EventsTable
 from appliance.lake.writer import LakeWriter, WriterSettings
+from appliance.rows.block import RowBlock
 
 FAST = WriterSettings(
     commit_max_delay_seconds=0.01, retry_initial_seconds=0.05, retry_max_seconds=0.2
@@ -47,7 +48,6 @@ def block(n: int, rows: int = 3) -> RowBlock:
         host=None,
         times_ns=[now + i for i in range(rows)],
         records=[f'{{"n":{n},"i":{i}}}' for i in range(rows)],
-        nbytes=20 * rows,
     )
 
 

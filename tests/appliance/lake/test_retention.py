@@ -36,10 +36,11 @@ from appliance.config import (
     parse_config,
 )
 from appliance.lake import maintenance, retention
+from appliance.lake.blocks import blocks_to_arrow
 from appliance.lake.errors import LakeError
-from appliance.lake.rows import RowBlock, blocks_to_arrow
 from appliance.lake.table import EventsTable
 from appliance.lake.writer import LakeWriter, WriterSettings
+from appliance.rows.block import RowBlock
 from appliance.state_lock import StateLock
 
 FAST = WriterSettings(
@@ -87,7 +88,6 @@ def make_block(
         host=None,
         times_ns=[at + i for i in range(rows)],
         records=[f'{{"n":{n},"i":{i}}}' for i in range(rows)],
-        nbytes=20 * rows,
     )
 
 

@@ -13,10 +13,10 @@ import pytest
 import trio
 from deltalake import DeltaTable
 
-from appliance.lake.rows import RowBlock
 from appliance.lake.schema import EVENTS_SCHEMA
 from appliance.lake.table import EventsTable
 from appliance.lake.writer import LakeWriter, WriterSettings
+from appliance.rows.block import RowBlock
 from tests.faults import read_only_dir
 
 FAST = WriterSettings(
@@ -36,7 +36,6 @@ def block(batch_id: str | None, rows: int = 3, tag: str = "t", source: str = "s"
         host=None,
         times_ns=[now + i for i in range(rows)],
         records=[f'{{"batch":"{batch_id}","i":{i}}}' for i in range(rows)],
-        nbytes=20 * rows,
     )
 
 
@@ -166,7 +165,7 @@ async def test_every_commit_carries_an_app_transaction(tmp_path: Path) -> None:
 
 
 def test_commit_retried_with_same_version_is_not_applied_twice(tmp_path: Path) -> None:
-    from appliance.lake.rows import blocks_to_arrow
+    from appliance.lake.blocks import blocks_to_arrow
 
     table = EventsTable(str(tmp_path / "events"))
     table.open_or_create()
@@ -344,7 +343,7 @@ async def test_anonymous_peers_do_not_share_a_dedupe_scope(tmp_path: Path) -> No
     ],
 )
 def test_dedupe_scope_of_anonymous_peers_is_their_address(peer: str, address: str) -> None:
-    from appliance.lake.rows import dedupe_scope
+    from appliance.lake.blocks import dedupe_scope
 
     assert dedupe_scope("anonymous", peer) == f"anonymous@{address}"
     assert dedupe_scope("CN=shipper", peer) == "CN=shipper"
@@ -370,8 +369,8 @@ async def test_a_writer_never_takes_another_writers_version_for_its_own(tmp_path
     """Issue 20: should a duplicate get past the lease, the first writer stops acking."""
     import time as clock
 
+    from appliance.lake.blocks import blocks_to_arrow
     from appliance.lake.errors import AppIdInUse
-    from appliance.lake.rows import blocks_to_arrow
 
     path = tmp_path / "events"
     with pytest.raises(BaseExceptionGroup) as caught:  # noqa: PT012 - the writer fails in it

@@ -28,8 +28,8 @@ from appliance.protocols import courier as courier_module
 from appliance.protocols.courier import (
     DEFAULT_MAX_EVENTS,
     DEFAULT_MAX_PAYLOAD_MEMORY_BYTES,
+    EVENT_OVERHEAD_BYTES,
     MAX_HELLO_BYTES,
-    ROW_OVERHEAD_BYTES,
     CourierEvent,
     CourierLimits,
     CourierServerConnection,
@@ -487,7 +487,7 @@ def test_payload_memory_is_counted_and_bounded(name: str, events: list[bytes]) -
 
 
 def test_memory_limit_stops_the_payload_at_the_event_that_passes_it() -> None:
-    per_event = sys.getsizeof('{"message":"xxxxxxxxxx"}') + ROW_OVERHEAD_BYTES
+    per_event = sys.getsizeof('{"message":"xxxxxxxxxx"}') + EVENT_OVERHEAD_BYTES
     limits = big_limits(max_payload_memory_bytes=10 * per_event)
     assert one_payload(jdat_of(*[b"x" * 10] * 10), limits).memory_bytes == 10 * per_event
     with counting("record_json") as calls:

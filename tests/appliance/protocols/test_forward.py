@@ -32,7 +32,7 @@ from appliance.protocols.forward import (
     Heartbeat,
     gunzip_members,
 )
-from appliance.records import record_json
+from appliance.rows.records import record_json
 
 T0 = 1_700_000_000
 NS = 1_000_000_000

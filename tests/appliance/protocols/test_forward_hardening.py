@@ -21,7 +21,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from appliance.lake.rows import blocks_to_arrow, check_block
+from appliance.lake.blocks import blocks_to_arrow, check_block
 from appliance.protocols import forward
 from appliance.protocols.errors import LocalProtocolError, RemoteProtocolError
 from appliance.protocols.forward import (
@@ -36,7 +36,7 @@ from appliance.protocols.forward import (
     Heartbeat,
 )
 from appliance.protocols.text import MAX_BATCH_ID_BYTES, MAX_TAG_BYTES
-from appliance.server.forward_driver import forward_block
+from appliance.rows.forward import forward_block
 from appliance.server.listener import ConnectionInfo
 
 T0 = 1_700_000_000
@@ -128,7 +128,11 @@ def refused_wherever_split(data: bytes, every: int = 1, **kwargs: Any) -> str:
 
 def storable(events: list[ForwardEvent]) -> None:
     """Every event maps to a block the writer accepts and Arrow converts."""
-    blocks = [forward_block(e, INFO, T0 * NS) for e in events if isinstance(e, EventsReceived)]
+    blocks = [
+        forward_block(e, source=INFO.source, peer=INFO.peer, received_at_ns=T0 * NS)
+        for e in events
+        if isinstance(e, EventsReceived)
+    ]
     for block in blocks:
         check_block(block)
     if blocks:

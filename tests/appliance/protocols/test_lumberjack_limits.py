@@ -36,7 +36,7 @@ from appliance.protocols.lumberjack import (
     Window,
 )
 from appliance.protocols.text import MAX_HOST_BYTES, MAX_TAG_BYTES, check_text, is_utf8_text
-from appliance.timefmt import MAX_TIME_NS, MIN_TIME_NS
+from appliance.rows.timefmt import MAX_TIME_NS, MIN_TIME_NS
 
 FAST = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

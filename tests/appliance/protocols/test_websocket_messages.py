@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from appliance.lake.rows import RowBlock, check_block
+from appliance.lake.blocks import check_block
 from appliance.protocols import websocket_messages
 from appliance.protocols.text import MAX_BATCH_ID_BYTES, MAX_TAG_BYTES
 from appliance.protocols.websocket_messages import (
@@ -31,8 +31,9 @@ from appliance.protocols.websocket_messages import (
     origin_allowed,
     parse_ingest,
     parse_target,
-    tail_events_json,
 )
+from appliance.rows.block import RowBlock
+from appliance.rows.websocket import ingest_block
 
 LIMITS = MessageLimits(max_message_bytes=10_000, max_events_per_message=3)
 
@@ -54,8 +55,6 @@ def test_valid_message() -> None:
     assert message.tag == "web.app"
     assert message.times_ns == (1_500_000_000, None)
     assert message.records == ('{"a":1}', '{"b":"x"}')
-    block = message.block(source="token:t", peer="1.2.3.4:5", received_at_ns=7)
-    assert (block.protocol, block.batch_id, block.rows, block.host) == ("websocket", "m1", 2, None)
 
 
 def test_integer_id_rfc3339_time_and_bytes_input() -> None:
@@ -151,7 +150,7 @@ def test_target_and_filter() -> None:
 def block(tag: str | list[str], protocol: str = "forward") -> RowBlock:
     n = 1 if isinstance(tag, str) else len(tag)
     return RowBlock(protocol, "src", "peer", 1_000_000_000, "b", tag, None,
-                    [None] * n, ['{"k":1}'] * n, 10)  # fmt: skip
+                    [None] * n, ['{"k":1}'] * n)  # fmt: skip
 
 
 def test_filter_rows() -> None:
@@ -159,15 +158,6 @@ def test_filter_rows() -> None:
     assert TailFilter("web.").rows(block("db")) == []
     assert TailFilter("web.").rows(block(["db", "web.a", "web.b"])) == [1, 2]
     assert TailFilter("", "websocket").rows(block("web.app")) == []
-
-
-def test_tail_event_json() -> None:
-    (text,) = tail_events_json(block(["a", "web.x"]), [1])
-    document = json.loads(text)
-    assert document["tag"] == "web.x"
-    assert document["record"] == {"k": 1}
-    assert document["time"] == "1970-01-01T00:00:01.000000000Z"
-    assert document["time_ns"] == 1_000_000_000
 
 
 def test_rate_is_a_token_bucket() -> None:
@@ -349,7 +339,7 @@ def test_lone_surrogates_are_refused_after_any_parser() -> None:
     message = parse_ingest(doc(events=[{"record": {"k": "a\ud800"}}]), LIMITS)
     (record,) = message.records
     assert set(orjson.loads(record)["k"]) == {"$binary"}
-    check_block(message.block(source="token:t", peer="1.2.3.4:5", received_at_ns=1))
+    check_block(ingest_block(message, source="token:t", peer="1.2.3.4:5", received_at_ns=1))
 
 
 @pytest.mark.usefixtures("stdlib_json")
@@ -361,7 +351,7 @@ def test_any_accepted_id_and_tag_can_be_stored(fields: dict[str, str]) -> None:
         message = parse_ingest(doc(**fields), LIMITS)
     except MessageError:
         return
-    check_block(message.block(source="token:t", peer="1.2.3.4:5", received_at_ns=1))
+    check_block(ingest_block(message, source="token:t", peer="1.2.3.4:5", received_at_ns=1))
 
 
 # -- bounded work and memory per message ---------------------------------------------------

@@ -14,9 +14,10 @@ from typing import Any
 import trio
 import trio.testing
 
+from appliance.lake.blocks import check_block
 from appliance.lake.errors import BlockRefused
-from appliance.lake.rows import RowBlock, check_block
 from appliance.lake.writer import CommitTicket
+from appliance.rows.block import RowBlock
 from appliance.server.context import ServiceContext
 from appliance.server.lifecycle import Lifecycle
 from appliance.server.listener import ConnectionInfo

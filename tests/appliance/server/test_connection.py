@@ -15,8 +15,8 @@ import pytest
 import trio
 import trio.testing
 
-from appliance.lake.rows import RowBlock
 from appliance.logs import get_logger
+from appliance.rows.block import RowBlock
 from appliance.server.connection import (
     Action,
     DriverSettings,
@@ -61,7 +61,7 @@ class LineSession:
             block = RowBlock(
                 protocol="lines", source="anonymous", peer=INFO.peer,
                 received_at_ns=received_at_ns, batch_id=None, tag=tag, host=None,
-                times_ns=[None], records=['{"line":1}'], nbytes=10,
+                times_ns=[None], records=['{"line":1}'],
             )  # fmt: skip
             actions.append(Submit(block, b"ok " + line + b"\n", line.decode("latin-1")))
         return actions

@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from appliance.config import CourierListenerConfig
-from appliance.lake.rows import blocks_to_arrow, check_block
+from appliance.lake.blocks import blocks_to_arrow, check_block
 from appliance.protocols.errors import RemoteProtocolError
 from appliance.protocols.text import MAX_HOST_BYTES, MAX_TAG_BYTES
 from appliance.server.connection import Reply, Submit

@@ -18,12 +18,11 @@ import trio
 import trio.testing
 
 from appliance.config import ForwardListenerConfig
-from appliance.lake.rows import ROW_OVERHEAD_BYTES, check_block
-from appliance.protocols.forward import MAX_PING_BYTES, Chunk, EventsReceived
+from appliance.protocols.forward import MAX_PING_BYTES
 from appliance.protocols.forward_handshake import password_digest, ping_digest
 from appliance.server.connection import Submit
 from appliance.server.context import ServiceContext
-from appliance.server.forward_driver import ForwardSession, forward_block, forward_driver
+from appliance.server.forward_driver import ForwardSession, forward_driver
 from appliance.server.lifecycle import Lifecycle
 from appliance.server.listener import ConnectionInfo
 from auth.policy import SourcePolicy
@@ -259,17 +258,6 @@ def test_session_buffered_bytes_follows_the_codec() -> None:
     (submit,) = session.receive(data[10:], 0)
     assert isinstance(submit, Submit)
     assert session.buffered_bytes() == 0
-
-
-def test_block_counts_the_tag_host_and_chunk_once_per_row() -> None:
-    event = EventsReceived(
-        "t" * 1000, "forward", [None, None], [{"a": 1}, {"a": 2}], Chunk(b"c" * 200, "str")
-    )
-    block = forward_block(event, INFO, 1, host="h" * 100)
-    strings = len("forward") + len(INFO.source) + len(INFO.peer) + 1000 + 100 + 200
-    assert block.nbytes == 2 * len('{"a":1}') + 2 * (ROW_OVERHEAD_BYTES + strings)
-    # What the writer's byte limits count for it.
-    assert block.nbytes == check_block(block)
 
 
 # -- with the handshake (security = "shared_key") ---------------------------------------

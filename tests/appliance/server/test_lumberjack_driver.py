@@ -23,13 +23,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from appliance.config import LumberjackListenerConfig
-from appliance.lake.rows import RowBlock, check_block
+from appliance.lake.blocks import check_block
 from appliance.protocols.errors import RemoteProtocolError
 from appliance.protocols.text import MAX_HOST_BYTES, MAX_TAG_BYTES
+from appliance.rows.block import RowBlock
+from appliance.rows.timefmt import MAX_TIME_NS
 from appliance.server.connection import Submit
 from appliance.server.listener import ConnectionInfo
 from appliance.server.lumberjack_driver import LumberjackSession, lumberjack_driver
-from appliance.timefmt import MAX_TIME_NS
 from tests.appliance.server.support import (
     StandInWriter,
     handler_factory,

@@ -21,8 +21,8 @@ from trio_websocket import (
 
 from appliance.config import WebSocketListenerConfig
 from appliance.lake.errors import BlockRefused
-from appliance.lake.rows import RowBlock
 from appliance.protocols.websocket_messages import TailFilter
+from appliance.rows.block import RowBlock
 from appliance.server.context import ServiceContext
 from appliance.server.lifecycle import Lifecycle
 from appliance.server.listener import ConnectionInfo
@@ -264,7 +264,7 @@ async def test_tail_receives_committed_rows_filtered() -> None:
 
 
 def block(rows: int, tag: str = "t") -> RowBlock:
-    return RowBlock("forward", "s", "p", 1, None, tag, None, [None] * rows, ["{}"] * rows, rows)
+    return RowBlock("forward", "s", "p", 1, None, tag, None, [None] * rows, ["{}"] * rows)
 
 
 def test_full_tail_queue_drops_and_counts() -> None:

@@ -1,4 +1,4 @@
-"""Record -> JSON text, under the convention of appliance/records.py (DESIGN §3)."""
+"""Record -> JSON text, under the convention of appliance/rows/records.py (DESIGN §3)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from appliance.protocols.forward import EventTime, ForwardServerConnection
-from appliance.records import MAX_DEPTH, record_json
+from appliance.rows.records import MAX_DEPTH, record_json
 
 FAST = settings(max_examples=200, deadline=None)
 

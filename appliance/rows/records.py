@@ -32,6 +32,8 @@ from typing import Any, Final
 import msgpack
 import orjson
 
+from appliance.protocols.text import is_utf8_text
+
 __all__ = ["MAX_DEPTH", "record_json"]
 
 #: Nesting kept in the JSON text; deeper maps and arrays are replaced by a marker.
@@ -41,17 +43,6 @@ _TRUNCATED: Final = {"$truncated": "nesting"}
 _dumps: Final = json.JSONEncoder(
     ensure_ascii=False, separators=(",", ":"), allow_nan=False, default=None
 ).encode
-
-
-def _is_text(value: str) -> bool:
-    """False when a str carries lone surrogates (bytes that were not UTF-8)."""
-    if value.isascii():
-        return True
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def _raw(value: str) -> bytes:
@@ -76,7 +67,7 @@ def _bytes_value(data: bytes) -> Any:
 
 def _key(key: Any) -> str:
     if type(key) is str:
-        return key if _is_text(key) else _raw(key).decode("utf-8", "backslashreplace")
+        return key if is_utf8_text(key) else _raw(key).decode("utf-8", "backslashreplace")
     if isinstance(key, bytes):
         return key.decode("utf-8", "backslashreplace")
     return _dumps(_plain(key))
@@ -85,7 +76,7 @@ def _key(key: Any) -> str:
 def _plain(value: Any, depth: int = 0) -> Any:
     """A JSON-ready copy of ``value`` under the module's convention."""
     if type(value) is str:
-        return value if _is_text(value) else _bytes_value(_raw(value))
+        return value if is_utf8_text(value) else _bytes_value(_raw(value))
     # ExtType is a namedtuple: it must be matched before tuples.
     if isinstance(value, msgpack.ExtType):
         return {"$ext": value.code, "$binary": base64.b64encode(value.data).decode("ascii")}
@@ -131,6 +122,6 @@ def record_json(record: dict[Any, Any]) -> str:
         # bytes, ExtType, EventTime, NaN or a non-str key that json refuses,
         # or nesting deeper than the encoder's recursion allows.
         return _dumps(_plain(record))
-    if _is_text(text):
+    if is_utf8_text(text):
         return text
     return _dumps(_plain(record))

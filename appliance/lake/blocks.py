@@ -1,9 +1,15 @@
-"""Rows on their way to the ``events`` table, and their conversion to Arrow.
+"""What the lake does with a RowBlock before it commits it: checks, dedupe identity, Arrow.
 
-A :class:`RowBlock` holds the events of one protocol batch (a Fluentd
-request, a Lumberjack window, ...): values shared by the batch once, per-row
-values as lists. :func:`blocks_to_arrow` turns many blocks into one Arrow
-table with vectorised compute, so the per-row Python work stays in the codecs.
+The rows layer (:mod:`appliance.rows`) builds a
+:class:`~appliance.rows.block.RowBlock` from a protocol's events; everything
+here is about storing it, so it stays with the table: the checks know the
+table's columns and limits, the dedupe identity is the writer's and the
+table's (:meth:`~appliance.lake.table.EventsTable.recent_batch_keys` rebuilds
+it from stored rows), and the conversion needs the schema and pyarrow.
+
+:func:`blocks_to_arrow` turns many blocks into one Arrow table with
+vectorised compute, so the per-row Python work stays in the codecs and the
+rows layer.
 
 The partition rule (DESIGN §3, docs/table.md): ``event_date`` is the UTC
 date of ``event_time`` when that time lies within
@@ -23,7 +29,6 @@ and the one place that knows the table's columns.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Final
 
 import pyarrow as pa
@@ -39,19 +44,19 @@ from appliance.protocols.text import (
     check_text,
     is_utf8_text,
 )
-from appliance.timefmt import MAX_TIME_NS, MIN_TIME_NS
+from appliance.rows.block import RowBlock
+from appliance.rows.timefmt import MAX_TIME_NS, MIN_TIME_NS
 
 __all__ = [
     "MAX_PEER_BYTES",
     "MAX_SOURCE_BYTES",
     "PLAUSIBLE_FUTURE_NS",
     "PLAUSIBLE_PAST_NS",
-    "ROW_OVERHEAD_BYTES",
     "DedupeKey",
-    "RowBlock",
     "block_to_arrow",
     "blocks_to_arrow",
     "check_block",
+    "dedupe_key",
     "dedupe_scope",
     "peer_address",
 ]
@@ -66,10 +71,8 @@ PLAUSIBLE_FUTURE_NS: Final = 1 * _NS_PER_DAY
 MAX_SOURCE_BYTES: Final = 1024
 #: Longest ``peer`` (an address and port, or a ZeroMQ peer address), in bytes.
 MAX_PEER_BYTES: Final = 128
-#: Bytes a row costs in the writer beyond its strings (Arrow offsets, the
-#: fixed-width columns, list slots): the writer's byte limits count it.
-ROW_OVERHEAD_BYTES: Final = 96
 
+#: ``(protocol, dedupe scope, batch id)``: what the writer remembers of a committed batch.
 DedupeKey = tuple[str, str, str]
 
 #: The ``source`` of a peer nothing authenticated (appliance.server.listener.ANONYMOUS).
@@ -102,76 +105,46 @@ def peer_address(peer: str) -> str:
     return peer
 
 
-@dataclass(frozen=True, slots=True)
-class RowBlock:
-    """The rows of one protocol batch.
-
-    ``tag`` and ``host`` are either one value for every row or one value per
-    row. ``times_ns`` holds epoch nanoseconds, ``None`` meaning "the client
-    sent no time: use ``received_at_ns``". ``records`` are JSON texts.
-    """
-
-    protocol: str
-    source: str
-    peer: str
-    received_at_ns: int
-    batch_id: str | None
-    tag: str | Sequence[str]
-    host: str | Sequence[str | None] | None
-    times_ns: Sequence[int | None]
-    records: Sequence[str]
-    #: Approximate memory held by the block, for the writer's byte limits.
-    nbytes: int
-
-    @property
-    def rows(self) -> int:
-        """How many rows the block holds."""
-        return len(self.records)
-
-    @property
-    def dedupe_key(self) -> DedupeKey | None:
-        """Identity of a batch whose id is globally unique (DESIGN §2 step 5)."""
-        if self.batch_id is None:
-            return None
-        return (self.protocol, dedupe_scope(self.source, self.peer), self.batch_id)
+def dedupe_key(block: RowBlock) -> DedupeKey | None:
+    """Identity of a batch whose id is globally unique (DESIGN §2 step 5); None without an id."""
+    if block.batch_id is None:
+        return None
+    return (block.protocol, dedupe_scope(block.source, block.peer), block.batch_id)
 
 
-def _text(value: str, what: str, limit: int) -> int:
+def _text(value: str, what: str, limit: int) -> None:
     try:
         check_text(value, what, limit)
     except InvalidText as exc:
         raise BlockRefused(exc.reason) from None
-    return len(value)
 
 
 def _per_row_text(
     values: str | Sequence[str | None] | None, rows: int, what: str, limit: int, nullable: bool
-) -> int:
-    """Checks a per-block or per-row string column; returns the bytes it costs."""
+) -> None:
+    """Checks a per-block or per-row string column."""
     if values is None:
         if not nullable:
             raise BlockRefused(f"{what} is missing")
-        return 0
+        return
     if isinstance(values, str):
-        return _text(values, what, limit) * rows
+        _text(values, what, limit)
+        return
     if len(values) != rows:
         raise BlockRefused(f"{what} has {len(values)} values for {rows} rows")
-    total = 0
     for value in values:
         if value is None:
             if not nullable:
                 raise BlockRefused(f"{what} is missing")
             continue
-        total += _text(value, what, limit)
-    return total
+        _text(value, what, limit)
 
 
 def check_block(block: RowBlock) -> int:
     """Check that every value of ``block`` can be stored; returns the bytes it holds.
 
-    The byte count is what the writer's limits see: every string as copied
-    onto each row (a long tag counts once per row), plus
-    :data:`ROW_OVERHEAD_BYTES` per row.
+    The byte count is what the writer's limits see: :attr:`RowBlock.nbytes`,
+    counted once, by the block's constructor (appliance/rows/block.py).
 
     Raises:
         BlockRefused: naming the column and the rule: a string that is not
@@ -186,22 +159,20 @@ def check_block(block: RowBlock) -> int:
     for ns in block.times_ns:
         if ns is not None and not MIN_TIME_NS <= ns <= MAX_TIME_NS:
             raise BlockRefused("event time outside int64 nanoseconds")
-    total = rows * ROW_OVERHEAD_BYTES
-    total += _text(block.protocol, "protocol", MAX_TAG_BYTES) * rows
-    total += _text(block.source, "source", MAX_SOURCE_BYTES) * rows
-    total += _text(block.peer, "peer", MAX_PEER_BYTES) * rows
+    _text(block.protocol, "protocol", MAX_TAG_BYTES)
+    _text(block.source, "source", MAX_SOURCE_BYTES)
+    _text(block.peer, "peer", MAX_PEER_BYTES)
     if block.batch_id is not None:
         if not block.batch_id:
             raise BlockRefused("batch id is empty")
-        total += _text(block.batch_id, "batch id", MAX_BATCH_ID_BYTES) * rows
-    total += _per_row_text(block.tag, rows, "tag", MAX_TAG_BYTES, nullable=False)
-    total += _per_row_text(block.host, rows, "host", MAX_HOST_BYTES, nullable=True)
+        _text(block.batch_id, "batch id", MAX_BATCH_ID_BYTES)
+    _per_row_text(block.tag, rows, "tag", MAX_TAG_BYTES, nullable=False)
+    _per_row_text(block.host, rows, "host", MAX_HOST_BYTES, nullable=True)
     for record in block.records:
         # record_json always returns valid UTF-8; this guards every other producer.
         if not is_utf8_text(record):
             raise BlockRefused("record is not valid UTF-8")
-        total += len(record)
-    return total
+    return block.nbytes
 
 
 def _per_block(values: list[object], typ: pa.DataType, index: pa.Array) -> pa.Array:
