@@ -41,6 +41,7 @@ import argparse
 import base64
 import collections
 import dataclasses
+import functools
 import os
 import platform
 import pstats
@@ -347,12 +348,13 @@ def run_case(
     sampler = None
     if profiler == "py-spy":
         assert profile_dir is not None
-        spy_output = profile_dir / "py-spy.txt"
-
-        def sampler(server: Server) -> Any:
-            return lambda: start_py_spy(
-                server.proc.pid, spy_output, client_core, args.spy_rate, args.spy_args.split()
-            )
+        sampler = functools.partial(
+            start_py_spy,
+            output=profile_dir / "py-spy.txt",
+            core=client_core,
+            rate=args.spy_rate,
+            extra=args.spy_args.split(),
+        )
 
     run = harness.run_tls_case(
         args,

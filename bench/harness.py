@@ -810,13 +810,13 @@ def run_tls_case(
     start: Callable[[Path], Server],
     clients: Sequence[Pipeline],
     in_flight: int,
-    start_sampler: Callable[[Server], Callable[[], subprocess.Popen[bytes]]] | None = None,
+    start_sampler: Callable[[int], subprocess.Popen[bytes]] | None = None,
 ) -> CaseRun:
     """One case: a fresh state directory and server, one :func:`pipelined` sender per client,
     the window, the stop and the table's rows and batch ids.
 
     ``start`` starts the server in the state directory; ``start_sampler``
-    (given the server) starts a profiler at the window's start.
+    (given the server's pid) starts a profiler at the window's start.
     """
     state_dir = Path(tempfile.mkdtemp(prefix=state_prefix))
     server = start(state_dir)
@@ -825,7 +825,7 @@ def run_tls_case(
         functools.partial(pipelined, port=server.port, in_flight=in_flight, client=c, result=r)
         for c, r in zip(clients, results, strict=True)
     ]
-    sampler = None if start_sampler is None else start_sampler(server)
+    sampler = None if start_sampler is None else functools.partial(start_sampler, server.proc.pid)
     window = run_window(server, senders, results, args.warmup, args.duration, sampler)
     code, stopped = stop_server(server)
     table_rows, table_batches = table_counts(state_dir / "var" / "lake" / "events")
