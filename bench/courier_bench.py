@@ -65,7 +65,7 @@ _FILLER = (
 def make_event(i: int, target: int) -> bytes:
     """A Log Courier-shaped event (docs/Events.md) whose JSON is about ``target`` bytes."""
     event: dict[str, Any] = {
-        "@timestamp": f"2026-11-22T10:{i // 60 % 60:02d}:{i % 60:02d}.{i % 1000:03d}Z",
+        "@timestamp": harness.event_timestamp(i),
         "host": f"web-{i % 16:02d}",
         "path": "/var/log/nginx/access.log",
         "offset": i * 211,

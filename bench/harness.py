@@ -500,6 +500,11 @@ def packed_forward(tag: str, entries: Sequence[Any], chunk: str) -> bytes:
     return bytes(msgpack.packb([tag, stream, {"chunk": chunk, "size": len(entries)}]))
 
 
+def event_timestamp(i: int) -> str:
+    """An RFC 3339 time (ms, UTC) for the ``i``-th event of a workload: spread over an hour."""
+    return f"2026-11-22T10:{i // 60 % 60:02d}:{i % 60:02d}.{i % 1000:03d}Z"
+
+
 def padded_json(event: dict[str, Any], filler: str, target: int) -> bytes:
     """``event`` as compact JSON of about ``target`` bytes: its ``message`` is cut from ``filler``.
 

@@ -56,7 +56,7 @@ _FILLER = (
 def make_event(i: int, target: int) -> bytes:
     """A Filebeat-shaped event whose JSON is about ``target`` bytes."""
     event: dict[str, Any] = {
-        "@timestamp": f"2026-11-22T10:{i // 60 % 60:02d}:{i % 60:02d}.{i % 1000:03d}Z",
+        "@timestamp": harness.event_timestamp(i),
         "@metadata": {"beat": "filebeat", "type": "_doc", "version": "8.15.0"},
         "host": {"name": f"web-{i % 16:02d}"},
         "log": {"file": {"path": "/var/log/nginx/access.log"}, "offset": i * 211},
