@@ -48,7 +48,7 @@ pytest: env node-deps go-deps
 test: lint typecheck pytest
 
 bench: env
-	$(BIN)/python bench/forward_bench.py
+	$(BIN)/python -m bench.forward_bench
 
 clean:
 	rm -rf $(VENV) var .mypy_cache .ruff_cache .pytest_cache

@@ -1,7 +1,9 @@
-"""The ``appliance`` command: one CLI for the service and its administration.
+"""The ``appliance`` command: parse the arguments, run the chosen command, map errors to exit codes.
 
-Subcommands: ``serve``, ``config check``, ``cert ...``, and the auth
-database's ``user``, ``key``, ``client``, ``db`` and ``audit``. Exit codes: 0
+Each command group lives in a module of :mod:`appliance.commands` (``serve``,
+``config check``, ``cert``, ``sql``, ``spark``, ``table``, ``curve``,
+``token``, ``tail``, ``status``, and the auth database's ``user``, ``key``,
+``client``, ``db`` and ``audit``), which adds its parser here. Exit codes: 0
 success, 1 a failure the message explains (bad config, port in use, ...),
 2 usage. Every command takes ``--config FILE`` before or after the
 subcommand (or ``$APPLIANCE_CONFIG``) to find the state directory, and every
@@ -12,28 +14,29 @@ line on stderr (:mod:`appliance.commands.state`).
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-from pathlib import Path
-
-import trio
 
 from appliance import __version__
-from appliance.commands import auth, cert, curve, spark, status, tail, tokens
+from appliance.commands import (
+    auth,
+    cert,
+    config_check,
+    curve,
+    serve,
+    spark,
+    sql,
+    status,
+    table,
+    tail,
+    tokens,
+)
+from appliance.commands.common import CONFIG_ENV, config_source, load
 from appliance.commands.state import NoStateError, state_line
-from appliance.config import Config, ConfigError, default_config, load_config
-from appliance.lake.errors import LakeError
-from appliance.logs import configure, get_logger
+from appliance.config import ConfigError
 from auth.errors import AuthError
 from pki.errors import PkiError
 
 __all__ = ["main"]
-
-log = get_logger("cli")
-
-#: Environment variable naming the config file when --config is not given.
-CONFIG_ENV = "APPLIANCE_CONFIG"
-
 
 #: Admin command groups that say which state they use: (auth database, table).
 _STATE_LINES: dict[str, tuple[bool, bool]] = {
@@ -49,71 +52,6 @@ _STATE_LINES: dict[str, tuple[bool, bool]] = {
 }
 
 
-def _config_source(path: str | None) -> str | None:
-    """The config file to read and where its name came from; None: the embedded default."""
-    if path:
-        return path
-    env = os.environ.get(CONFIG_ENV)
-    return f"{env} (${CONFIG_ENV})" if env else None
-
-
-def _config(path: str | None) -> Config:
-    chosen = path or os.environ.get(CONFIG_ENV)
-    return load_config(Path(chosen)) if chosen else default_config()
-
-
-def _leaves(error: BaseException) -> list[BaseException]:
-    """The exceptions inside (possibly nested) exception groups."""
-    if isinstance(error, BaseExceptionGroup):
-        return [leaf for inner in error.exceptions for leaf in _leaves(inner)]
-    return [error]
-
-
-def _serve(args: argparse.Namespace) -> int:
-    from appliance.service import serve  # trio and deltalake load only when serving
-
-    config = _config(args.config)
-    configure(config.log.level, config.log.format)
-    failures: list[str] = []
-    try:
-        trio.run(serve, config)
-    except* (OSError, LakeError, AuthError, PkiError) as group:
-        # Start-up failures an operator can fix: a port in use, an unreadable
-        # table, an auth database behind the code's schema (the message names
-        # "appliance db upgrade"), a broken certificate. Inside trio's
-        # nurseries they arrive as an exception group.
-        failures = [str(exc) for exc in _leaves(group)]
-    for failure in failures:
-        log.error("service.failed", reason=failure)
-        print(f"appliance: {failure}", file=sys.stderr)
-    if failures:
-        return 1
-    return 0
-
-
-def _config_check(args: argparse.Namespace) -> int:
-    from appliance.commands.config_check import check_files
-
-    chosen = args.file or args.config or os.environ.get(CONFIG_ENV)
-    if not chosen:
-        print(
-            f"appliance: config check: which file? give FILE, --config FILE or ${CONFIG_ENV}",
-            file=sys.stderr,
-        )
-        return 2
-    config = load_config(Path(chosen))
-    report = check_files(config)
-    for warning in report.warnings:
-        print(f"appliance: {chosen}: warning: {warning}", file=sys.stderr)
-    for error in report.errors:
-        print(f"appliance: {chosen}: {error}", file=sys.stderr)
-    if report.errors:
-        return 1
-    names = ", ".join(f"{listener.name} ({listener.bind})" for listener in config.listeners)
-    print(f"{chosen}: ok; listeners: {names}; table: {config.table_uri}")
-    return 0
-
-
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="appliance", description="Secure log-ingest appliance into Delta Lake."
@@ -127,25 +65,12 @@ def _parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--config", metavar="FILE", default=argparse.SUPPRESS, help=config_help)
 
-    serve = commands.add_parser(
-        "serve", help="run the service (embedded default without a file)", parents=[common]
-    )
-    serve.set_defaults(func=_serve)
-
-    config = commands.add_parser("config", help="configuration tools")
-    config_commands = config.add_subparsers(dest="config_command", required=True)
-    check = config_commands.add_parser(
-        "check",
-        help="validate a config file and the files it names",
-        parents=[common],
-    )
-    check.add_argument(
-        "file", metavar="FILE", nargs="?", help=f"default: --config, then ${CONFIG_ENV}"
-    )
-    check.set_defaults(func=_config_check)
-
+    serve.add_parser(commands, common)
+    config_check.add_parser(commands, common)
     cert.add_parser(commands, common)
+    sql.add_parser(commands, common)
     spark.add_parser(commands, common)
+    table.add_parser(commands, common)
     curve.add_parser(commands, common)
     tokens.add_parser(commands, common)
     tail.add_parser(commands, common)
@@ -161,10 +86,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "serve" or args.command == "config":
             result: int = args.func(args)
         else:
-            config = _config(args.config)
+            config = load(args.config)
             if args.command in _STATE_LINES:
-                auth_db, table = _STATE_LINES[args.command]
-                line = state_line(config, _config_source(args.config), auth=auth_db, table=table)
+                auth_db, uses_table = _STATE_LINES[args.command]
+                line = state_line(
+                    config, config_source(args.config), auth=auth_db, table=uses_table
+                )
                 print(line, file=sys.stderr)
             result = args.func(args, config)
     except ConfigError as exc:

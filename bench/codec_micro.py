@@ -1,10 +1,10 @@
 """Per-event cost of the codec and record_json, and of the alternatives RESULTS.md suggests.
 
-Runs on the same 1,000-entry PackedForward request that ``forward_bench.py``
+Runs on the same 1,000-entry PackedForward request that ``forward_bench``
 sends, pinned to one core, best of 9 runs. Prints microseconds per event.
 ``orjson`` is measured only when it is importable (it is not a dependency)::
 
-    .venv/bin/python bench/codec_micro.py
+    .venv/bin/python -m bench.codec_micro
 """
 
 from __future__ import annotations
@@ -12,22 +12,15 @@ from __future__ import annotations
 import json
 import os
 import struct
-import sys
-import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import msgpack
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from forward_bench import Workload, chunk_id  # noqa: E402
-
-from appliance.protocols.forward import EventTime, ForwardServerConnection  # noqa: E402
-from appliance.rows.records import record_json  # noqa: E402
+from appliance.protocols.forward import EventTime, ForwardServerConnection
+from appliance.rows.records import record_json
+from bench import harness
+from bench.forward_bench import Workload, chunk_id
 
 _EVENT_TIME = struct.Struct(">II")
 
@@ -37,18 +30,12 @@ def best_us(fn: Callable[[], object], events: int, repeats: int = 9) -> float:
 
     The fastest run is the one least disturbed by other processes.
     """
-    fastest = float("inf")
-    for _ in range(repeats):
-        calls = 0
-        start = time.perf_counter()
-        while True:
-            fn()
-            calls += 1
-            elapsed = time.perf_counter() - start
-            if elapsed >= 0.05:
-                break
-        fastest = min(fastest, elapsed / calls)
-    return fastest / events * 1e6
+
+    def run() -> int:
+        fn()
+        return events
+
+    return 1e6 / harness.best_rate(run, 0.05, repeats)
 
 
 def unpack(stream: bytes, hook: Callable[[int, bytes], Any]) -> list[Any]:
@@ -93,8 +80,11 @@ def inline_entries(stream: bytes) -> tuple[list[int], list[dict[Any, Any]]]:
 
 
 def main() -> int:
-    if hasattr(os, "sched_setaffinity"):
-        os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
+    with harness.pinned(sorted(os.sched_getaffinity(0))[0]):
+        return measure()
+
+
+def measure() -> int:
     workload = Workload.build(1000, 100)
     request = workload.request(chunk_id(1, 0, 0))
     entries = unpack(workload.entries, msgpack.ExtType)

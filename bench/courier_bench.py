@@ -30,65 +30,29 @@ Delta commit (``EventsTable.commit``).
 Nothing here asserts a time: it reports. It exits 1 only when the table does
 not hold exactly what was acknowledged, or the server did not exit 0.
 
-    .venv/bin/python bench/courier_bench.py
-    .venv/bin/python bench/courier_bench.py --cases 1024:10:4 --duration 15
-    .venv/bin/python bench/courier_bench.py --message evnt
+    .venv/bin/python -m bench.courier_bench
+    .venv/bin/python -m bench.courier_bench --cases 1024:10:4 --duration 15
+    .venv/bin/python -m bench.courier_bench --message evnt
 """
 
 from __future__ import annotations
 
 import argparse
-import collections
 import dataclasses
-import functools
-import json
 import os
 import ssl
 import struct
 import sys
-import tempfile
-import threading
-import time
 import zlib
-from pathlib import Path
 from typing import Any
 
-from harness import (
-    TABLE_TAIL,
-    ConnectionResult,
-    add_arguments,
-    block_ceilings,
-    cpu_lines,
-    discard_state,
-    fmt_ceilings,
-    fmt_rate,
-    machine_info,
-    parse_cases,
-    pin_cores,
-    pinned,
-    print_header,
-    run_window,
-    start_server,
-    stop_server,
-    table_counts,
-    table_tail_cells,
-    tls_connect,
-    write_json,
-)
+from bench import harness
+from bench.harness import COURIER_HEADER, COURIER_HELO, fmt_rate
 
 #: PAYLOAD:IN_FLIGHT[:CONNECTIONS]. 1024 events is Log Courier's default
 #: ``spool size``, 10 in flight its default ``max pending payloads``.
 DEFAULT_CASES = "100:1,1024:1,1024:10,4096:10"
-HEADER = struct.Struct(">4sI")
 U32 = struct.Struct(">I")
-HELO = (
-    b"HELO"
-    + U32.pack(32)
-    + b"\x00\x00\x00\x00"
-    + struct.pack(">III", 2, 10, 0)
-    + b"BNCH"
-    + bytes(12)
-)
 _FILLER = (
     '{i} 10.0.{d}.7 - - "GET /api/v1/orders/{d}?page=2 HTTP/1.1" 200 512 '
     '"https://example.test/" "Mozilla/5.0 (X11; Linux x86_64)" rt=0.0{d} '
@@ -98,19 +62,17 @@ _FILLER = (
 # -- workload ------------------------------------------------------------------
 
 
-def make_event(i: int, target: int) -> dict[str, Any]:
+def make_event(i: int, target: int) -> bytes:
     """A Log Courier-shaped event (docs/Events.md) whose JSON is about ``target`` bytes."""
     event: dict[str, Any] = {
-        "@timestamp": f"2026-11-22T10:{i // 60 % 60:02d}:{i % 60:02d}.{i % 1000:03d}Z",
+        "@timestamp": harness.event_timestamp(i),
         "host": f"web-{i % 16:02d}",
         "path": "/var/log/nginx/access.log",
         "offset": i * 211,
         "type": "nginx",
         "message": "",
     }
-    base = len(json.dumps(event, separators=(",", ":")))
-    event["message"] = (_FILLER.format(i=i, d=i % 997) * 8)[: max(0, target - base)]
-    return event
+    return harness.padded_json(event, _FILLER.format(i=i, d=i % 997), target)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,14 +87,10 @@ class Workload:
 
     @classmethod
     def build(cls, events: int, event_bytes: int, streamed: bool) -> Workload:
-        payloads = [
-            json.dumps(make_event(i, event_bytes), separators=(",", ":")).encode()
-            for i in range(events)
-        ]
-        stream = b"".join(U32.pack(len(p)) + p for p in payloads)
+        payloads = [make_event(i, event_bytes) for i in range(events)]
         return cls(
             events,
-            zlib.compress(stream, 3),
+            zlib.compress(harness.courier_events(payloads), 3),
             sum(map(len, payloads)),
             sum(map(len, payloads)) / events,
             streamed,
@@ -141,7 +99,7 @@ class Workload:
     def message(self, nonce: bytes) -> bytes:
         if self.streamed:
             return b"EVNT\xff\xff\xff\xff" + nonce + self.compressed
-        return b"JDAT" + U32.pack(16 + len(self.compressed)) + nonce + self.compressed
+        return harness.courier_jdat(nonce, self.compressed)
 
     @property
     def wire_bytes(self) -> int:
@@ -160,17 +118,17 @@ def measure_ceilings(
     from appliance.rows.courier import payload_block
     from appliance.server.listener import ConnectionInfo
 
-    with pinned(core):
+    with harness.pinned(core):
         group = max(1, 25_000 // workload.events)  # about one commit group of rows
         info = ConnectionInfo("courier", "127.0.0.1:50000", True)
         settings = CourierListenerConfig()
         data = b"".join(workload.message(os.urandom(16)) for _ in range(group))
 
         def payloads() -> list[PayloadReceived]:
-            events = CourierServerConnection().receive_data(HELO + data)
+            events = CourierServerConnection().receive_data(COURIER_HELO + data)
             return [e for e in events if isinstance(e, PayloadReceived)]
 
-        return block_ceilings(
+        return harness.block_ceilings(
             payloads,
             lambda p: p.count,
             lambda p, now: payload_block(
@@ -185,70 +143,47 @@ def measure_ceilings(
 # -- load generator ------------------------------------------------------------
 
 
-@dataclasses.dataclass
-class CourierResult(ConnectionResult):
-    nonces_acked: list[bytes] = dataclasses.field(default_factory=list)
-    keepalives: int = 0
-
-
 def read_message(tls: ssl.SSLSocket, buffer: bytearray) -> tuple[bytes, bytes]:
     while True:
-        if len(buffer) >= HEADER.size:
-            kind, length = HEADER.unpack_from(buffer)
-            if len(buffer) >= HEADER.size + length:
-                body = bytes(buffer[HEADER.size : HEADER.size + length])
-                del buffer[: HEADER.size + length]
+        if len(buffer) >= COURIER_HEADER.size:
+            kind, length = COURIER_HEADER.unpack_from(buffer)
+            if len(buffer) >= COURIER_HEADER.size + length:
+                body = bytes(buffer[COURIER_HEADER.size : COURIER_HEADER.size + length])
+                del buffer[: COURIER_HEADER.size + length]
                 return kind, body
-        data = tls.recv(65536)
-        if not data:
-            raise ConnectionError("server closed the connection")
-        buffer += data
+        buffer += harness.receive(tls)
 
 
-def run_connection(
-    context: ssl.SSLContext,
-    start: threading.Event,
-    stop_at: list[float],
-    *,
-    port: int,
-    workload: Workload,
-    in_flight: int,
-    result: CourierResult,
-) -> None:
-    """One Log Courier-like sender: up to ``in_flight`` payloads unacked, ACKNs in order."""
-    try:
-        with tls_connect(context, port) as tls:
-            buffer = bytearray()
-            tls.sendall(HELO)
-            kind, body = read_message(tls, buffer)
-            if kind != b"VERS" or (workload.streamed and not body[0] & 0x01):
-                raise ValueError(f"unexpected handshake reply {kind!r} {body.hex()}")
-            sent: collections.deque[tuple[bytes, float]] = collections.deque()
-            start.wait()
-            while True:
-                while len(sent) < in_flight and time.perf_counter() < stop_at[0]:
-                    nonce = os.urandom(16)
-                    sent.append((nonce, time.perf_counter()))
-                    tls.sendall(workload.message(nonce))
-                if not sent:
-                    break
-                kind, body = read_message(tls, buffer)
-                if kind != b"ACKN" or len(body) != 20:
-                    raise ValueError(f"unexpected message {kind!r} of {len(body)} bytes")
-                nonce, count = body[:16], U32.unpack(body[16:])[0]
-                if count == 0:
-                    result.keepalives += 1  # a partial ACKN: the commit is still running
-                    continue
-                expected, sent_at = sent[0]
-                if nonce != expected or count != workload.events:
-                    raise ValueError(f"ACKN {nonce.hex()} {count} out of order or short")
-                sent.popleft()
-                now = time.perf_counter()
-                result.ack_times.append(now)
-                result.latencies.append(now - sent_at)
-                result.nonces_acked.append(nonce)
-    except BaseException as exc:
-        result.error = exc
+class CourierClient:
+    """A Log Courier-like sender (a :class:`harness.Pipeline`): a new nonce per payload."""
+
+    def __init__(self, workload: Workload) -> None:
+        self.workload = workload
+        self.buffer = bytearray()
+
+    def handshake(self, tls: ssl.SSLSocket) -> None:
+        tls.sendall(COURIER_HELO)
+        kind, body = read_message(tls, self.buffer)
+        if kind != b"VERS" or (self.workload.streamed and not body[0] & 0x01):
+            raise ValueError(f"unexpected handshake reply {kind!r} {body.hex()}")
+
+    def request(self) -> tuple[bytes, bytes]:
+        nonce = os.urandom(16)
+        return nonce, self.workload.message(nonce)
+
+    def answers(self, tls: ssl.SSLSocket) -> list[tuple[bytes, bytes]]:
+        return [read_message(tls, self.buffer)]
+
+    def acknowledges(self, answer: tuple[bytes, bytes], expected: bytes) -> bool:
+        kind, body = answer
+        if kind != b"ACKN" or len(body) != 20:
+            raise ValueError(f"unexpected message {kind!r} of {len(body)} bytes")
+        nonce, count = body[:16], U32.unpack(body[16:])[0]
+        if count == 0:
+            return False  # a partial ACKN: the commit is still running
+        if nonce != expected or count != self.workload.events:
+            raise ValueError(f"ACKN {nonce.hex()} {count} out of order or short")
+        return True
 
 
 # -- one case ------------------------------------------------------------------
@@ -292,44 +227,36 @@ def run_case(
     events: int, in_flight: int, connections: int, args: argparse.Namespace, core: int | None
 ) -> CaseResult:
     workload = Workload.build(events, args.event_bytes, args.message == "evnt")
-    state_dir = Path(tempfile.mkdtemp(prefix=f"courier-bench-{events}x{in_flight}-"))
-    server = start_server(state_dir, args, 'name = "courier"\nprotocol = "courier"\n', core)
-    results = [CourierResult() for _ in range(connections)]
-    senders = [
-        functools.partial(
-            run_connection, port=server.port, workload=workload, in_flight=in_flight, result=r
-        )
-        for r in results
-    ]
-    measured = run_window(server, senders, results, args.warmup, args.duration)
-    code, stopped = stop_server(server)
-    in_window = measured.latencies(results)
-    acked_payloads = sum(len(r.nonces_acked) for r in results)
-    table_rows, table_batches = table_counts(state_dir / "var" / "lake" / "events")
-    seconds = measured.seconds
-    result = CaseResult(
+    run = harness.run_tls_case(
+        args,
+        f"courier-bench-{events}x{in_flight}-",
+        lambda state_dir: harness.start_server(
+            state_dir, args, 'name = "courier"\nprotocol = "courier"\n', core
+        ),
+        [CourierClient(workload) for _ in range(connections)],
+        in_flight,
+    )
+    in_window = len(run.latencies)
+    seconds = run.window.seconds
+    return CaseResult(
         events=events,
         in_flight=in_flight,
         connections=connections,
         message=args.message.upper(),
-        seconds=seconds,
-        json_mb_per_second=len(in_window) * workload.json_bytes / seconds / 1e6,
-        wire_mb_per_second=len(in_window) * workload.wire_bytes / seconds / 1e6,
-        server_threads=measured.thread_totals_delta(),
-        acked_events=acked_payloads * events,
-        acked_payloads=acked_payloads,
-        keepalives=sum(r.keepalives for r in results),
-        table_rows=table_rows,
-        table_batches=table_batches,
-        commits=stopped.get("commits", "?"),
-        server_exit=code,
+        json_mb_per_second=in_window * workload.json_bytes / seconds / 1e6,
+        wire_mb_per_second=in_window * workload.wire_bytes / seconds / 1e6,
+        acked_events=run.acked * events,
+        acked_payloads=run.acked,
+        keepalives=run.keepalives,
+        table_rows=run.table_rows,
+        table_batches=run.table_batches,
         ok=(
-            table_rows == acked_payloads * events and table_batches == acked_payloads and code == 0
+            run.table_rows == run.acked * events
+            and run.table_batches == run.acked
+            and run.server_exit == 0
         ),
-        **measured.metrics(len(in_window) * events, in_window),
+        **run.measured(events),
     )
-    discard_state(state_dir, args.keep)
-    return result
 
 
 # -- reporting -----------------------------------------------------------------
@@ -340,7 +267,7 @@ def print_case(r: CaseResult) -> None:
         f"  {r.label}: {fmt_rate(r.events_per_second)} events/s, "
         f"{r.json_mb_per_second:.1f} MB/s of JSON ({r.wire_mb_per_second:.1f} MB/s on the "
         f"wire), p50 {r.p50_ms:.0f} ms, p99 {r.p99_ms:.0f} ms\n"
-        + cpu_lines(r)
+        + harness.cpu_lines(r)
         + f"    verify: acked {r.acked_events:,} events in {r.acked_payloads:,} payloads "
         f"({r.keepalives} partial ACKNs seen); table has {r.table_rows:,} rows in "
         f"{r.table_batches:,} nonces; server exit {r.server_exit}: "
@@ -349,23 +276,48 @@ def print_case(r: CaseResult) -> None:
     )
 
 
-def results_table(results: list[CaseResult]) -> str:
-    lines = [
-        "| payload | conn x in flight | events/s | MB/s JSON | MB/s wire " + TABLE_TAIL,
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
-    ]
-    for r in results:
-        lines.append(
-            f"| {r.message} {r.events} | {r.connections} x {r.in_flight} "
-            f"| {fmt_rate(r.events_per_second)} | {r.json_mb_per_second:.1f} "
-            f"| {r.wire_mb_per_second:.1f}" + table_tail_cells(r)
-        )
-    return "\n".join(lines)
+#: The columns of the results table before :data:`harness.RESULT_COLUMNS`.
+COLUMNS: list[harness.Column] = [
+    ("payload", "---", lambda r: f"{r.message} {r.events}"),
+    ("conn x in flight", "---", lambda r: f"{r.connections} x {r.in_flight}"),
+    ("events/s", "---:", lambda r: fmt_rate(r.events_per_second)),
+    ("MB/s JSON", "---:", lambda r: f"{r.json_mb_per_second:.1f}"),
+    ("MB/s wire", "---:", lambda r: f"{r.wire_mb_per_second:.1f}"),
+]
+
+
+def settings(args: argparse.Namespace) -> str:
+    return (
+        f"settings: {args.message.upper()}, ~{args.event_bytes}-byte JSON events, zlib level 3, "
+        f"warm-up {args.warmup}s, window {args.duration}s, "
+        f"commit_max_delay_seconds={args.commit_delay}, commit_max_rows={args.commit_max_rows}"
+    )
+
+
+BENCH = harness.SizedBench(
+    title="Log Courier bench",
+    packages=("trio", "deltalake", "pyarrow"),
+    info={"zlib": zlib.ZLIB_RUNTIME_VERSION},
+    in_flight=1,
+    settings=settings,
+    workload=lambda events, args: Workload.build(events, args.event_bytes, args.message == "evnt"),
+    measure=measure_ceilings,
+    describe=lambda events, workload: (
+        f"payload of {events}: {workload.wire_bytes:,} bytes on the wire "
+        f"({workload.json_bytes:,} of JSON, {workload.event_bytes:.0f} bytes/event)"
+    ),
+    announce=lambda events, in_flight, connections: (
+        f"case: {events} events/payload, {connections} connections x {in_flight} in flight"
+    ),
+    run=run_case,
+    report=print_case,
+    table=lambda results: harness.results_table(results, COLUMNS),
+)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    add_arguments(
+    harness.add_arguments(
         parser,
         DEFAULT_CASES,
         "comma-separated EVENTS[:IN_FLIGHT[:CONNECTIONS]]: events per payload, payloads "
@@ -373,38 +325,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--message", choices=["jdat", "evnt"], default="jdat")
     parser.add_argument("--event-bytes", type=int, default=250, help="JSON bytes/event (250)")
-    args = parser.parse_args(argv)
-
-    (core, _), pinning, usable = pin_cores(args.no_pin)
-    info = machine_info(
-        usable, ("trio", "deltalake", "pyarrow"), {"zlib": zlib.ZLIB_RUNTIME_VERSION}
-    )
-    print_header("Log Courier bench", info, pinning, core)
-    print(
-        f"settings: {args.message.upper()}, ~{args.event_bytes}-byte JSON events, zlib level 3, "
-        f"warm-up {args.warmup}s, window {args.duration}s, "
-        f"commit_max_delay_seconds={args.commit_delay}, commit_max_rows={args.commit_max_rows}"
-    )
-    ceilings: dict[int, dict[str, float]] = {}
-    results: list[CaseResult] = []
-    for events, in_flight, connections in parse_cases(args.cases, 1, args.connections):
-        if events not in ceilings:
-            workload = Workload.build(events, args.event_bytes, args.message == "evnt")
-            ceilings[events] = measure_ceilings(
-                workload, args.ceiling_seconds, core, with_commit=not args.no_commit_ceiling
-            )
-            print(
-                f"\npayload of {events}: {workload.wire_bytes:,} bytes on the wire "
-                f"({workload.json_bytes:,} of JSON, {workload.event_bytes:.0f} bytes/event); "
-                "in-process ceilings on one core (events/s): " + fmt_ceilings(ceilings[events]),
-                flush=True,
-            )
-        print(f"case: {events} events/payload, {connections} connections x {in_flight} in flight")
-        results.append(run_case(events, in_flight, connections, args, core))
-        print_case(results[-1])
-    print("\n" + results_table(results))
-    write_json(args.json, machine=info, pinning=pinning, ceilings=ceilings, cases=results)
-    return 0 if all(r.ok for r in results) else 1
+    return harness.run_bench(BENCH, parser.parse_args(argv))
 
 
 if __name__ == "__main__":

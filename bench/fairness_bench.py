@@ -32,9 +32,9 @@ Per protocol (``--protocols``; forward, lumberjack, courier, websocket):
    answered in the window; then SIGTERM, and the table must hold every normal
    batch exactly once (the only check: the bench never judges a time).
 
-    .venv/bin/python bench/fairness_bench.py
-    .venv/bin/python bench/fairness_bench.py --protocols forward --batches 300
-    .venv/bin/python bench/fairness_bench.py --append-results   # also into RESULTS.md
+    .venv/bin/python -m bench.fairness_bench
+    .venv/bin/python -m bench.fairness_bench --protocols forward --batches 300
+    .venv/bin/python -m bench.fairness_bench --append-results   # also into RESULTS.md
 
 Every server has ``commit_max_delay_seconds`` = ``--commit-delay`` (0.1): the
 normal client's latency alone is about that; "the commit delay plus a small
@@ -51,7 +51,6 @@ import gzip
 import json
 import os
 import resource
-import shutil
 import ssl
 import struct
 import sys
@@ -64,18 +63,9 @@ from pathlib import Path
 from typing import Any
 
 import msgpack
-from harness import (
-    ROOT,
-    Server,
-    cpu_model,
-    pin_cores,
-    proc_cpu_seconds,
-    quantile,
-    start_server,
-    stop_server,
-    system_cpu_seconds,
-    tls_connect,
-)
+
+from bench import harness
+from bench.harness import COURIER_HELO, Server, quantile, tls_connect
 
 RESULTS = Path(__file__).with_name("RESULTS.md")
 #: Seconds one normal batch may wait for its ack before the bench gives up (not a judgement).
@@ -95,10 +85,7 @@ class Client:
         self.sock.sendall(data)
         received = bytearray()
         while not done(received):
-            chunk = self.sock.recv(65536)
-            if not chunk:
-                raise ConnectionError("the server closed the connection")
-            received += chunk
+            received += harness.receive(self.sock)
         return bytes(received)
 
     def close(self) -> None:
@@ -125,29 +112,14 @@ class ForwardNormal:
         self.events = events
 
     def batch(self, batch_id: str) -> None:
-        entries = b"".join(
-            msgpack.packb([int(time.time()), record(i, batch_id)]) for i in range(self.events)
-        )
-        data = msgpack.packb(["normal", entries, {"chunk": batch_id, "size": self.events}])
+        now = int(time.time())
+        entries = [[now, record(i, batch_id)] for i in range(self.events)]
+        data = harness.packed_forward("normal", entries, batch_id)
         answer = self.client.request(data, _has_msgpack_answer)
         assert msgpack.unpackb(answer) == {"ack": batch_id}, answer
 
     def close(self) -> None:
         self.client.close()
-
-
-def lumberjack_window(events: list[bytes]) -> bytes:
-    frames = b"".join(
-        b"2J" + struct.pack(">II", seq, len(e)) + e for seq, e in enumerate(events, 1)
-    )
-    compressed = zlib.compress(frames, 3)
-    return (
-        b"2W"
-        + struct.pack(">I", len(events))
-        + b"2C"
-        + struct.pack(">I", len(compressed))
-        + (compressed)
-    )
 
 
 def _lumberjack_ack(n: int) -> Callable[[bytearray], bool]:
@@ -170,31 +142,17 @@ class LumberjackNormal:
             json.dumps({"@metadata": {"beat": "normal"}, **record(i, batch_id)}).encode()
             for i in range(self.events)
         ]
-        self.client.request(lumberjack_window(events), _lumberjack_ack(self.events))
+        self.client.request(harness.lumberjack_window(events), _lumberjack_ack(self.events))
 
     def close(self) -> None:
         self.client.close()
-
-
-COURIER_HEADER = struct.Struct(">4sI")
-
-
-def courier_helo() -> bytes:
-    body = b"\x00\x00\x00\x00" + struct.pack(">III", 2, 10, 0) + b"BNCH" + bytes(12)
-    return COURIER_HEADER.pack(b"HELO", len(body)) + body
-
-
-def courier_jdat(nonce: bytes, events: list[bytes]) -> bytes:
-    stream = b"".join(struct.pack(">I", len(e)) + e for e in events)
-    body = nonce + zlib.compress(stream, 3)
-    return COURIER_HEADER.pack(b"JDAT", len(body)) + body
 
 
 def _courier_ack(nonce: bytes, count: int) -> Callable[[bytearray], bool]:
     def done(buffer: bytearray) -> bool:
         offset = 0
         while len(buffer) - offset >= 8:
-            kind, length = COURIER_HEADER.unpack_from(buffer, offset)
+            kind, length = harness.COURIER_HEADER.unpack_from(buffer, offset)
             if len(buffer) - offset < 8 + length:
                 return False
             body = buffer[offset + 8 : offset + 8 + length]
@@ -213,13 +171,14 @@ def _courier_ack(nonce: bytes, count: int) -> Callable[[bytearray], bool]:
 class CourierNormal:
     def __init__(self, context: ssl.SSLContext, port: int, events: int) -> None:
         self.client = Client(context, port)
-        self.client.request(courier_helo(), lambda b: len(b) >= 8)  # VERS
+        self.client.request(COURIER_HELO, lambda b: len(b) >= 8)  # VERS
         self.events = events
 
     def batch(self, batch_id: str) -> None:
         nonce = os.urandom(16)
         events = [json.dumps(record(i, batch_id)).encode() for i in range(self.events)]
-        self.client.request(courier_jdat(nonce, events), _courier_ack(nonce, self.events))
+        data = harness.courier_jdat(nonce, zlib.compress(harness.courier_events(events), 3))
+        self.client.request(data, _courier_ack(nonce, self.events))
 
     def close(self) -> None:
         self.client.close()
@@ -329,7 +288,7 @@ def forward_max_events() -> Request:
 
 
 def lumberjack_max_window() -> Request:
-    data = lumberjack_window([b"{}"] * 100_000)
+    data = harness.lumberjack_window([b"{}"] * 100_000)
     return lambda n: (data, _lumberjack_ack(100_000))
 
 
@@ -338,8 +297,7 @@ def courier_max_events() -> Request:
 
     def request(n: int) -> tuple[bytes, Callable[[bytearray], bool]]:
         nonce = n.to_bytes(16, "big")  # a fresh nonce each time (no dedupe)
-        body = nonce + compressed
-        return COURIER_HEADER.pack(b"JDAT", len(body)) + body, _courier_ack(nonce, 250_000)
+        return harness.courier_jdat(nonce, compressed), _courier_ack(nonce, 250_000)
 
     return request
 
@@ -389,7 +347,7 @@ def run_neighbour(
             client = Client(context, port)
             try:
                 if protocol == "courier":
-                    client.request(courier_helo(), lambda b: len(b) >= 8)
+                    client.request(COURIER_HELO, lambda b: len(b) >= 8)
                 while not stop.is_set():
                     sequence += 1
                     data, done = requests(sequence)
@@ -468,10 +426,12 @@ def measured_phase(
     normal: Any, prefix: str, batches: int, pid: int, neighbour: NeighbourStats | None = None
 ) -> Phase:
     """:func:`normal_phase`, with the server's and the other processes' CPU over it."""
-    server0, busy0, wall0 = proc_cpu_seconds(pid), system_cpu_seconds()[0], time.perf_counter()
+    server0, busy0 = harness.proc_cpu_seconds(pid), harness.system_cpu_seconds()[0]
+    wall0 = time.perf_counter()
     own0 = resource.getrusage(resource.RUSAGE_SELF)
     latencies = normal_phase(normal, prefix, batches)
-    server1, busy1, wall1 = proc_cpu_seconds(pid), system_cpu_seconds()[0], time.perf_counter()
+    server1, busy1 = harness.proc_cpu_seconds(pid), harness.system_cpu_seconds()[0]
+    wall1 = time.perf_counter()
     own1 = resource.getrusage(resource.RUSAGE_SELF)
     wall = wall1 - wall0
     server = server1 - server0
@@ -487,22 +447,17 @@ def add_token(server_config: Path) -> str:
     out = subprocess.run(
         [sys.executable, "-m", "appliance", "token", "add", "bench", "--config",
          str(server_config), "--json"],
-        capture_output=True, text=True, check=True, env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True, text=True, check=True, env=harness.tree_env(),
     )  # fmt: skip
     return str(json.loads(out.stdout)["token"])
 
 
 def run_protocol(protocol: str, kind: str, args: argparse.Namespace, core: int | None) -> Result:
     state_dir = Path(tempfile.mkdtemp(prefix=f"fairness-{protocol}-"))
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    server: Server = start_server(
-        state_dir, args, LISTENERS[protocol], core,
-        command=(sys.executable, "-m", "appliance", "serve"), env=env,
-    )  # fmt: skip
+    server: Server = harness.start_server(state_dir, args, LISTENERS[protocol], core)
     try:
         token = add_token(state_dir / "bench.toml") if protocol == "websocket" else ""
-        context = ssl.create_default_context(cafile=str(server.ca_file))
+        context = harness.tls_context(server.ca_file)
         normal = make_normal(protocol, context, server.port, args, token)
         try:
             normal_phase(normal, "warmup", 5)
@@ -533,10 +488,9 @@ def run_protocol(protocol: str, kind: str, args: argparse.Namespace, core: int |
         server.proc.wait()
         print(server.log_tail(), file=sys.stderr)
         raise
-    code, _ = stop_server(server)
+    code, _ = harness.stop_server(server)
     table_ok = normal_batches_once(state_dir / "var" / "lake" / "events", args)
-    if not args.keep:
-        shutil.rmtree(state_dir, ignore_errors=True)
+    harness.discard_state(state_dir, args.keep)
     return Result(protocol, kind, alone, loaded, table_ok, code)
 
 
@@ -602,10 +556,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
 
-    (core, _), pinning, usable = pin_cores(args.no_pin)
-    command = " ".join([".venv/bin/python", "bench/fairness_bench.py", *sys.argv[1:]])
+    (core, _), pinning, usable = harness.pin_cores(args.no_pin)
+    command = " ".join([".venv/bin/python", "-m", "bench.fairness_bench", *sys.argv[1:]])
     started = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
-    machine = f"{os.cpu_count()} CPUs (usable: {usable}), {cpu_model()}; {pinning}"
+    machine = f"{os.cpu_count()} CPUs (usable: {usable}), {harness.cpu_model()}; {pinning}"
     print(f"# fairness bench\ncommand: {command}\ndate: {started}\nmachine: {machine}")
     print(
         f"normal client: {args.events} events per batch, {args.batches} batches per phase, one "

@@ -23,13 +23,16 @@ plus ``record_json``); that plus ``forward_block``/``blocks_to_arrow``; and that
 plus the Delta commit (``EventsTable.commit``), i.e. everything but TLS and trio.
 
 ``--profile`` runs one case (``--profile-case``) with the server under
-cProfile in every Python thread (``profile_server.py``) and prints the top
+cProfile in every Python thread (``bench.profile_server``) and prints the top
 functions by cumulative and by own time. ``--profile py-spy`` samples the
 running server with py-spy instead (``pip install -r bench/requirements.txt``):
 much less overhead, so the shares are closer to an unprofiled run.
 
 Nothing here asserts a time: it reports. It fails (exit 1) only when the
 table does not hold exactly what was acknowledged.
+
+    .venv/bin/python -m bench.forward_bench
+    .venv/bin/python -m bench.forward_bench --cases 1000:16 --duration 15
 """
 
 from __future__ import annotations
@@ -49,44 +52,25 @@ import struct
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import msgpack
-from harness import (
+
+from bench import harness
+from bench.harness import (
     ROOT,
     VENV_BIN,
-    ConnectionResult,
     Server,
-    add_arguments,
-    best_rate,
-    commit_rate,
     cpu_model,
-    discard_state,
-    fmt_ceilings,
     fmt_rate,
     fmt_threads,
-    free_port,
     git_commit,
     memory_gib,
     package_versions,
-    parse_cases,
-    pin_cores,
-    pinned,
-    print_header,
-    run_window,
-    stop_server,
-    table_counts,
-    tls_connect,
-    write_json,
 )
-from harness import start_server as start_appliance
 
-# Measure the tree this file lives in (a checkout or a snapshot), in this
-# process and in the server, whatever the venv's editable install points at.
-sys.path.insert(0, str(ROOT))
 TAG = "bench.tag"
 DEFAULT_CASES = "1:1,100:1,1000:1,100:32:8,1000:16"
 
@@ -191,7 +175,7 @@ def measure_ceilings(
     from appliance.rows.records import record_json
     from appliance.server.listener import ConnectionInfo
 
-    with pinned(core):
+    with harness.pinned(core):
         request = workload.request(chunk_id(1, 0, 0))
         # Requests per call: about one commit group's worth of rows.
         group = max(1, 25_000 // workload.batch)
@@ -235,12 +219,12 @@ def measure_ceilings(
             return int(codec_arrow_table()[0])
 
         result = {
-            "decode": best_rate(decode_only, seconds),
-            "codec": best_rate(codec, seconds),
-            "arrow": best_rate(codec_arrow, seconds),
+            "decode": harness.best_rate(decode_only, seconds),
+            "codec": harness.best_rate(codec, seconds),
+            "arrow": harness.best_rate(codec_arrow, seconds),
         }
         if with_commit:
-            result["commit"] = commit_rate(
+            result["commit"] = harness.commit_rate(
                 lambda: codec_arrow_table()[1], seconds, "forward-bench-ceiling-"
             )
         return result
@@ -255,32 +239,27 @@ def start_server(
     server_core: int | None,
     profile_dir: Path | None,
 ) -> Server:
-    """``python -m appliance serve`` on this tree (or under ``profile_server.py``)."""
-    if profile_dir is None:
-        command = [sys.executable, "-m", "appliance", "serve"]
-    else:
+    """``python -m appliance serve`` on this tree (or under ``bench.profile_server``)."""
+    command: list[str] = list(harness.APPLIANCE_SERVE)
+    if profile_dir is not None:
         command = [
-            sys.executable,
-            str(Path(__file__).with_name("profile_server.py")),
+            *harness.bench_module("profile_server"),
             str(profile_dir),
             "--timer",
             args.profile_timer,
             "serve",
         ]
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    return start_appliance(
+    return harness.start_server(
         state_dir,
         args,
         'name = "forward"\n',
         server_core,
         command=command,
-        env=env,
         preamble='[log]\nlevel = "info"\n'
         + (
             "[admin]\nenabled = false\n"
             if args.no_metrics
-            else f'[admin]\nbind = "127.0.0.1:{free_port()}"\n'
+            else f'[admin]\nbind = "127.0.0.1:{harness.free_port()}"\n'
         ),
     )
 
@@ -288,53 +267,32 @@ def start_server(
 # -- load generator ------------------------------------------------------------
 
 
-@dataclasses.dataclass
-class ForwardResult(ConnectionResult):
-    chunks_acked: int = 0
+class FluentdClient:
+    """A Fluentd-like sender (a :class:`harness.Pipeline`): a new chunk id per request."""
 
+    def __init__(self, workload: Workload, nonce: int, index: int) -> None:
+        self.workload = workload
+        self.nonce = nonce
+        self.index = index
+        self.seq = 0
+        self.acks = msgpack.Unpacker(raw=False)
 
-def run_connection(
-    context: ssl.SSLContext,
-    start: threading.Event,
-    stop_at: list[float],
-    *,
-    index: int,
-    port: int,
-    workload: Workload,
-    pipeline: int,
-    nonce: int,
-    result: ForwardResult,
-) -> None:
-    """One Fluentd-like sender: up to ``pipeline`` chunks in flight, acks checked in order."""
-    try:
-        with tls_connect(context, port) as tls:
-            acks = msgpack.Unpacker(raw=False)
-            inflight: collections.deque[tuple[str, float]] = collections.deque()
-            seq = 0
-            start.wait()
-            while True:
-                while len(inflight) < pipeline and time.perf_counter() < stop_at[0]:
-                    chunk = chunk_id(nonce, index, seq)
-                    seq += 1
-                    request = workload.request(chunk)
-                    inflight.append((chunk, time.perf_counter()))
-                    tls.sendall(request)
-                if not inflight:
-                    break
-                data = tls.recv(65536)
-                if not data:
-                    raise ConnectionError("server closed the connection")
-                acks.feed(data)
-                for ack in acks:
-                    now = time.perf_counter()
-                    chunk, sent = inflight.popleft()
-                    if ack != {"ack": chunk}:
-                        raise ValueError(f"unexpected ack {ack!r}, waiting for {chunk!r}")
-                    result.ack_times.append(now)
-                    result.latencies.append(now - sent)
-                    result.chunks_acked += 1
-    except BaseException as exc:
-        result.error = exc
+    def handshake(self, tls: ssl.SSLSocket) -> None:
+        pass
+
+    def request(self) -> tuple[str, bytes]:
+        chunk = chunk_id(self.nonce, self.index, self.seq)
+        self.seq += 1
+        return chunk, self.workload.request(chunk)
+
+    def answers(self, tls: ssl.SSLSocket) -> list[Any]:
+        self.acks.feed(harness.receive(tls))
+        return list(self.acks)
+
+    def acknowledges(self, answer: Any, expected: str) -> bool:
+        if answer != {"ack": expected}:
+            raise ValueError(f"unexpected ack {answer!r}, waiting for {expected!r}")
+        return True
 
 
 # -- one case ------------------------------------------------------------------
@@ -388,65 +346,53 @@ def run_case(
     """One case: a fresh server, the load, the window, the stop and the check."""
     server_core, client_core = cores
     workload = Workload.build(batch, args.record_bytes)
-    state_dir = Path(tempfile.mkdtemp(prefix=f"forward-bench-{batch}x{pipeline}-"))
     cprofile_dir = profile_dir if profiler == "cprofile" else None
-    server = start_server(state_dir, args, server_core, cprofile_dir)
-    results = [ForwardResult() for _ in range(connections)]
     nonce = int.from_bytes(os.urandom(8), "big")
-    senders = [
-        functools.partial(
-            run_connection,
-            index=i,
-            port=server.port,
-            workload=workload,
-            pipeline=pipeline,
-            nonce=nonce,
-            result=r,
-        )
-        for i, r in enumerate(results)
-    ]
     sampler = None
     if profiler == "py-spy":
         assert profile_dir is not None
         sampler = functools.partial(
             start_py_spy,
-            server.proc.pid,
-            profile_dir / "py-spy.txt",
-            client_core,
-            args.spy_rate,
-            args.spy_args.split(),
+            output=profile_dir / "py-spy.txt",
+            core=client_core,
+            rate=args.spy_rate,
+            extra=args.spy_args.split(),
         )
-    window = run_window(server, senders, results, args.warmup, args.duration, sampler)
-    code, stopped = stop_server(server)
 
-    latencies = window.latencies(results)
-    events = len(latencies) * batch
-    acked_chunks = sum(r.chunks_acked for r in results)
-    acked_events = acked_chunks * batch
-    table_rows, table_chunks = table_counts(state_dir / "var" / "lake" / "events")
-    ok = table_rows == acked_events and table_chunks == acked_chunks and code == 0
-    result = CaseResult(
+    run = harness.run_tls_case(
+        args,
+        f"forward-bench-{batch}x{pipeline}-",
+        lambda state_dir: start_server(state_dir, args, server_core, cprofile_dir),
+        [FluentdClient(workload, nonce, i) for i in range(connections)],
+        pipeline,
+        sampler,
+    )
+    window = run.window
+    acked_events = run.acked * batch
+    return CaseResult(
         batch=batch,
         pipeline=pipeline,
         connections=connections,
         window_seconds=window.seconds,
-        mb_per_second=len(latencies) * workload.request_bytes / window.seconds / 1e6,
+        mb_per_second=len(run.latencies) * workload.request_bytes / window.seconds / 1e6,
         steal_pct=100 * window.steal / window.seconds,
         acked_events=acked_events,
-        acked_chunks=acked_chunks,
-        table_rows=table_rows,
-        table_chunks=table_chunks,
-        commits=stopped.get("commits", "?"),
-        server_exit=code,
+        acked_chunks=run.acked,
+        table_rows=run.table_rows,
+        table_chunks=run.table_batches,
+        commits=run.commits,
+        server_exit=run.server_exit,
         server_threads=window.threads_by_kind(),
         request_bytes=workload.request_bytes,
         record_bytes=workload.record_bytes,
         ceilings=ceilings,
-        ok=ok,
-        **window.metrics(events, latencies),
+        ok=(
+            run.table_rows == acked_events
+            and run.table_batches == run.acked
+            and run.server_exit == 0
+        ),
+        **window.metrics(len(run.latencies) * batch, run.latencies),
     )
-    discard_state(state_dir, args.keep)
-    return result
 
 
 def py_spy_path() -> str | None:
@@ -628,7 +574,7 @@ def print_py_spy(path: Path, n: int) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    add_arguments(
+    harness.add_arguments(
         parser,
         DEFAULT_CASES,
         "comma-separated BATCH[:IN_FLIGHT[:CONNECTIONS]]: records per request, chunks in "
@@ -665,39 +611,40 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
 
-    cores, pinning, usable = pin_cores(args.no_pin)
+    cores, pinning, usable = harness.pin_cores(args.no_pin)
     info = machine_info(usable)
-    print_header("forward bench", info, pinning, cores[0])
+    harness.print_header("forward bench", info, pinning, cores[0])
     print(
         f"settings: {args.record_bytes}-byte records, "
         f"warm-up {args.warmup}s, window {args.duration}s, "
         f"commit_max_delay_seconds={args.commit_delay}, commit_max_rows={args.commit_max_rows}"
     )
 
-    cases = parse_cases(args.profile_case if args.profile else args.cases, 1, args.connections)
+    if args.profile:
+        args.cases = args.profile_case
     ceilings_by_batch: dict[int, dict[str, float]] = {}
-    results: list[CaseResult] = []
-    for batch, pipeline, connections in cases:
-        if batch not in ceilings_by_batch:
-            ceilings_by_batch[batch] = measure_ceilings(
-                Workload.build(batch, args.record_bytes),
-                args.ceiling_seconds,
-                cores[0],
-                with_commit=not args.no_commit_ceiling,
-            )
-            c = ceilings_by_batch[batch]
-            print(
-                f"\nbatch {batch}: in-process ceilings on one core (events/s): " + fmt_ceilings(c),
-                flush=True,
-            )
+    profile_dirs: list[Path] = []
+
+    def ceilings_of(batch: int) -> tuple[dict[str, float], str]:
+        found = measure_ceilings(
+            Workload.build(batch, args.record_bytes),
+            args.ceiling_seconds,
+            cores[0],
+            with_commit=not args.no_commit_ceiling,
+        )
+        ceilings_by_batch[batch] = found
+        line = f"\nbatch {batch}: in-process ceilings on one core (events/s): "
+        return found, line + harness.fmt_ceilings(found)
+
+    def run(batch: int, pipeline: int, connections: int) -> CaseResult:
         profile_dir = None
         if args.profile:
             profile_dir = args.profile_out or Path(tempfile.mkdtemp(prefix="forward-profile-"))
             profile_dir.mkdir(parents=True, exist_ok=True)
             for stale in [*profile_dir.glob("*.prof"), *profile_dir.glob("py-spy.txt")]:
                 stale.unlink()
-        print(f"case: batch {batch}, {connections} connections x {pipeline} in flight", flush=True)
-        result = run_case(
+            profile_dirs.append(profile_dir)
+        return run_case(
             batch,
             pipeline,
             connections,
@@ -707,14 +654,28 @@ def main(argv: list[str] | None = None) -> int:
             args.profile,
             profile_dir,
         )
+
+    def report(result: CaseResult) -> None:
         print_case(result)
-        results.append(result)
-        if profile_dir is not None and args.profile == "cprofile":
-            print(f"\ncProfile (timer: {args.profile_timer}) written to {profile_dir}")
-            print_profile(profile_dir, args.profile_top)
-        elif profile_dir is not None:
-            print(f"\npy-spy ({args.spy_rate}/s, measured window only) written to {profile_dir}")
-            print_py_spy(profile_dir / "py-spy.txt", args.profile_top)
+        if args.profile == "cprofile":
+            print(f"\ncProfile (timer: {args.profile_timer}) written to {profile_dirs[-1]}")
+            print_profile(profile_dirs[-1], args.profile_top)
+        elif args.profile:
+            print(
+                f"\npy-spy ({args.spy_rate}/s, measured window only) written to {profile_dirs[-1]}"
+            )
+            print_py_spy(profile_dirs[-1] / "py-spy.txt", args.profile_top)
+
+    _, results = harness.run_cases(
+        args,
+        1,
+        ceilings_of,
+        lambda batch, pipeline, connections: (
+            f"case: batch {batch}, {connections} connections x {pipeline} in flight"
+        ),
+        run,
+        report,
+    )
 
     workload = Workload.build(1, args.record_bytes)
     print(
@@ -724,7 +685,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     print()
     print(results_table(results))
-    write_json(args.json, machine=info, pinning=pinning, results=results)
+    harness.write_json(args.json, machine=info, pinning=pinning, results=results)
     failed = [r for r in results if not r.ok]
     if failed:
         for r in failed:

@@ -1,11 +1,20 @@
-"""What the protocol benchmarks share: the machine, the server subprocess, /proc, the window.
+"""What every benchmark shares: the tree, the machine, the server, the clients' bytes, the window.
 
-``forward_bench.py``, ``lumberjack_bench.py`` and ``courier_bench.py`` each
-start ``appliance serve`` with a fresh state directory (:func:`start_server`,
-:func:`stop_server`), drive it from client threads over a measured window
-(:func:`run_window`), read CPU and memory from ``/proc`` and check the table
-(:func:`table_counts`); ``logjam_bench.py`` uses the ``/proc`` readers and the
-table check. Each script keeps its own workload, client and report.
+The benchmarks run from the repository root as ``python -m bench.NAME``; the
+servers they start run this tree (:func:`tree_env`). The TLS protocol
+benchmarks (``forward_bench``, ``lumberjack_bench``, ``courier_bench``) start
+``python -m appliance serve`` with a fresh state directory
+(:func:`start_server`, :func:`stop_server`), drive it from client threads that
+keep requests in flight (:func:`pipelined`) over a measured window
+(:func:`run_tls_case`, :func:`run_window`), read CPU and memory from
+``/proc`` and check the table (:func:`table_counts`); ``lumberjack_bench`` and
+``courier_bench`` are each a :class:`SizedBench` that :func:`run_bench` runs.
+``fairness_bench`` uses the server, the clients' framing and ``/proc``;
+``logjam_bench`` runs its own server process (:func:`bench_module`) with the
+``/proc`` readers and the table check; ``websocket_bench`` and
+``metrics_overhead`` run the service in-process on requests built here;
+``codec_micro`` times with :func:`best_rate`. Each benchmark keeps its own
+workload and report.
 """
 
 from __future__ import annotations
@@ -13,6 +22,7 @@ from __future__ import annotations
 import argparse
 import collections
 import dataclasses
+import functools
 import importlib.metadata
 import json
 import os
@@ -24,24 +34,52 @@ import shutil
 import signal
 import socket
 import ssl
+import struct
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+import zlib
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, Protocol, TypeVar
 
+import msgpack
+
+#: The source tree the benchmarks sit in: what they measure.
 ROOT = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 #: What ``appliance serve`` prints once it listens; the rest of the line is a path.
 READY_LINE = b"CA certificate for clients:"
+#: ``appliance serve`` of this tree (run with :func:`tree_env`).
+APPLIANCE_SERVE = (sys.executable, "-m", "appliance", "serve")
 
 #: One live thread: its OS name and its CPU seconds so far.
 ThreadSample = dict[int, tuple[str, float]]
+#: What one case of a benchmark found (each benchmark has its own dataclass).
+Result = TypeVar("Result")
+
+
+# -- the tree ------------------------------------------------------------------
+
+
+def tree_env() -> dict[str, str]:
+    """This environment with the tree first on ``PYTHONPATH``.
+
+    A subprocess started with it runs this tree's ``appliance`` and ``bench``,
+    whatever the venv's editable install points at.
+    """
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    return env
+
+
+def bench_module(name: str) -> list[str]:
+    """The command line that runs ``bench/NAME.py`` as a module (with :func:`tree_env`)."""
+    return [sys.executable, "-m", f"bench.{name}"]
 
 
 # -- machine -------------------------------------------------------------------
@@ -142,11 +180,18 @@ def machine_info(
     }
 
 
+def command_line() -> str:
+    """How this benchmark was started: ``python -m bench.NAME ARGS``."""
+    spec = getattr(sys.modules["__main__"], "__spec__", None)
+    started = ["-m", spec.name] if spec is not None else sys.argv[:1]
+    return " ".join([Path(sys.executable).name, *started, *sys.argv[1:]])
+
+
 def print_header(title: str, info: dict[str, str], pinning: str, core: int | None) -> None:
     """Add the speed yardstick of the server core to ``info`` and print it all."""
     info["speed"] = f"sum(range(10**6)) takes {cpu_reference_ms(core):.1f} ms on the server core"
     print(f"# {title}")
-    print("command: " + " ".join([Path(sys.executable).name, *sys.argv]))
+    print(f"command: {command_line()}")
     for key, value in info.items():
         print(f"{key}: {value}")
     print(f"pinning: {pinning}")
@@ -353,12 +398,12 @@ def start_server(
     listener: str,
     core: int | None,
     *,
-    command: Sequence[str] = (str(VENV_BIN / "appliance"), "serve"),
-    env: dict[str, str] | None = None,
+    command: Sequence[str] = APPLIANCE_SERVE,
     preamble: str = "",
 ) -> Server:
     """``command --config FILE`` in ``state_dir``, pinned to ``core``, once it is ready.
 
+    ``command`` runs with this tree first on ``PYTHONPATH`` (:func:`tree_env`).
     The config has the state directory, then ``preamble``, the ``[lake]``
     settings of ``args`` (``commit_delay``, ``commit_max_rows``) and one
     ``[[listeners]]`` entry: ``listener`` (TOML lines) bound to a free port.
@@ -386,7 +431,7 @@ def start_server(
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
             [*command, "--config", str(config)],
-            stdout=subprocess.PIPE, stderr=log, preexec_fn=pin, cwd=state_dir, env=env,
+            stdout=subprocess.PIPE, stderr=log, preexec_fn=pin, cwd=state_dir, env=tree_env(),
         )  # fmt: skip
     server = Server(proc, state_dir, port, Path(), log_path)
     assert proc.stdout is not None
@@ -439,16 +484,155 @@ def discard_state(state_dir: Path, keep: bool) -> None:
         shutil.rmtree(state_dir, ignore_errors=True)
 
 
+# -- what the clients send -----------------------------------------------------
+
+#: Log Courier's frame header: the message type and the body's length.
+COURIER_HEADER = struct.Struct(">4sI")
+#: A Log Courier HELO as the Go client sends it (32-byte body, protocol flags 0).
+COURIER_HELO = COURIER_HEADER.pack(b"HELO", 32) + (
+    bytes(4) + struct.pack(">III", 2, 10, 0) + b"BNCH" + bytes(12)
+)
+
+
+def packed_forward(tag: str, entries: Sequence[Any], chunk: str) -> bytes:
+    """A PackedForward request of ``entries`` (``[time, record]``) with an ack ``chunk``."""
+    stream = b"".join(msgpack.packb(entry) for entry in entries)
+    return bytes(msgpack.packb([tag, stream, {"chunk": chunk, "size": len(entries)}]))
+
+
+def event_timestamp(i: int) -> str:
+    """An RFC 3339 time (ms, UTC) for the ``i``-th event of a workload: spread over an hour."""
+    return f"2026-11-22T10:{i // 60 % 60:02d}:{i % 60:02d}.{i % 1000:03d}Z"
+
+
+def padded_json(event: dict[str, Any], filler: str, target: int) -> bytes:
+    """``event`` as compact JSON of about ``target`` bytes: its ``message`` is cut from ``filler``.
+
+    ``filler`` is repeated 8 times before it is cut.
+    """
+    base = len(json.dumps(event, separators=(",", ":")))
+    event["message"] = (filler * 8)[: max(0, target - base)]
+    return json.dumps(event, separators=(",", ":")).encode()
+
+
+def lumberjack_frames(payloads: Sequence[bytes]) -> bytes:
+    """Lumberjack v2 ``2J`` frames of ``payloads``, numbered from 1 as Beats number them."""
+    return b"".join(
+        b"2J" + struct.pack(">II", seq, len(p)) + p for seq, p in enumerate(payloads, 1)
+    )
+
+
+def lumberjack_window(payloads: Sequence[bytes], level: int = 3) -> bytes:
+    """A ``2W`` window of ``payloads`` in one ``2C`` frame (zlib ``level``, Beats' default 3)."""
+    compressed = zlib.compress(lumberjack_frames(payloads), level)
+    return (
+        b"2W"
+        + struct.pack(">I", len(payloads))
+        + b"2C"
+        + struct.pack(">I", len(compressed))
+        + compressed
+    )
+
+
+def courier_events(payloads: Sequence[bytes]) -> bytes:
+    """Log Courier's event stream: each JSON event behind its 4-byte length."""
+    return b"".join(struct.pack(">I", len(p)) + p for p in payloads)
+
+
+def courier_jdat(nonce: bytes, compressed: bytes) -> bytes:
+    """A JDAT message: the 16-byte ``nonce``, then the zlib-compressed event stream."""
+    return COURIER_HEADER.pack(b"JDAT", len(nonce) + len(compressed)) + nonce + compressed
+
+
 # -- load and window -----------------------------------------------------------
 
 
 @dataclasses.dataclass
 class ConnectionResult:
-    """What one client thread saw: when each ack came and how long it took."""
+    """What one client thread saw: when each ack came, how long it took, the keepalives."""
 
     ack_times: list[float] = dataclasses.field(default_factory=list)
     latencies: list[float] = dataclasses.field(default_factory=list)
+    #: Answers that acknowledged nothing (the server's keepalives while a commit runs).
+    keepalives: int = 0
     error: BaseException | None = None
+
+
+def tls_context(ca_file: Path) -> ssl.SSLContext:
+    """A client TLS context that trusts the server's CA (``ca_file``) and checks its name."""
+    return ssl.create_default_context(cafile=str(ca_file))
+
+
+def tls_connect(context: ssl.SSLContext, port: int) -> ssl.SSLSocket:
+    """A TLS connection to the local server (name ``localhost``), no Nagle, 120 s timeout."""
+    raw = socket.create_connection(("127.0.0.1", port), timeout=60)
+    raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    tls = context.wrap_socket(raw, server_hostname="localhost")
+    tls.settimeout(120)
+    return tls
+
+
+def receive(tls: ssl.SSLSocket) -> bytes:
+    """Some bytes from the server; :class:`ConnectionError` when it has closed."""
+    data = tls.recv(65536)
+    if not data:
+        raise ConnectionError("the server closed the connection")
+    return data
+
+
+class Pipeline(Protocol):
+    """One protocol client of :func:`pipelined`: its requests and how it reads the answers."""
+
+    def handshake(self, tls: ssl.SSLSocket) -> None:
+        """What the client does once connected, before its first request."""
+
+    def request(self) -> tuple[Any, bytes]:
+        """The next request: what its ack must carry, and its bytes."""
+
+    def answers(self, tls: ssl.SSLSocket) -> list[Any]:
+        """The answers read from ``tls`` (it reads at least once)."""
+
+    def acknowledges(self, answer: Any, expected: Any) -> bool:
+        """True: ``answer`` acks the oldest request; False: a keepalive; else it raises."""
+
+
+def pipelined(
+    context: ssl.SSLContext,
+    start: threading.Event,
+    stop_at: list[float],
+    *,
+    port: int,
+    in_flight: int,
+    client: Pipeline,
+    result: ConnectionResult,
+) -> None:
+    """One sender (a :data:`Sender`): up to ``in_flight`` requests unacked, acks in order.
+
+    It sends until ``stop_at[0]`` passes, then waits for every ack; a failure
+    goes into ``result.error``.
+    """
+    try:
+        with tls_connect(context, port) as tls:
+            client.handshake(tls)
+            sent: collections.deque[tuple[Any, float]] = collections.deque()
+            start.wait()
+            while True:
+                while len(sent) < in_flight and time.perf_counter() < stop_at[0]:
+                    expected, data = client.request()
+                    sent.append((expected, time.perf_counter()))
+                    tls.sendall(data)
+                if not sent:
+                    break
+                for answer in client.answers(tls):
+                    if not client.acknowledges(answer, sent[0][0]):
+                        result.keepalives += 1
+                        continue
+                    now = time.perf_counter()
+                    _, sent_at = sent.popleft()
+                    result.ack_times.append(now)
+                    result.latencies.append(now - sent_at)
+    except BaseException as exc:
+        result.error = exc
 
 
 #: One client thread's work: ``(context, start, stop_at)``. It connects with
@@ -533,7 +717,7 @@ def run_window(
     pid = server.proc.pid
     sampler: subprocess.Popen[bytes] | None = None
     try:
-        context = ssl.create_default_context(cafile=str(server.ca_file))
+        context = tls_context(server.ca_file)
         start = threading.Event()
         stop_at = [float("inf")]
         threads = [
@@ -591,13 +775,162 @@ def run_window(
     )
 
 
-def tls_connect(context: ssl.SSLContext, port: int) -> ssl.SSLSocket:
-    """A TLS connection to the local server (name ``localhost``), no Nagle, 120 s timeout."""
-    raw = socket.create_connection(("127.0.0.1", port), timeout=60)
-    raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    tls = context.wrap_socket(raw, server_hostname="localhost")
-    tls.settimeout(120)
-    return tls
+@dataclasses.dataclass
+class CaseRun:
+    """One case of a TLS benchmark: its window, what the clients saw, what the table holds."""
+
+    window: Window
+    results: list[ConnectionResult]
+    #: Sorted latencies of the acks inside the window.
+    latencies: list[float]
+    server_exit: int
+    #: The server's commit count from its ``service.stopped`` line ("?" when missing).
+    commits: str
+    table_rows: int
+    table_batches: int
+
+    @property
+    def acked(self) -> int:
+        """Requests acknowledged, in the window and after it."""
+        return sum(len(r.ack_times) for r in self.results)
+
+    @property
+    def keepalives(self) -> int:
+        return sum(r.keepalives for r in self.results)
+
+    def measured(self, events_per_request: int) -> dict[str, Any]:
+        """The fields every case result shares: the window's rates, CPU and memory, the exit."""
+        return {
+            "seconds": self.window.seconds,
+            **self.window.metrics(len(self.latencies) * events_per_request, self.latencies),
+            "server_threads": self.window.thread_totals_delta(),
+            "commits": self.commits,
+            "server_exit": self.server_exit,
+        }
+
+
+def run_tls_case(
+    args: argparse.Namespace,
+    state_prefix: str,
+    start: Callable[[Path], Server],
+    clients: Sequence[Pipeline],
+    in_flight: int,
+    start_sampler: Callable[[int], subprocess.Popen[bytes]] | None = None,
+) -> CaseRun:
+    """One case: a fresh state directory and server, one :func:`pipelined` sender per client,
+    the window, the stop and the table's rows and batch ids.
+
+    ``start`` starts the server in the state directory; ``start_sampler``
+    (given the server's pid) starts a profiler at the window's start.
+    """
+    state_dir = Path(tempfile.mkdtemp(prefix=state_prefix))
+    server = start(state_dir)
+    results = [ConnectionResult() for _ in clients]
+    senders = [
+        functools.partial(pipelined, port=server.port, in_flight=in_flight, client=c, result=r)
+        for c, r in zip(clients, results, strict=True)
+    ]
+    sampler = None if start_sampler is None else functools.partial(start_sampler, server.proc.pid)
+    window = run_window(server, senders, results, args.warmup, args.duration, sampler)
+    code, stopped = stop_server(server)
+    table_rows, table_batches = table_counts(state_dir / "var" / "lake" / "events")
+    discard_state(state_dir, args.keep)
+    return CaseRun(
+        window,
+        list(results),
+        window.latencies(results),
+        code,
+        stopped.get("commits", "?"),
+        table_rows,
+        table_batches,
+    )
+
+
+# -- a benchmark's cases -------------------------------------------------------
+
+
+def run_cases(
+    args: argparse.Namespace,
+    in_flight: int,
+    ceilings_of: Callable[[int], tuple[dict[str, float], str]],
+    announce: Callable[[int, int, int], str],
+    run: Callable[[int, int, int], Result],
+    report: Callable[[Result], None],
+) -> tuple[dict[int, dict[str, float]], list[Result]]:
+    """Run and report every case of ``--cases``: ``SIZE[:IN_FLIGHT[:CONNECTIONS]]``.
+
+    The in-process ceilings of each size are measured once, before its first
+    case: ``ceilings_of(size)`` returns them and the line that shows them.
+    Each case is announced (``announce(size, in_flight, connections)``), run
+    and reported. Returns the ceilings by size and the case results.
+    """
+    ceilings: dict[int, dict[str, float]] = {}
+    results: list[Result] = []
+    for size, flight, connections in parse_cases(args.cases, in_flight, args.connections):
+        if size not in ceilings:
+            ceilings[size], line = ceilings_of(size)
+            print(line, flush=True)
+        print(announce(size, flight, connections), flush=True)
+        results.append(run(size, flight, connections))
+        report(results[-1])
+    return ceilings, results
+
+
+@dataclasses.dataclass(frozen=True)
+class SizedBench(Generic[Result]):
+    """A TLS protocol benchmark whose cases are ``SIZE[:IN_FLIGHT[:CONNECTIONS]]``.
+
+    :func:`run_bench` prints the machine and ``settings(args)``, runs every
+    case (:func:`run_cases`), prints ``table(results)`` and writes the JSON.
+    A result has a boolean ``ok``: the table holds what was acknowledged.
+    """
+
+    title: str
+    #: Libraries whose versions the header names.
+    packages: Sequence[str]
+    #: Requests in flight of a case that names none.
+    in_flight: int
+    settings: Callable[[argparse.Namespace], str]
+    #: ``(size, args)`` -> the workload whose in-process ceilings are measured.
+    workload: Callable[[int, argparse.Namespace], Any]
+    #: ``(workload, seconds, server core, with_commit)`` -> the ceilings (events/s by stage).
+    measure: Callable[[Any, float, int | None, bool], dict[str, float]]
+    #: ``(size, workload)`` -> what the line before the ceilings says about it.
+    describe: Callable[[int, Any], str]
+    #: ``(size, in_flight, connections)`` -> the line that announces a case.
+    announce: Callable[[int, int, int], str]
+    #: ``(size, in_flight, connections, args, server core)`` -> the case's result.
+    run: Callable[[int, int, int, argparse.Namespace, int | None], Result]
+    report: Callable[[Result], None]
+    table: Callable[[list[Result]], str]
+    #: More lines for the header, after ``openssl``.
+    info: dict[str, str] = dataclasses.field(default_factory=dict)
+
+
+def run_bench(bench: SizedBench[Any], args: argparse.Namespace) -> int:
+    """Run ``bench`` with the options of :func:`add_arguments`; 1 when a case's table is wrong."""
+    (core, _), pinning, usable = pin_cores(args.no_pin)
+    info = machine_info(usable, bench.packages, bench.info)
+    print_header(bench.title, info, pinning, core)
+    print(bench.settings(args))
+
+    def ceilings_of(size: int) -> tuple[dict[str, float], str]:
+        workload = bench.workload(size, args)
+        found = bench.measure(workload, args.ceiling_seconds, core, not args.no_commit_ceiling)
+        line = f"\n{bench.describe(size, workload)}; in-process ceilings on one core (events/s): "
+        return found, line + fmt_ceilings(found)
+
+    ceilings, results = run_cases(
+        args,
+        bench.in_flight,
+        ceilings_of,
+        bench.announce,
+        lambda size, in_flight, connections: bench.run(size, in_flight, connections, args, core),
+        bench.report,
+    )
+    print("\n" + bench.table(results))
+    write_json(args.json, machine=info, pinning=pinning, ceilings=ceilings, cases=results)
+    return 0 if all(r.ok for r in results) else 1
 
 
 # -- reporting -----------------------------------------------------------------
@@ -647,20 +980,30 @@ def cpu_lines(r: Any) -> str:
     )
 
 
-def table_tail_cells(r: Any) -> str:
-    """The last cells of a results table row (after a cell with no closing ``|``)."""
-    return (
-        f" | {r.p50_ms:.0f} | {r.p99_ms:.0f} "
-        f"| {r.server_cpu_pct:.0f}% | {fmt_rate(r.events_per_server_cpu_second)} "
-        f"| {r.other_cpu_pct:.0f}% | {r.server_peak_rss_mb:.0f} "
-        f"| {'OK' if r.ok else 'MISMATCH'} |"
-    )
+#: A column of a results table: its heading, its alignment (``---:`` right) and a result's cell.
+Column = tuple[str, str, Callable[[Any], str]]
 
-
-#: The headings of :func:`table_tail_cells`.
-TABLE_TAIL = (
-    "| p50 ms | p99 ms | server CPU | events/server CPU-s | other CPU | peak RSS MB | check |"
+#: The columns every results table ends with (a result has the fields of :meth:`Window.metrics`).
+RESULT_COLUMNS: tuple[Column, ...] = (
+    ("p50 ms", "---:", lambda r: f"{r.p50_ms:.0f}"),
+    ("p99 ms", "---:", lambda r: f"{r.p99_ms:.0f}"),
+    ("server CPU", "---:", lambda r: f"{r.server_cpu_pct:.0f}%"),
+    ("events/server CPU-s", "---:", lambda r: fmt_rate(r.events_per_server_cpu_second)),
+    ("other CPU", "---:", lambda r: f"{r.other_cpu_pct:.0f}%"),
+    ("peak RSS MB", "---:", lambda r: f"{r.server_peak_rss_mb:.0f}"),
+    ("check", "---", lambda r: "OK" if r.ok else "MISMATCH"),
 )
+
+
+def results_table(results: Sequence[Any], columns: Sequence[Column]) -> str:
+    """A markdown table of ``results``: a row each, ``columns`` then :data:`RESULT_COLUMNS`."""
+    every = [*columns, *RESULT_COLUMNS]
+    lines = [
+        "| " + " | ".join(heading for heading, _, _ in every) + " |",
+        "|" + "|".join(align for _, align, _ in every) + "|",
+    ]
+    lines += ["| " + " | ".join(cell(r) for _, _, cell in every) + " |" for r in results]
+    return "\n".join(lines)
 
 
 def parse_cases(text: str, in_flight: int, connections: int) -> list[tuple[int, int, int]]:

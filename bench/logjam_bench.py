@@ -2,7 +2,7 @@
 
 What it does, per case (``COMPRESSION:SECURITY``, e.g. ``snappy:curve``):
 
-1. starts this script with ``--serve`` as a subprocess: a fresh state
+1. starts this module with ``--serve`` as a subprocess: a fresh state
    directory, the real lake writer and :func:`serve_logjam` with one Logjam
    listener (what ``appliance serve`` runs for a ``[[listeners]]`` entry with
    ``protocol = "logjam"``), pinned to core 0; it prints its ports and then,
@@ -25,8 +25,8 @@ that plus ``message_block``.
 Nothing here asserts a time: it reports. It exits 1 only when the table does
 not hold every message sent, or the server did not stop cleanly.
 
-    .venv/bin/python bench/logjam_bench.py
-    .venv/bin/python bench/logjam_bench.py --cases none:plain,snappy:curve --messages 50000
+    .venv/bin/python -m bench.logjam_bench
+    .venv/bin/python -m bench.logjam_bench --cases none:plain,snappy:curve --messages 50000
 """
 
 from __future__ import annotations
@@ -47,15 +47,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from harness import ROOT, proc_cpu_seconds, table_counts, vm_hwm_mb
-
-sys.path.insert(0, str(ROOT))
+from bench import harness
 
 DEFAULT_CASES = "none:plain,none:curve,snappy:curve,zlib:curve,lz4:curve"
 #: Seconds the whole case may take before it is abandoned as failed.
 CASE_TIMEOUT_SECONDS = 600
 #: How the server subprocess is started (a profiler may wrap it).
-SERVER_PREFIX = [__file__]
+SERVER_COMMAND = harness.bench_module("logjam_bench")
 
 
 def body_json(size: int) -> bytes:
@@ -162,15 +160,7 @@ def serve(state: Path, curve: bool) -> None:
 # -- the client side ---------------------------------------------------------------------
 
 
-def pin(core: int) -> str:
-    cores = sorted(os.sched_getaffinity(0))
-    if len(cores) < 2:
-        return "not pinned (one core)"
-    os.sched_setaffinity(0, {cores[core]})
-    return f"core {cores[core]}"
-
-
-def run_case(case: str, args: argparse.Namespace) -> dict[str, Any]:
+def run_case(case: str, args: argparse.Namespace, server_core: int | None) -> dict[str, Any]:
     import zmq
 
     from appliance.protocols.logjam import pack_meta
@@ -179,17 +169,16 @@ def run_case(case: str, args: argparse.Namespace) -> dict[str, Any]:
     method, compress = compressors()[method_name]
     body = compress(body_json(args.body_bytes))
     state = Path(tempfile.mkdtemp(prefix="logjam-bench-"))
-    cores = sorted(os.sched_getaffinity(0))
     server = subprocess.Popen(
-        [sys.executable, *SERVER_PREFIX, "--serve", str(state)]
-        + (["--curve"] if security == "curve" else []),
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-        preexec_fn=(lambda: os.sched_setaffinity(0, {cores[0]})) if len(cores) > 1 else None,
+        [*SERVER_COMMAND, "--serve", str(state)] + (["--curve"] if security == "curve" else []),
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=harness.tree_env(),
+        preexec_fn=(
+            (lambda: os.sched_setaffinity(0, {server_core})) if server_core is not None else None
+        ),
     )  # fmt: skip
     assert server.stdout is not None
     assert server.stdin is not None
     hello = json.loads(server.stdout.readline())
-    pin(1)
     context = zmq.Context()
     per_sender = args.messages // args.senders
     total = per_sender * args.senders
@@ -210,7 +199,7 @@ def run_case(case: str, args: argparse.Namespace) -> dict[str, Any]:
             sock.send_multipart([b"bench-production", b"logs.bench.production", body, meta])
         sock.close()
 
-    cpu_before = proc_cpu_seconds(server.pid)
+    cpu_before = harness.proc_cpu_seconds(server.pid)
     started = time.time()
     threads = [threading.Thread(target=sender, args=(i,)) for i in range(args.senders)]
     for thread in threads:
@@ -227,8 +216,8 @@ def run_case(case: str, args: argparse.Namespace) -> dict[str, Any]:
             break
     for thread in threads:
         thread.join()
-    cpu = proc_cpu_seconds(server.pid) - cpu_before
-    rss = vm_hwm_mb(server.pid, missing=0.0)
+    cpu = harness.proc_cpu_seconds(server.pid) - cpu_before
+    rss = harness.vm_hwm_mb(server.pid, missing=0.0)
     server.stdin.close()
     done = None
     for line in server.stdout:
@@ -236,7 +225,7 @@ def run_case(case: str, args: argparse.Namespace) -> dict[str, Any]:
         done = report.get("done", done)
     code = server.wait(timeout=120)
     context.term()
-    rows = table_counts(state / "lake" / "events")[0]
+    rows = harness.table_counts(state / "lake" / "events")[0]
     elapsed = max(last_commit - started, 1e-9)
     return {
         "case": case,
@@ -256,7 +245,6 @@ def ceilings(args: argparse.Namespace) -> list[dict[str, Any]]:
     from appliance.protocols.logjam import LogjamReceiver, pack_meta
     from appliance.rows.logjam import message_block
 
-    pin(0)
     receiver = LogjamReceiver()
     results = []
     for name, (method, compress) in compressors().items():
@@ -300,12 +288,14 @@ def main() -> int:
         f"# logjam_bench: {platform.python_version()}, {os.cpu_count()} cores, "
         f"{args.messages} messages of ~{args.body_bytes} B JSON, {args.senders} PUSH senders"
     )
+    (server_core, _), _, _ = harness.pin_cores(no_pin=False)
     results = []
     for case in args.cases.split(","):
-        result = run_case(case, args)
+        result = run_case(case, args, server_core)
         results.append(result)
         print(json.dumps(result), flush=True)
-    limits = ceilings(args)
+    with harness.pinned(server_core):
+        limits = ceilings(args)
     for row in limits:
         print(json.dumps(row), flush=True)
     if args.json:

@@ -26,49 +26,21 @@ the server's core: the codec alone (``LumberjackServerConnection``); that plus
 Nothing here asserts a time: it reports. It exits 1 only when the table does
 not hold exactly what was acknowledged, or the server did not exit 0.
 
-    .venv/bin/python bench/lumberjack_bench.py
-    .venv/bin/python bench/lumberjack_bench.py --cases 1000:2:4 --duration 15
+    .venv/bin/python -m bench.lumberjack_bench
+    .venv/bin/python -m bench.lumberjack_bench --cases 1000:2:4 --duration 15
 """
 
 from __future__ import annotations
 
 import argparse
-import collections
 import dataclasses
-import functools
-import json
 import ssl
 import struct
 import sys
-import tempfile
-import threading
-import time
-import zlib
-from pathlib import Path
 from typing import Any
 
-from harness import (
-    TABLE_TAIL,
-    ConnectionResult,
-    add_arguments,
-    block_ceilings,
-    cpu_lines,
-    discard_state,
-    fmt_ceilings,
-    fmt_rate,
-    machine_info,
-    parse_cases,
-    pin_cores,
-    pinned,
-    print_header,
-    run_window,
-    start_server,
-    stop_server,
-    table_counts,
-    table_tail_cells,
-    tls_connect,
-    write_json,
-)
+from bench import harness
+from bench.harness import fmt_rate
 
 DEFAULT_CASES = "1000:1,1000:2,1000:8,2048:2"
 ACK = struct.Struct(">2sI")
@@ -81,18 +53,16 @@ _FILLER = (
 # -- workload ------------------------------------------------------------------
 
 
-def make_event(i: int, target: int) -> dict[str, Any]:
+def make_event(i: int, target: int) -> bytes:
     """A Filebeat-shaped event whose JSON is about ``target`` bytes."""
     event: dict[str, Any] = {
-        "@timestamp": f"2026-11-22T10:{i // 60 % 60:02d}:{i % 60:02d}.{i % 1000:03d}Z",
+        "@timestamp": harness.event_timestamp(i),
         "@metadata": {"beat": "filebeat", "type": "_doc", "version": "8.15.0"},
         "host": {"name": f"web-{i % 16:02d}"},
         "log": {"file": {"path": "/var/log/nginx/access.log"}, "offset": i * 211},
         "message": "",
     }
-    base = len(json.dumps(event, separators=(",", ":")))
-    event["message"] = (_FILLER.format(i=i, d=i % 997) * 8)[: max(0, target - base)]
-    return event
+    return harness.padded_json(event, _FILLER.format(i=i, d=i % 997), target)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,17 +76,13 @@ class Workload:
 
     @classmethod
     def build(cls, window: int, event_bytes: int) -> Workload:
-        payloads = [
-            json.dumps(make_event(i, event_bytes), separators=(",", ":")).encode()
-            for i in range(window)
-        ]
-        frames = b"".join(
-            b"2J" + struct.pack(">II", seq, len(p)) + p for seq, p in enumerate(payloads, 1)
+        payloads = [make_event(i, event_bytes) for i in range(window)]
+        return cls(
+            window,
+            harness.lumberjack_window(payloads),
+            sum(map(len, payloads)) / window,
+            len(harness.lumberjack_frames(payloads)),
         )
-        compressed = zlib.compress(frames, 3)
-        data = b"2W" + struct.pack(">I", window) + b"2C" + struct.pack(">I", len(compressed))
-        data += compressed
-        return cls(window, data, sum(map(len, payloads)) / window, len(frames))
 
 
 # -- in-process ceilings -------------------------------------------------------
@@ -131,7 +97,7 @@ def measure_ceilings(
     from appliance.rows.lumberjack import window_block
     from appliance.server.listener import ConnectionInfo
 
-    with pinned(core):
+    with harness.pinned(core):
         group = max(1, 25_000 // workload.window)  # about one commit group of rows
         info = ConnectionInfo("beats", "127.0.0.1:50000", True)
         settings = LumberjackListenerConfig()
@@ -143,7 +109,7 @@ def measure_ceilings(
                 out += codec.receive_data(workload.data)
             return out
 
-        return block_ceilings(
+        return harness.block_ceilings(
             windows,
             lambda w: len(w.texts),
             lambda w, now: window_block(
@@ -158,53 +124,33 @@ def measure_ceilings(
 # -- load generator ------------------------------------------------------------
 
 
-@dataclasses.dataclass
-class LumberjackResult(ConnectionResult):
-    windows_acked: int = 0
-    keepalives: int = 0
+class BeatsClient:
+    """A Beats-like sender (a :class:`harness.Pipeline`): the same window again and again."""
 
+    def __init__(self, workload: Workload) -> None:
+        self.workload = workload
+        self.pending = b""
 
-def run_connection(
-    context: ssl.SSLContext,
-    start: threading.Event,
-    stop_at: list[float],
-    *,
-    port: int,
-    workload: Workload,
-    in_flight: int,
-    result: LumberjackResult,
-) -> None:
-    """One Beats-like sender: up to ``in_flight`` windows unacked, acks checked in order."""
-    try:
-        with tls_connect(context, port) as tls:
-            sent: collections.deque[float] = collections.deque()
-            pending = b""
-            start.wait()
-            while True:
-                while len(sent) < in_flight and time.perf_counter() < stop_at[0]:
-                    sent.append(time.perf_counter())
-                    tls.sendall(workload.data)
-                if not sent:
-                    break
-                data = tls.recv(65536)
-                if not data:
-                    raise ConnectionError("server closed the connection")
-                pending += data
-                usable = len(pending) - len(pending) % ACK.size
-                for offset in range(0, usable, ACK.size):
-                    kind, seq = ACK.unpack_from(pending, offset)
-                    if kind == b"2A" and seq == 0:
-                        result.keepalives += 1
-                        continue
-                    if kind != b"2A" or seq != workload.window:
-                        raise ValueError(f"unexpected ack {kind!r} {seq}")
-                    now = time.perf_counter()
-                    result.ack_times.append(now)
-                    result.latencies.append(now - sent.popleft())
-                    result.windows_acked += 1
-                pending = pending[usable:]
-    except BaseException as exc:
-        result.error = exc
+    def handshake(self, tls: ssl.SSLSocket) -> None:
+        pass
+
+    def request(self) -> tuple[int, bytes]:
+        return self.workload.window, self.workload.data
+
+    def answers(self, tls: ssl.SSLSocket) -> list[tuple[bytes, int]]:
+        self.pending += harness.receive(tls)
+        usable = len(self.pending) - len(self.pending) % ACK.size
+        acks = [ACK.unpack_from(self.pending, offset) for offset in range(0, usable, ACK.size)]
+        self.pending = self.pending[usable:]
+        return acks
+
+    def acknowledges(self, answer: tuple[bytes, int], expected: int) -> bool:
+        kind, seq = answer
+        if kind == b"2A" and seq == 0:
+            return False  # a keepalive: the commit is still running
+        if kind != b"2A" or seq != expected:
+            raise ValueError(f"unexpected ack {kind!r} {seq}")
+        return True
 
 
 # -- one case ------------------------------------------------------------------
@@ -242,37 +188,27 @@ def run_case(
     window: int, in_flight: int, connections: int, args: argparse.Namespace, core: int | None
 ) -> CaseResult:
     workload = Workload.build(window, args.event_bytes)
-    state_dir = Path(tempfile.mkdtemp(prefix=f"lumberjack-bench-{window}x{in_flight}-"))
-    server = start_server(state_dir, args, 'name = "beats"\nprotocol = "lumberjack"\n', core)
-    results = [LumberjackResult() for _ in range(connections)]
-    senders = [
-        functools.partial(
-            run_connection, port=server.port, workload=workload, in_flight=in_flight, result=r
-        )
-        for r in results
-    ]
-    measured = run_window(server, senders, results, args.warmup, args.duration)
-    code, stopped = stop_server(server)
-    in_window = measured.latencies(results)
-    acked_events = sum(r.windows_acked for r in results) * window
-    table_rows = table_counts(state_dir / "var" / "lake" / "events")[0]
-    result = CaseResult(
+    run = harness.run_tls_case(
+        args,
+        f"lumberjack-bench-{window}x{in_flight}-",
+        lambda state_dir: harness.start_server(
+            state_dir, args, 'name = "beats"\nprotocol = "lumberjack"\n', core
+        ),
+        [BeatsClient(workload) for _ in range(connections)],
+        in_flight,
+    )
+    acked_events = run.acked * window
+    return CaseResult(
         window=window,
         in_flight=in_flight,
         connections=connections,
-        seconds=measured.seconds,
-        wire_mb_per_second=len(in_window) * len(workload.data) / measured.seconds / 1e6,
-        server_threads=measured.thread_totals_delta(),
+        wire_mb_per_second=len(run.latencies) * len(workload.data) / run.window.seconds / 1e6,
         acked_events=acked_events,
-        keepalives=sum(r.keepalives for r in results),
-        table_rows=table_rows,
-        commits=stopped.get("commits", "?"),
-        server_exit=code,
-        ok=table_rows == acked_events and code == 0,
-        **measured.metrics(len(in_window) * window, in_window),
+        keepalives=run.keepalives,
+        table_rows=run.table_rows,
+        ok=run.table_rows == acked_events and run.server_exit == 0,
+        **run.measured(window),
     )
-    discard_state(state_dir, args.keep)
-    return result
 
 
 # -- reporting -----------------------------------------------------------------
@@ -283,7 +219,7 @@ def print_case(r: CaseResult) -> None:
         f"  {r.label}: {fmt_rate(r.events_per_second)} events/s, "
         f"{r.wire_mb_per_second:.1f} MB/s compressed, p50 {r.p50_ms:.0f} ms, "
         f"p99 {r.p99_ms:.0f} ms\n"
-        + cpu_lines(r)
+        + harness.cpu_lines(r)
         + f"    verify: acked {r.acked_events:,} events ({r.keepalives} keepalives seen); "
         f"table has {r.table_rows:,} rows; server exit {r.server_exit}: "
         f"{'OK' if r.ok else 'MISMATCH'}",
@@ -291,59 +227,53 @@ def print_case(r: CaseResult) -> None:
     )
 
 
-def results_table(results: list[CaseResult]) -> str:
-    lines = [
-        "| window | conn x in flight | events/s | MB/s (zlib) " + TABLE_TAIL,
-        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
-    ]
-    for r in results:
-        lines.append(
-            f"| {r.window} | {r.connections} x {r.in_flight} | {fmt_rate(r.events_per_second)} "
-            f"| {r.wire_mb_per_second:.1f}" + table_tail_cells(r)
-        )
-    return "\n".join(lines)
+#: The columns of the results table before :data:`harness.RESULT_COLUMNS`.
+COLUMNS: list[harness.Column] = [
+    ("window", "---:", lambda r: str(r.window)),
+    ("conn x in flight", "---", lambda r: f"{r.connections} x {r.in_flight}"),
+    ("events/s", "---:", lambda r: fmt_rate(r.events_per_second)),
+    ("MB/s (zlib)", "---:", lambda r: f"{r.wire_mb_per_second:.1f}"),
+]
+
+
+def settings(args: argparse.Namespace) -> str:
+    return (
+        f"settings: ~{args.event_bytes}-byte JSON events, zlib level 3, warm-up {args.warmup}s, "
+        f"window {args.duration}s, commit_max_delay_seconds={args.commit_delay}, "
+        f"commit_max_rows={args.commit_max_rows}"
+    )
+
+
+BENCH = harness.SizedBench(
+    title="lumberjack v2 bench",
+    packages=("trio", "deltalake", "pyarrow"),
+    in_flight=2,
+    settings=settings,
+    workload=lambda window, args: Workload.build(window, args.event_bytes),
+    measure=measure_ceilings,
+    describe=lambda window, workload: (
+        f"window {window}: {len(workload.data):,} bytes on the wire "
+        f"({workload.json_bytes:,} before zlib, {workload.event_bytes:.0f} JSON bytes/event)"
+    ),
+    announce=lambda window, in_flight, connections: (
+        f"case: window {window}, {connections} connections x {in_flight} in flight"
+    ),
+    run=run_case,
+    report=print_case,
+    table=lambda results: harness.results_table(results, COLUMNS),
+)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    add_arguments(
+    harness.add_arguments(
         parser,
         DEFAULT_CASES,
         "comma-separated WINDOW[:IN_FLIGHT[:CONNECTIONS]]: events per window, windows "
         f"unacked per connection (2), connections (--connections); default {DEFAULT_CASES}",
     )
     parser.add_argument("--event-bytes", type=int, default=300, help="JSON bytes/event (300)")
-    args = parser.parse_args(argv)
-
-    (core, _), pinning, usable = pin_cores(args.no_pin)
-    info = machine_info(usable, ("trio", "deltalake", "pyarrow"))
-    print_header("lumberjack v2 bench", info, pinning, core)
-    print(
-        f"settings: ~{args.event_bytes}-byte JSON events, zlib level 3, warm-up {args.warmup}s, "
-        f"window {args.duration}s, commit_max_delay_seconds={args.commit_delay}, "
-        f"commit_max_rows={args.commit_max_rows}"
-    )
-    ceilings: dict[int, dict[str, float]] = {}
-    results: list[CaseResult] = []
-    for window, in_flight, connections in parse_cases(args.cases, 2, args.connections):
-        if window not in ceilings:
-            workload = Workload.build(window, args.event_bytes)
-            ceilings[window] = measure_ceilings(
-                workload, args.ceiling_seconds, core, with_commit=not args.no_commit_ceiling
-            )
-            print(
-                f"\nwindow {window}: {len(workload.data):,} bytes on the wire "
-                f"({workload.json_bytes:,} before zlib, {workload.event_bytes:.0f} JSON "
-                f"bytes/event); in-process ceilings on one core (events/s): "
-                + fmt_ceilings(ceilings[window]),
-                flush=True,
-            )
-        print(f"case: window {window}, {connections} connections x {in_flight} in flight")
-        results.append(run_case(window, in_flight, connections, args, core))
-        print_case(results[-1])
-    print("\n" + results_table(results))
-    write_json(args.json, machine=info, pinning=pinning, ceilings=ceilings, cases=results)
-    return 0 if all(r.ok for r in results) else 1
+    return harness.run_bench(BENCH, parser.parse_args(argv))
 
 
 if __name__ == "__main__":

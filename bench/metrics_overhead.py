@@ -1,6 +1,6 @@
 """What the metrics cost per event: one forward connection in-process, metrics on vs off.
 
-``forward_bench.py --no-metrics`` compares whole servers, but on a machine
+``python -m bench.forward_bench --no-metrics`` compares whole servers, but on a machine
 shared with other work its run-to-run spread (tens of percent) hides a cost
 of a few percent. This bench isolates what the metrics touch: the real
 forward driver (``StreamDriver`` + ``ForwardSession``: reads, codec, rows,
@@ -15,7 +15,7 @@ per-event CPU here is a fraction of a whole server's, and the percentage is
 an upper bound of the metrics' share of a real server's CPU per event.
 Reports, never asserts.
 
-    .venv/bin/python bench/metrics_overhead.py [--batches 1,100] [--events 50000] [--rounds 9]
+    .venv/bin/python -m bench.metrics_overhead [--batches 1,100] [--events 50000] [--rounds 9]
 """
 
 from __future__ import annotations
@@ -23,15 +23,11 @@ from __future__ import annotations
 import argparse
 import gc
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import msgpack
 import trio
 import trio.testing
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from appliance.config import ForwardListenerConfig
 from appliance.lake.blocks import check_block
@@ -42,6 +38,7 @@ from appliance.server.context import ServiceContext
 from appliance.server.forward_driver import forward_driver
 from appliance.server.lifecycle import Lifecycle
 from appliance.server.listener import ConnectionInfo
+from bench import harness
 
 
 class InstantWriter:
@@ -56,14 +53,10 @@ class InstantWriter:
 
 def requests(batch: int, count: int) -> list[bytes]:
     now = int(time.time())
-    entries = b"".join(
-        msgpack.packb([now, {"host": "web-01", "level": "info", "seq": i, "msg": "x" * 60}])
-        for i in range(batch)
-    )
-    return [
-        msgpack.packb(["bench.tag", entries, {"chunk": f"c{n:08d}", "size": batch}])
-        for n in range(count)
+    entries = [
+        [now, {"host": "web-01", "level": "info", "seq": i, "msg": "x" * 60}] for i in range(batch)
     ]
+    return [harness.packed_forward("bench.tag", entries, f"c{n:08d}") for n in range(count)]
 
 
 async def one_run(payloads: list[bytes], metrics: ListenerMetrics) -> float:
@@ -101,7 +94,7 @@ def main() -> int:
         "--only",
         choices=("on", "off"),
         help="one run of one side and exit, for an instruction count that other processes "
-        "cannot disturb: valgrind --tool=callgrind python bench/metrics_overhead.py --only on",
+        "cannot disturb: valgrind --tool=callgrind python -m bench.metrics_overhead --only on",
     )
     args = parser.parse_args()
     if args.only is not None:

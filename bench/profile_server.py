@@ -1,8 +1,8 @@
 """Run ``appliance serve`` under cProfile in every Python thread; write the stats on exit.
 
-Usage (what ``forward_bench.py --profile`` runs)::
+Usage (what ``python -m bench.forward_bench --profile`` runs)::
 
-    python bench/profile_server.py OUT_DIR [--timer cpu|wall] serve --config FILE
+    python -m bench.profile_server OUT_DIR [--timer cpu|wall] serve --config FILE
 
 ``python -m cProfile`` would profile the main thread only, but the appliance
 builds Arrow tables and commits to Delta in trio worker threads. So every

@@ -12,6 +12,8 @@ reports events/s:
 
 It reports; it never asserts a time. It exits 1 only if the table does not
 hold exactly the acknowledged events.
+
+    .venv/bin/python -m bench.websocket_bench --duration 8
 """
 
 from __future__ import annotations
@@ -27,10 +29,7 @@ from typing import Any
 
 import msgpack
 import trio
-from deltalake import DeltaTable
 from trio_websocket import open_websocket
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from appliance import service
 from appliance.config import (
@@ -42,14 +41,14 @@ from appliance.config import (
 from appliance.server.websocket_driver import WebSocketHandler
 from auth import schema
 from auth.tokens import TokenStore
+from bench import harness
 
 RECORD = {"message": "x" * 80, "level": "info"}
 
 
 def chunk_bytes(chunk: str, n: int) -> bytes:
     now = int(time.time())
-    entries = b"".join(msgpack.packb([now, dict(RECORD, i=i)]) for i in range(n))
-    return msgpack.packb(["bench.ws", entries, {"chunk": chunk, "size": n}])
+    return harness.packed_forward("bench.ws", [[now, dict(RECORD, i=i)] for i in range(n)], chunk)
 
 
 async def sender(
@@ -114,7 +113,7 @@ async def run_case(tail: bool, args: argparse.Namespace) -> dict[str, Any]:
                 lambda task_status: service.serve(config, stop=stop, task_status=task_status)
             )
             assert info.ca_file is not None
-            ctx = ssl.create_default_context(cafile=str(info.ca_file))
+            ctx = harness.tls_context(info.ca_file)
             async with trio.open_nursery() as tails:
                 if tail:
                     ready = trio.Event()
@@ -131,7 +130,7 @@ async def run_case(tail: bool, args: argparse.Namespace) -> dict[str, Any]:
                 tails.cancel_scope.cancel()
             stop.set()
         service.handler_for = original  # type: ignore[assignment]
-        rows = DeltaTable(config.table_uri).to_pyarrow_table().num_rows
+        rows = harness.table_counts(Path(config.table_uri))[0]
     return {
         "case": "stalled tail" if tail else "no tail",
         "events": counts[0],

@@ -26,10 +26,10 @@ from typing import TYPE_CHECKING
 from cryptography import x509
 
 from appliance.commands.auth import admin, open_store
+from appliance.commands.common import Subparsers, fail, print_json, print_table
 from appliance.commands.reload import RELOAD_CONFIRM_TIMEOUT_SECONDS, request_reload
 from appliance.commands.state import require_state_dir
 from appliance.config import Config
-from appliance.console import print_json, print_table
 from pki.authority import (
     CLIENT_VALIDITY_DAYS,
     REVOCATION_REASONS,
@@ -104,14 +104,11 @@ def reload_service(config: Config, timeout: float, *, required: bool = False) ->
         print(outcome.message)
         return 0
     if outcome.outcome == "not-running":
-        print(
-            f"appliance: no service holds the state directory {config.state_dir.absolute()}: "
-            "nothing to reload (is it running with another state_dir or config?)",
-            file=sys.stderr,
+        return fail(
+            f"no service holds the state directory {config.state_dir.absolute()}: "
+            "nothing to reload (is it running with another state_dir or config?)"
         )
-        return 1
-    print(f"appliance: {outcome.message}", file=sys.stderr)
-    return 1
+    return fail(outcome.message)
 
 
 def active_server_certificate(config: Config) -> Path:
@@ -385,9 +382,7 @@ def _reload(args: argparse.Namespace, config: Config) -> int:
     return reload_service(config, args.reload_timeout, required=True)
 
 
-def add_parser(
-    commands: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser
-) -> None:
+def add_parser(commands: Subparsers, common: argparse.ArgumentParser) -> None:
     """Add ``cert`` and its subcommands to the CLI."""
     cert = commands.add_parser("cert", help="the CA, server and client certificates")
     sub = cert.add_subparsers(dest="cert_command", required=True, metavar="COMMAND")

@@ -1,4 +1,4 @@
-"""``appliance config check``: the files a valid config refers to, checked before a start.
+"""``appliance config check``: a config file and the files it refers to, checked before a start.
 
 Parsing (:func:`appliance.config.load_config`) proves the file well-formed;
 this adds what only the disk can tell: every file the config names exists.
@@ -10,13 +10,17 @@ creates it.
 
 from __future__ import annotations
 
+import argparse
 import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from appliance.config import Config
+from appliance.commands.common import CONFIG_ENV, Subparsers
+from appliance.commands.state import sqlite_file
+from appliance.config import Config, load_config
 
-__all__ = ["FileReport", "check_files"]
+__all__ = ["FileReport", "add_parser", "check_files"]
 
 
 @dataclass
@@ -47,8 +51,6 @@ def _check_file(report: FileReport, key: str, path: Path, *, required: bool) -> 
 
 def check_files(config: Config) -> FileReport:
     """Check every file ``config`` refers to."""
-    from appliance.commands.state import sqlite_file
-
     report = FileReport()
     tls = config.tls
     if (tls.cert_file is None) != (tls.key_file is None):
@@ -81,3 +83,39 @@ def check_files(config: Config) -> FileReport:
                 "run 'appliance db upgrade' to create it"
             )
     return report
+
+
+def _config_check(args: argparse.Namespace) -> int:
+    chosen = args.file or args.config or os.environ.get(CONFIG_ENV)
+    if not chosen:
+        print(
+            f"appliance: config check: which file? give FILE, --config FILE or ${CONFIG_ENV}",
+            file=sys.stderr,
+        )
+        return 2
+    config = load_config(Path(chosen))
+    report = check_files(config)
+    for warning in report.warnings:
+        print(f"appliance: {chosen}: warning: {warning}", file=sys.stderr)
+    for error in report.errors:
+        print(f"appliance: {chosen}: {error}", file=sys.stderr)
+    if report.errors:
+        return 1
+    names = ", ".join(f"{listener.name} ({listener.bind})" for listener in config.listeners)
+    print(f"{chosen}: ok; listeners: {names}; table: {config.table_uri}")
+    return 0
+
+
+def add_parser(commands: Subparsers, common: argparse.ArgumentParser) -> None:
+    """Add ``config check`` to the CLI."""
+    config = commands.add_parser("config", help="configuration tools")
+    config_commands = config.add_subparsers(dest="config_command", required=True)
+    check = config_commands.add_parser(
+        "check",
+        help="validate a config file and the files it names",
+        parents=[common],
+    )
+    check.add_argument(
+        "file", metavar="FILE", nargs="?", help=f"default: --config, then ${CONFIG_ENV}"
+    )
+    check.set_defaults(func=_config_check)

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import ssl
 import sys
 import time
@@ -30,12 +29,11 @@ import urllib.request
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Final
 
 import orjson
 
-from appliance.commands.auth import Subparsers
+from appliance.commands.common import Subparsers, ca_context, fail, listener_host, read_token
 from appliance.config import Config
 
 __all__ = [
@@ -414,11 +412,7 @@ def render(summary: dict[str, Any], url: str) -> str:
 def default_url(config: Config) -> str:
     """``http(s)://host:port`` of the configured admin listener."""
     admin = config.admin
-    host = admin.host
-    if host in ("0.0.0.0", "::", ""):  # noqa: S104 -- a comparison, not a bind
-        host = "127.0.0.1" if host != "::" else "::1"
-    shown = f"[{host}]" if ":" in host else host
-    return f"{'https' if admin.tls else 'http'}://{shown}:{admin.port}"
+    return f"{'https' if admin.tls else 'http'}://{listener_host(admin.host)}:{admin.port}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -466,10 +460,8 @@ class _Client:
 
 
 def _token(args: argparse.Namespace, config: Config) -> str | None:
-    if args.token_stdin:
-        return sys.stdin.readline().strip() or None
-    token = os.environ.get(TOKEN_ENV, "").strip()
-    if token:
+    token = read_token(args.token_stdin, TOKEN_ENV)
+    if token is not None or args.token_stdin:
         return token
     path = config.admin.token_file
     if path is not None:
@@ -499,17 +491,13 @@ def _watch(client: _Client, interval: float, emit: Callable[[str], None], as_jso
 
 def _run(args: argparse.Namespace, config: Config) -> int:
     if not args.url and not config.admin.enabled:
-        print("appliance: the admin listener is off ([admin] enabled = false): nothing to read",
-              file=sys.stderr)  # fmt: skip
-        return 1
+        return fail("the admin listener is off ([admin] enabled = false): nothing to read")
     url = args.url or default_url(config)
     if not url.startswith(("http://", "https://")):
-        print(f"appliance: --url must be http:// or https://, not {url!r}", file=sys.stderr)
-        return 2
+        return fail(f"--url must be http:// or https://, not {url!r}", 2)
     context: ssl.SSLContext | None = None
     if url.startswith("https://"):
-        ca = Path(args.ca) if args.ca else config.pki_dir / "ca.pem"
-        context = ssl.create_default_context(cafile=str(ca) if ca.exists() else None)
+        context = ca_context(args.ca, config, system_if_missing=True)
     client = _Client(url, _token(args, config), context)
 
     def emit(text: str) -> None:
@@ -527,8 +515,7 @@ def _run(args: argparse.Namespace, config: Config) -> int:
         now = client.scrape()
         summary = summarize(now, before, client.readiness())
     except StatusError as exc:
-        print(f"appliance: {exc}", file=sys.stderr)
-        return 1
+        return fail(str(exc))
     emit(orjson.dumps(summary, option=orjson.OPT_INDENT_2).decode() if args.json
          else render(summary, url))  # fmt: skip
     return 0 if summary["ready"] else 1

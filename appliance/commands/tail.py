@@ -15,17 +15,15 @@ count is printed on stderr.
 from __future__ import annotations
 
 import argparse
-import os
 import ssl
 import sys
 from collections.abc import Callable
-from pathlib import Path
 from typing import Final
 from urllib.parse import urlencode, urlsplit
 
 import orjson
 
-from appliance.commands.auth import Subparsers
+from appliance.commands.common import Subparsers, ca_context, fail, listener_host, read_token
 from appliance.config import Config, WebSocketListenerConfig
 
 __all__ = ["TOKEN_ENV", "add_parser", "default_url", "format_event", "stream_tail"]
@@ -42,12 +40,9 @@ def default_url(config: Config) -> str:
     """``wss://host:port/tail`` of the first WebSocket listener of ``config``."""
     for listener in config.listeners:
         if isinstance(listener, WebSocketListenerConfig):
-            host = listener.host
-            if host in ("0.0.0.0", "::", ""):  # noqa: S104 -- a comparison, not a bind
-                host = "127.0.0.1"
             scheme = "wss" if listener.tls else "ws"
-            shown = f"[{host}]" if ":" in host else host
-            return f"{scheme}://{shown}:{listener.port}/tail"
+            host = listener_host(listener.host, ipv6_any="127.0.0.1")
+            return f"{scheme}://{host}:{listener.port}/tail"
     raise ValueError("no websocket listener in the configuration: give --url")
 
 
@@ -108,26 +103,19 @@ async def stream_tail(
 def _run(args: argparse.Namespace, config: Config) -> int:
     import trio
 
-    if args.token_stdin:
-        token = sys.stdin.readline().strip()
-    else:
-        token = os.environ.get(TOKEN_ENV, "").strip()
-    if not token:
-        print(f"appliance: give an admin token on stdin (--token-stdin) or in ${TOKEN_ENV}",
-              file=sys.stderr)  # fmt: skip
-        return 1
+    token = read_token(args.token_stdin, TOKEN_ENV)
+    if token is None:
+        return fail(f"give an admin token on stdin (--token-stdin) or in ${TOKEN_ENV}")
     try:
         base = args.url or default_url(config)
     except ValueError as exc:
-        print(f"appliance: {exc}", file=sys.stderr)
-        return 1
+        return fail(str(exc))
     query = {k: v for k, v in (("tag", args.tag), ("protocol", args.protocol)) if v}
     parts = urlsplit(base)
     url = parts._replace(path=parts.path or "/tail", query=urlencode(query)).geturl()
     context: ssl.SSLContext | None = None
     if parts.scheme == "wss":
-        ca = Path(args.ca) if args.ca else config.pki_dir / "ca.pem"
-        context = ssl.create_default_context(cafile=str(ca))
+        context = ca_context(args.ca, config, system_if_missing=False)
 
     def out(message: str) -> None:
         if args.json:

@@ -1,13 +1,16 @@
-"""``appliance sql``: run statements, print results as a table, JSON or CSV, or prompt.
+"""``appliance sql``: Spark SQL over the appliance's tables, from argv, a pipe or a prompt.
 
-Results come back as Arrow (``DataFrame.toArrow()``, on Spark Connect and
-classic Spark alike) and are printed from plain Python values, so the output
-does not depend on the engine. At most ``max_rows`` rows are fetched; a
-result that had more says so on stderr.
+The tables (``events`` and the derived ones) are registered by name in a
+Spark session (docs/spark.md). Results come back as Arrow
+(``DataFrame.toArrow()``, on Spark Connect and classic Spark alike) and are
+printed from plain Python values as a table, JSON or CSV, so the output does
+not depend on the engine. At most ``max_rows`` rows are fetched; a result that
+had more says so on stderr. pyspark is imported only when the command runs.
 """
 
 from __future__ import annotations
 
+import argparse
 import base64
 import contextlib
 import csv
@@ -19,7 +22,17 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any, Final, Literal, TextIO
 
-from appliance.console import print_table
+from appliance.commands.common import (
+    Subparsers,
+    add_remote_option,
+    guarded,
+    positive_int,
+    print_table,
+)
+from appliance.config import Config
+from appliance.lake.errors import LakeError
+from appliance.spark.catalog import EVENTS, appliance_tables, register_tables
+from appliance.spark.errors import SparkError
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -28,9 +41,11 @@ __all__ = [
     "DEFAULT_MAX_ROWS",
     "FORMATS",
     "QueryResult",
+    "add_parser",
     "execute",
     "interactive",
     "render",
+    "run_statements",
     "split_statements",
 ]
 
@@ -216,3 +231,49 @@ def _read_line(stdin: TextIO, prompt: str, tty: bool) -> str | None:
             return None
     line = stdin.readline()
     return line.rstrip("\n") if line else None
+
+
+# -- the command ------------------------------------------------------------------
+
+
+def _sql(args: argparse.Namespace, config: Config) -> int:
+    from pyspark.errors import PySparkException
+
+    from appliance.spark.session import build_session
+
+    spark = build_session(config.spark, args.remote)
+    try:
+        try:
+            _, missing = register_tables(spark, config)
+        except PySparkException as exc:
+            raise SparkError(f"cannot register the tables: {exc}") from exc
+        for table in missing:
+            if table.name == EVENTS or args.query is None:
+                print(f"note: no table {table.name} at {table.uri} yet", file=sys.stderr)
+        if args.query is not None:
+            return run_statements(spark, [args.query], args.format, args.max_rows)
+        return interactive(spark, args.format, args.max_rows)
+    finally:
+        spark.stop()
+
+
+def add_parser(commands: Subparsers, common: argparse.ArgumentParser) -> None:
+    """Add ``sql`` to the CLI."""
+    sql = commands.add_parser(
+        "sql",
+        help="Spark SQL over events and the derived tables",
+        parents=[common],
+        description="Run Spark SQL over the appliance's tables, registered by name "
+        f"({', '.join(t.name for t in appliance_tables(Config()))}). "
+        "Without QUERY, an interactive prompt (or statements from a pipe).",
+    )
+    sql.add_argument("query", nargs="?", metavar="QUERY", help="one SQL statement")
+    add_remote_option(sql)
+    sql.add_argument("--format", choices=FORMATS, default="table", help="output (default: table)")
+    sql.add_argument(
+        "--max-rows",
+        type=positive_int,
+        default=DEFAULT_MAX_ROWS,
+        help=f"rows fetched per statement (default: {DEFAULT_MAX_ROWS})",
+    )
+    sql.set_defaults(func=guarded(LakeError, SparkError)(_sql))

@@ -1,4 +1,4 @@
-"""The SQL CLI's own logic, without Spark: statement splitting and output formats."""
+"""The sql command's own logic, without Spark: statement splitting and output formats."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from decimal import Decimal
 
 import pytest
 
-from appliance.spark.sql_cli import QueryResult, render, split_statements
+from appliance.commands.sql import QueryResult, render, split_statements
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,58 @@
+"""``appliance serve``: run the service, and turn a start-up failure into one line and exit 1.
+
+trio and the service's modules load only when the command runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from appliance.commands.common import Subparsers, load
+from appliance.lake.errors import LakeError
+from appliance.logs import configure, get_logger
+from auth.errors import AuthError
+from pki.errors import PkiError
+
+__all__ = ["add_parser"]
+
+log = get_logger("cli")
+
+
+def _leaves(error: BaseException) -> list[BaseException]:
+    """The exceptions inside (possibly nested) exception groups."""
+    if isinstance(error, BaseExceptionGroup):
+        return [leaf for inner in error.exceptions for leaf in _leaves(inner)]
+    return [error]
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import trio
+
+    from appliance.service import serve  # trio and deltalake load only when serving
+
+    config = load(args.config)
+    configure(config.log.level, config.log.format)
+    failures: list[str] = []
+    try:
+        trio.run(serve, config)
+    except* (OSError, LakeError, AuthError, PkiError) as group:
+        # Start-up failures an operator can fix: a port in use, an unreadable
+        # table, an auth database behind the code's schema (the message names
+        # "appliance db upgrade"), a broken certificate. Inside trio's
+        # nurseries they arrive as an exception group.
+        failures = [str(exc) for exc in _leaves(group)]
+    for failure in failures:
+        log.error("service.failed", reason=failure)
+        print(f"appliance: {failure}", file=sys.stderr)
+    if failures:
+        return 1
+    return 0
+
+
+def add_parser(commands: Subparsers, common: argparse.ArgumentParser) -> None:
+    """Add ``serve`` to the CLI."""
+    serve = commands.add_parser(
+        "serve", help="run the service (embedded default without a file)", parents=[common]
+    )
+    serve.set_defaults(func=_serve)
