@@ -53,14 +53,14 @@ from appliance.server.exposure import unauthenticated_listeners
 from appliance.server.heartbeat import serve_udp_heartbeat
 from appliance.server.lifecycle import Lifecycle
 from appliance.server.listener import TcpService
-from appliance.server.logjam_driver import serve_logjam
+from appliance.server.logjam_listener import serve_logjam
 from appliance.server.registry import handler_for
 from appliance.server.reload import FIXED_KEYS as _FIXED_KEYS
 from appliance.server.reload import ReloadPlan, plan_reload
 from appliance.server.sdnotify import Notifier
 from appliance.server.tls import TlsManager
 from appliance.server.tls_audit import TlsRefusalAudit
-from appliance.server.websocket_driver import open_token_verifier
+from appliance.server.websocket_listener import open_token_verifier
 from appliance.state_lock import StateLock
 from auth.policy import CredentialStore
 

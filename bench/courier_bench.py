@@ -157,8 +157,8 @@ def measure_ceilings(
     """Single-core in-process rates on the bytes the generator sends."""
     from appliance.config import CourierListenerConfig
     from appliance.protocols.courier import CourierServerConnection, PayloadReceived
-    from appliance.server.courier_driver import payload_block
     from appliance.server.listener import ConnectionInfo
+    from appliance.server.sessions.courier import payload_block
 
     with pinned(core):
         group = max(1, 25_000 // workload.events)  # about one commit group of rows

@@ -188,8 +188,8 @@ def measure_ceilings(
     from appliance.lake.rows import blocks_to_arrow
     from appliance.protocols.forward import EventsReceived, ForwardServerConnection
     from appliance.records import record_json
-    from appliance.server.forward_driver import forward_block
     from appliance.server.listener import ConnectionInfo
+    from appliance.server.sessions.forward import forward_block
 
     with pinned(core):
         request = workload.request(chunk_id(1, 0, 0))

@@ -107,7 +107,7 @@ def serve(state: Path, curve: bool) -> None:
     from appliance.logs import configure
     from appliance.server.context import ServiceContext
     from appliance.server.lifecycle import Lifecycle
-    from appliance.server.logjam_driver import serve_logjam
+    from appliance.server.logjam_listener import serve_logjam
     from auth import schema
     from auth.curve import CurveKeyStore, generate_keypair
 
@@ -254,7 +254,7 @@ def run_case(case: str, args: argparse.Namespace) -> dict[str, Any]:
 
 def ceilings(args: argparse.Namespace) -> list[dict[str, Any]]:
     from appliance.protocols.logjam import LogjamReceiver, pack_meta
-    from appliance.server.logjam_driver import message_block
+    from appliance.server.logjam_listener import message_block
 
     pin(0)
     receiver = LogjamReceiver()

@@ -129,7 +129,7 @@ def measure_ceilings(
     from appliance.config import LumberjackListenerConfig
     from appliance.protocols.lumberjack import LumberjackServerConnection, Window
     from appliance.server.listener import ConnectionInfo
-    from appliance.server.lumberjack_driver import window_block
+    from appliance.server.sessions.lumberjack import window_block
 
     with pinned(core):
         group = max(1, 25_000 // workload.window)  # about one commit group of rows

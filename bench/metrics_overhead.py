@@ -38,9 +38,9 @@ from appliance.lake.rows import RowBlock, check_block
 from appliance.lake.writer import CommitTicket
 from appliance.metrics import NULL_LISTENER, ListenerMetrics, Metrics
 from appliance.server.context import ServiceContext
-from appliance.server.forward_driver import forward_driver
 from appliance.server.lifecycle import Lifecycle
 from appliance.server.listener import ConnectionInfo
+from appliance.server.sessions.forward import forward_handler
 
 
 class InstantWriter:
@@ -68,7 +68,7 @@ def requests(batch: int, count: int) -> list[bytes]:
 async def one_run(payloads: list[bytes], metrics: ListenerMetrics) -> float:
     """CPU seconds of serving ``payloads`` on one connection (client included, same both ways)."""
     context = ServiceContext(InstantWriter(), Lifecycle())  # type: ignore[arg-type]
-    handler = forward_driver(ForwardListenerConfig(max_pending_acks=64), context)
+    handler = forward_handler(ForwardListenerConfig(max_pending_acks=64), context)
     info = ConnectionInfo("bench", "192.0.2.1:5000", True, metrics=metrics)
     client, server = trio.testing.memory_stream_pair()
     started = time.process_time()

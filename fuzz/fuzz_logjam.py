@@ -57,7 +57,7 @@ with _instrumented():
         accepted_frames,
         pong_frames,
     )
-    from appliance.server.logjam_driver import message_block
+    from appliance.server.logjam_listener import message_block
     from fuzz.harness import (
         RECEIVED_AT_NS,
         SMALL_LIMITS,

@@ -61,7 +61,7 @@ with _instrumented():
         parse_ingest,
         parse_target,
     )
-    from appliance.server.websocket_driver import _subprotocol_token
+    from appliance.server.websocket_listener import _subprotocol_token
     from fuzz.harness import (
         PEER,
         RECEIVED_AT_NS,

@@ -36,8 +36,8 @@ from appliance.protocols.forward import (
     Heartbeat,
 )
 from appliance.protocols.text import MAX_BATCH_ID_BYTES, MAX_TAG_BYTES
-from appliance.server.forward_driver import forward_block
 from appliance.server.listener import ConnectionInfo
+from appliance.server.sessions.forward import forward_block
 
 T0 = 1_700_000_000
 NS = 1_000_000_000

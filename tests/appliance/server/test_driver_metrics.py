@@ -15,8 +15,8 @@ from trio_websocket import ConnectionRejected, WebSocketConnection, wrap_client_
 
 from appliance.metrics import ListenerMetrics, Metrics
 from appliance.server.listener import ConnectionInfo
-from appliance.server.websocket_driver import WebSocketHandler
-from tests.appliance.server.test_websocket_driver import make_handler, msg
+from appliance.server.websocket_listener import WebSocketHandler
+from tests.appliance.server.test_websocket_listener import make_handler, msg
 
 LABELS = {"listener": "ws", "protocol": "websocket"}
 

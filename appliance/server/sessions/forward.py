@@ -51,7 +51,7 @@ from auth.errors import AuthError
 from auth.policy import CredentialStore
 from auth.ratelimit import FailureLimiter, LimiterSettings
 
-__all__ = ["ForwardSession", "forward_block", "forward_driver"]
+__all__ = ["ForwardSession", "forward_block", "forward_handler"]
 
 log = get_logger("forward")
 
@@ -264,7 +264,7 @@ class ForwardSession:
         return verdict
 
 
-def forward_driver(settings: ForwardListenerConfig, context: ServiceContext) -> StreamDriver:
+def forward_handler(settings: ForwardListenerConfig, context: ServiceContext) -> StreamDriver:
     """The connection handler of one forward listener."""
     security: _Security | None = None
     if settings.security != "off":

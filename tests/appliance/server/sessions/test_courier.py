@@ -23,8 +23,8 @@ from appliance.lake.rows import blocks_to_arrow, check_block
 from appliance.protocols.errors import RemoteProtocolError
 from appliance.protocols.text import MAX_HOST_BYTES, MAX_TAG_BYTES
 from appliance.server.connection import Reply, Submit
-from appliance.server.courier_driver import CourierSession, courier_driver
 from appliance.server.listener import ConnectionInfo
+from appliance.server.sessions.courier import CourierSession, courier_handler
 from tests.appliance.server.support import (
     StandInWriter,
     handler_factory,
@@ -72,7 +72,7 @@ def messages(data: bytes) -> list[bytes]:
     return out
 
 
-handler_for = handler_factory(courier_driver, CourierListenerConfig)
+handler_for = handler_factory(courier_handler, CourierListenerConfig)
 
 
 @pytest.mark.trio

@@ -43,7 +43,7 @@ from appliance.protocols.logjam import (
 from appliance.protocols.text import MAX_BATCH_ID_BYTES
 from appliance.server.context import ServiceContext
 from appliance.server.lifecycle import Lifecycle
-from appliance.server.logjam_driver import (
+from appliance.server.logjam_listener import (
     INLINE_DECODE_BYTES,
     LogjamPorts,
     _Listener,

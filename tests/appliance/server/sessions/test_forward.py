@@ -23,9 +23,9 @@ from appliance.protocols.forward import MAX_PING_BYTES, Chunk, EventsReceived
 from appliance.protocols.forward_handshake import password_digest, ping_digest
 from appliance.server.connection import Submit
 from appliance.server.context import ServiceContext
-from appliance.server.forward_driver import ForwardSession, forward_block, forward_driver
 from appliance.server.lifecycle import Lifecycle
 from appliance.server.listener import ConnectionInfo
+from appliance.server.sessions.forward import ForwardSession, forward_block, forward_handler
 from auth.policy import SourcePolicy
 from tests.appliance.server.support import (
     StandInWriter,
@@ -54,7 +54,7 @@ async def receive_within(stream: trio.abc.ReceiveStream, seconds: float) -> byte
     return None
 
 
-handler_for = handler_factory(forward_driver, ForwardListenerConfig)
+handler_for = handler_factory(forward_handler, ForwardListenerConfig)
 
 
 @pytest.mark.trio
@@ -319,7 +319,7 @@ async def _user_handshake(store: _UserStore, info: ConnectionInfo) -> tuple[Any,
     writer = StandInWriter(resolve_empty=True)
     settings = ForwardListenerConfig(security="users", self_hostname="server.example")
     context = ServiceContext(writer, Lifecycle(), credentials=store)  # type: ignore[arg-type]
-    async with served(forward_driver(settings, context), info) as client:
+    async with served(forward_handler(settings, context), info) as client:
         unpacker = msgpack.Unpacker()
         (_, options) = await read_message(client, unpacker)
         digest = ping_digest(b"salt", "client.example", options["nonce"], KEY)
@@ -364,7 +364,7 @@ async def test_a_certificate_and_a_handshake_user_are_both_kept() -> None:
 def secured_handler(writer: StandInWriter) -> Any:
     settings = ForwardListenerConfig(security="shared_key", self_hostname="server.example")
     context = ServiceContext(writer, Lifecycle(), credentials=_Store())  # type: ignore[arg-type]
-    return forward_driver(settings, context)
+    return forward_handler(settings, context)
 
 
 def ping(helo: bytes, hostname: str | bytes = "client.example") -> bytes:

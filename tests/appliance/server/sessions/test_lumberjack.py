@@ -28,7 +28,7 @@ from appliance.protocols.errors import RemoteProtocolError
 from appliance.protocols.text import MAX_HOST_BYTES, MAX_TAG_BYTES
 from appliance.server.connection import Submit
 from appliance.server.listener import ConnectionInfo
-from appliance.server.lumberjack_driver import LumberjackSession, lumberjack_driver
+from appliance.server.sessions.lumberjack import LumberjackSession, lumberjack_handler
 from appliance.timefmt import MAX_TIME_NS
 from tests.appliance.server.support import (
     StandInWriter,
@@ -74,7 +74,7 @@ def ack(seq: int, v: int = 2) -> bytes:
 KEEPALIVE_V2 = ack(0)
 
 
-handler_for = handler_factory(lumberjack_driver, LumberjackListenerConfig)
+handler_for = handler_factory(lumberjack_handler, LumberjackListenerConfig)
 
 
 def stand_in_writer() -> StandInWriter:

@@ -59,7 +59,7 @@ from appliance.server.connection import Action, DriverSettings, Reply, StreamDri
 from appliance.server.context import ServiceContext
 from appliance.server.listener import ConnectionInfo
 
-__all__ = ["CourierSession", "courier_driver", "limits_of", "payload_block"]
+__all__ = ["CourierSession", "courier_handler", "limits_of", "payload_block"]
 
 log = get_logger("courier")
 
@@ -196,7 +196,7 @@ class CourierSession:
         )
 
 
-def courier_driver(settings: CourierListenerConfig, context: ServiceContext) -> StreamDriver:
+def courier_handler(settings: CourierListenerConfig, context: ServiceContext) -> StreamDriver:
     """The connection handler of one Log Courier listener."""
     return StreamDriver(
         lambda info: CourierSession(settings, info),

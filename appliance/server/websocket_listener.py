@@ -121,7 +121,7 @@ __all__ = [
     "TokenVerifier",
     "WebSocketHandler",
     "open_token_verifier",
-    "websocket_driver",
+    "websocket_handler",
 ]
 
 log = get_logger("websocket")
@@ -645,7 +645,7 @@ class WebSocketHandler:
             tail.cancel()
 
 
-def websocket_driver(
+def websocket_handler(
     settings: WebSocketListenerConfig, context: ServiceContext
 ) -> WebSocketHandler:
     """The connection handler of one WebSocket listener (tokens from the service context)."""

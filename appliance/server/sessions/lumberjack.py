@@ -44,7 +44,7 @@ from appliance.server.connection import Action, DriverSettings, StreamDriver, Su
 from appliance.server.context import ServiceContext
 from appliance.server.listener import ConnectionInfo
 
-__all__ = ["LumberjackSession", "lumberjack_driver", "window_block"]
+__all__ = ["LumberjackSession", "lumberjack_handler", "window_block"]
 
 log = get_logger("lumberjack")
 
@@ -145,7 +145,7 @@ class LumberjackSession:
         return actions
 
 
-def lumberjack_driver(settings: LumberjackListenerConfig, context: ServiceContext) -> StreamDriver:
+def lumberjack_handler(settings: LumberjackListenerConfig, context: ServiceContext) -> StreamDriver:
     """The connection handler of one Lumberjack listener."""
     return StreamDriver(
         lambda info: LumberjackSession(settings, info),
