@@ -69,7 +69,7 @@ async def one_run(payloads: list[bytes], metrics: ListenerMetrics) -> float:
     """CPU seconds of serving ``payloads`` on one connection (client included, same both ways)."""
     context = ServiceContext(InstantWriter(), Lifecycle())  # type: ignore[arg-type]
     handler = forward_handler(ForwardListenerConfig(max_pending_acks=64), context)
-    info = ConnectionInfo("bench", "192.0.2.1:5000", True, metrics=metrics)
+    info = ConnectionInfo("bench", "192.0.2.1", 5000, True, metrics=metrics)
     client, server = trio.testing.memory_stream_pair()
     started = time.process_time()
     async with trio.open_nursery() as nursery:

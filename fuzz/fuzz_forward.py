@@ -59,7 +59,7 @@ with _instrumented():
     from appliance.config import ForwardListenerConfig
     from appliance.protocols.forward_handshake import Verdict
     from appliance.server.sessions import forward as forward_session
-    from appliance.server.sessions.forward import ForwardSession, _address, _Security
+    from appliance.server.sessions.forward import ForwardSession, _Security
     from auth.errors import AuthError
     from auth.policy import SourcePolicy
     from auth.ratelimit import FailureLimiter, LimiterSettings
@@ -173,7 +173,7 @@ def run_one(data: bytes) -> None:
     limiter = FailureLimiter(LimiterSettings())
     if throttled:
         for _ in range(LimiterSettings().free_failures + 1):
-            limiter.record_failure(_address(info.peer))
+            limiter.record_failure(info.address)
     with _no_threads_no_randomness():
         security = None
         if settings.security != "off":

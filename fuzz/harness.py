@@ -54,6 +54,8 @@ __all__ = [
     "FRAME_SEPARATOR",
     "HEADER_BYTES",
     "PEER",
+    "PEER_ADDRESS",
+    "PEER_PORT",
     "RECEIVED_AT_NS",
     "SMALL_LIMITS",
     "STRICT_BLOCKS",
@@ -83,8 +85,10 @@ HEADER_BYTES: Final = 5
 FRAME_SEPARATOR: Final = b"\xfe|\xfe|"
 #: A fixed receive time (2026-01-01T00:00:00Z), so a run is reproducible.
 RECEIVED_AT_NS: Final = 1_767_225_600 * 1_000_000_000
-#: The peer every session sees (TEST-NET-1).
-PEER: Final = "192.0.2.7:40000"
+#: The peer every session sees (TEST-NET-1): its address, port, and name in rows and logs.
+PEER_ADDRESS: Final = "192.0.2.7"
+PEER_PORT: Final = 40000
+PEER: Final = f"{PEER_ADDRESS}:{PEER_PORT}"
 #: A refused block is a finding too (module docstring).
 STRICT_BLOCKS: Final = os.environ.get("FUZZ_STRICT_BLOCKS", "") == "1"
 
@@ -137,7 +141,7 @@ def split_frames(payload: bytes, most: int) -> list[bytes]:
 
 def connection_info(source: str = "anonymous") -> ConnectionInfo:
     """The ConnectionInfo of the fuzzed connection."""
-    return ConnectionInfo(listener="fuzz", peer=PEER, tls=True, source=source)
+    return ConnectionInfo("fuzz", PEER_ADDRESS, PEER_PORT, tls=True, source=source)
 
 
 class Session(Protocol):

@@ -167,11 +167,6 @@ def open_token_verifier(
     return store.verify, store.close
 
 
-def _address(peer: str) -> str:
-    """The IP address of a ``host:port`` or ``[v6]:port`` peer name."""
-    return peer.rsplit(":", 1)[0].strip("[]")
-
-
 # -- the live tail --------------------------------------------------------------------
 
 
@@ -447,7 +442,7 @@ class WebSocketHandler:
         if verifier is None:
             return _Refusal(401, "bearer tokens are not enabled on this listener")
         limiter = self.context.failure_limiter
-        address = _address(info.peer)
+        address = info.address
         wait = limiter.begin(address)  # counted before the look-up (auth/ratelimit.py)
         if wait > 0:
             info.metrics.auth("token", "throttled")

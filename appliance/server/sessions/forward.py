@@ -91,11 +91,6 @@ def forward_block(
     )
 
 
-def _address(peer: str) -> str:
-    """The IP address of a ``host:port`` or ``[v6]:port`` peer name."""
-    return peer.rsplit(":", 1)[0].strip("[]")
-
-
 @dataclass(frozen=True, slots=True)
 class _Security:
     store: CredentialStore
@@ -183,7 +178,7 @@ class ForwardSession:
             # is a guard): nothing to check, the pending error ends the connection.
             return []
         ping = event.ping
-        address = _address(self._info.peer)
+        address = self._info.address
         mechanism = "users" if security.users_required else "shared_key"
         # The attempt is counted before the look-up: parallel PINGs cannot
         # pass the limit while their look-ups run (auth/ratelimit.py).

@@ -41,7 +41,7 @@ from appliance.server.sessions.forward import forward_block
 
 T0 = 1_700_000_000
 NS = 1_000_000_000
-INFO = ConnectionInfo(listener="test", peer="192.0.2.1:5000", tls=True)
+INFO = ConnectionInfo(listener="test", address="192.0.2.1", port=5000, tls=True)
 FAST = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 

@@ -29,7 +29,7 @@ from tests.appliance.server.support import StandInWriter, receive_within, servin
 
 pytestmark = pytest.mark.trio
 
-INFO = ConnectionInfo(listener="lines", peer="192.0.2.9:4000", tls=False)
+INFO = ConnectionInfo(listener="lines", address="192.0.2.9", port=4000, tls=False)
 
 
 class LineSession:

@@ -26,7 +26,7 @@ async def client(
     handler: WebSocketHandler, metrics: ListenerMetrics, token: str
 ) -> AsyncIterator[WebSocketConnection]:
     server_stream, client_stream = trio.testing.memory_stream_pair()
-    info = ConnectionInfo("ws", "127.0.0.1:5000", True, metrics=metrics)
+    info = ConnectionInfo("ws", "127.0.0.1", 5000, True, metrics=metrics)
     headers = [(b"authorization", f"Bearer {token}".encode())]
     async with trio.open_nursery() as nursery:
         nursery.start_soon(handler, server_stream, info)

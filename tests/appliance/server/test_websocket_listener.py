@@ -114,7 +114,7 @@ async def client(
     headers = [(b"authorization", f"Bearer {token}".encode())] if token else []
     if origin:
         headers.append((b"origin", origin.encode()))
-    info = ConnectionInfo("websocket", "127.0.0.1:5000", True, source)
+    info = ConnectionInfo("websocket", "127.0.0.1", 5000, True, source)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(handler, server_stream, info)
         ws = await wrap_client_stream(nursery, client_stream, "localhost", path,
@@ -351,7 +351,7 @@ async def until_closed(ws: WebSocketConnection) -> tuple[list[str], int | None]:
 async def test_cancellation_answers_nothing_for_an_unresolved_ticket() -> None:
     handler, writer, _ = make_handler()
     server_stream, client_stream = trio.testing.memory_stream_pair()
-    info = ConnectionInfo("websocket", "127.0.0.1:5000", True, "anonymous")
+    info = ConnectionInfo("websocket", "127.0.0.1", 5000, True, "anonymous")
     headers = [(b"authorization", b"Bearer apt_ingest")]
     async with trio.open_nursery() as nursery:
         server = trio.CancelScope()
@@ -403,7 +403,7 @@ async def test_a_peer_that_sends_junk_and_leaves_ends_only_its_connection(
     # boundary above it, ended the service).
     handler, writer, _ = make_handler()
     server_stream, client_stream = trio.testing.memory_stream_pair()
-    info = ConnectionInfo("websocket", "127.0.0.1:5000", True, "anonymous")
+    info = ConnectionInfo("websocket", "127.0.0.1", 5000, True, "anonymous")
     await client_stream.send_all(sent)
     await client_stream.aclose()
     with trio.fail_after(5):  # well before the handshake deadline (10 s)
@@ -430,7 +430,7 @@ async def test_a_bad_frame_after_the_handshake_ends_only_its_connection(
     caplog.set_level(logging.INFO)
     handler, writer, _ = make_handler()
     server_stream, client_stream = trio.testing.memory_stream_pair()
-    info = ConnectionInfo("websocket", "127.0.0.1:5000", True, "anonymous")
+    info = ConnectionInfo("websocket", "127.0.0.1", 5000, True, "anonymous")
 
     async def peer() -> None:
         await client_stream.send_all(UPGRADE)
@@ -455,7 +455,7 @@ async def test_a_bug_closes_with_1011_and_propagates_to_the_listener() -> None:
     handler, writer, _ = make_handler()
     writer.failure = RuntimeError("a bug in the writer")
     server_stream, client_stream = trio.testing.memory_stream_pair()
-    info = ConnectionInfo("websocket", "127.0.0.1:5000", True, "anonymous")
+    info = ConnectionInfo("websocket", "127.0.0.1", 5000, True, "anonymous")
     headers = [(b"authorization", b"Bearer apt_ingest")]
     bugs: list[BaseException] = []
     close_code: int | None = None
@@ -525,7 +525,7 @@ async def test_a_client_that_reads_no_answers_is_closed(
     handler, writer, _ = make_handler(idle_timeout_seconds=5.0)
     server_stream, client_stream = trio.testing.memory_stream_pair()
     stalling = StallingStream(server_stream)
-    info = ConnectionInfo("websocket", "127.0.0.1:5000", True, "anonymous")
+    info = ConnectionInfo("websocket", "127.0.0.1", 5000, True, "anonymous")
     headers = [(b"authorization", b"Bearer apt_ingest")]
     handled = trio.Event()
 

@@ -34,7 +34,9 @@ from tests.appliance.server.support import (
     serving,
 )
 
-INFO = ConnectionInfo(listener="test", peer="192.0.2.7:41000", tls=True, source="CN=shipper")
+INFO = ConnectionInfo(
+    listener="test", address="192.0.2.7", port=41000, tls=True, source="CN=shipper"
+)
 
 HELO = b"HELO\x00\x00\x00\x20" + bytes(4) + struct.pack(">III", 2, 10, 0) + b"LCOR" + bytes(12)
 PING = b"PING\x00\x00\x00\x00"

@@ -34,7 +34,7 @@ from tests.appliance.server.support import (
     serving,
 )
 
-INFO = ConnectionInfo(listener="test", peer="192.0.2.1:5000", tls=True)
+INFO = ConnectionInfo(listener="test", address="192.0.2.1", port=5000, tls=True)
 
 
 def request(chunk: str | None, n: int = 2, tag: str = "app") -> bytes:
@@ -354,7 +354,9 @@ async def test_a_user_refused_by_the_client_network_gets_its_own_audit_reason() 
 async def test_a_certificate_and_a_handshake_user_are_both_kept() -> None:
     """The user is the rows' source; the certificate subject goes to the audit record."""
     store = _UserStore(allowed=None)
-    info = ConnectionInfo(listener="test", peer="192.0.2.1:5000", tls=True, source="CN=laptop-7")
+    info = ConnectionInfo(
+        listener="test", address="192.0.2.1", port=5000, tls=True, source="CN=laptop-7"
+    )
     pong, writer = await _user_handshake(store, info)
     assert pong[:2] == ["PONG", True]
     assert writer.blocks[0].source == "alice"

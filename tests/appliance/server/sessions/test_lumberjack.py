@@ -38,7 +38,9 @@ from tests.appliance.server.support import (
     serving,
 )
 
-INFO = ConnectionInfo(listener="beats", peer="192.0.2.7:41000", tls=True, source="CN=shipper")
+INFO = ConnectionInfo(
+    listener="beats", address="192.0.2.7", port=41000, tls=True, source="CN=shipper"
+)
 
 
 def u32(n: int) -> bytes:
