@@ -18,8 +18,7 @@ import pytest
 
 import fuzz.harness as harness
 from appliance.lake.rows import RowBlock
-from appliance.protocols.errors import RemoteProtocolError
-from appliance.server.connection import Action
+from appliance.server.connection import Action, Arrival, Close
 
 FUZZ_DIR = Path(__file__).resolve().parents[2] / "fuzz"
 TARGETS = ("forward", "lumberjack", "courier", "logjam", "websocket")
@@ -95,16 +94,20 @@ def test_seeds_reach_the_rows(name: str, seed: str, rows: int, rows_stored: dict
 
 
 class _Session:
-    """A session whose receive raises what it is given."""
+    """A session whose receive raises ``error``, or closes the connection without one."""
 
-    def __init__(self, error: Exception) -> None:
+    def __init__(self, error: Exception | None = None) -> None:
         self.error = error
+        self.reads = 0
 
-    def receive(self, data: bytes | bytearray, received_at_ns: int) -> list[Action]:
-        raise self.error
+    def receive(self, data: bytes | bytearray, arrival: Arrival) -> list[Action[bytes]]:
+        self.reads += 1
+        if self.error is not None:
+            raise self.error
+        return [Close("bad", b"x")]
 
-    def pending_error(self) -> RemoteProtocolError | None:
-        return None
+    def decode_bytes(self, data: bytes | bytearray) -> int:
+        return len(data)
 
     def greeting(self) -> bytes | None:
         return None
@@ -116,8 +119,10 @@ class _Session:
         return 0
 
 
-def test_drive_takes_a_protocol_error_as_the_end_of_the_connection() -> None:
-    harness.drive(_Session(RemoteProtocolError("bad", reply=b"x")), [b"a", b"b"])
+def test_drive_takes_a_close_as_the_end_of_the_connection() -> None:
+    session = _Session()
+    harness.drive(session, [b"a", b"b"])
+    assert session.reads == 1
 
 
 def test_drive_lets_any_other_exception_through() -> None:

@@ -17,9 +17,16 @@ import trio.testing
 from appliance.lake.errors import BlockRefused
 from appliance.lake.rows import RowBlock, check_block
 from appliance.lake.writer import CommitTicket
+from appliance.server.connection import Arrival
 from appliance.server.context import ServiceContext
 from appliance.server.lifecycle import Lifecycle
 from appliance.server.listener import ConnectionInfo
+
+
+def arrival(time_ns: int = 10**18) -> Arrival:
+    """When a unit handed straight to a session (no loop) arrived."""
+    return Arrival(time_ns, 0.0)
+
 
 #: What a driver returns: the handler a listener calls for each connection.
 Handler = Callable[[Any, ConnectionInfo], Any]

@@ -17,14 +17,10 @@ import trio.testing
 
 from appliance.lake.rows import RowBlock
 from appliance.logs import get_logger
-from appliance.server.connection import (
-    Action,
-    DriverSettings,
-    StreamDriver,
-    Submit,
-)
+from appliance.server.connection import Action, Arrival, DriverSettings, Submit
 from appliance.server.lifecycle import Lifecycle
 from appliance.server.listener import ConnectionInfo
+from appliance.server.transports.stream import ByteStreamSession, StreamHandler
 from tests.appliance.server.support import StandInWriter, receive_within, serving
 
 pytestmark = pytest.mark.trio
@@ -32,26 +28,17 @@ pytestmark = pytest.mark.trio
 INFO = ConnectionInfo(listener="lines", address="192.0.2.9", port=4000, tls=False)
 
 
-class LineSession:
+class LineSession(ByteStreamSession):
     """One row per line; records the thread each ``receive`` ran in."""
 
     def __init__(self) -> None:
         self.buffer = b""
         self.threads: list[int] = []
 
-    def greeting(self) -> bytes | None:
-        return None
-
-    def handshake_done(self) -> bool:
-        return True
-
-    def pending_error(self) -> Any:
-        return None
-
     def buffered_bytes(self) -> int:
         return len(self.buffer)
 
-    def receive(self, data: bytes | bytearray, received_at_ns: int) -> list[Action]:
+    def receive(self, data: bytes | bytearray, arrival: Arrival) -> list[Action[bytes]]:
         self.threads.append(threading.get_ident())
         self.buffer += bytes(data)
         actions: list[Action] = []
@@ -60,17 +47,17 @@ class LineSession:
             tag = "a\udcffb" if line == b"bad" else "lines"
             block = RowBlock(
                 protocol="lines", source="anonymous", peer=INFO.peer,
-                received_at_ns=received_at_ns, batch_id=None, tag=tag, host=None,
+                received_at_ns=arrival.time_ns, batch_id=None, tag=tag, host=None,
                 times_ns=[None], records=['{"line":1}'], nbytes=10,
             )  # fmt: skip
             actions.append(Submit(block, b"ok " + line + b"\n", line.decode("latin-1")))
         return actions
 
 
-def driver(writer: StandInWriter, session: LineSession, **settings: Any) -> StreamDriver:
+def driver(writer: StandInWriter, session: LineSession, **settings: Any) -> StreamHandler:
     base = {"idle_timeout_seconds": 300.0, "max_pending_acks": 8, "read_size_bytes": 65536}
     base.update(settings)
-    return StreamDriver(
+    return StreamHandler(
         lambda _info: session, DriverSettings(**base), writer,  # type: ignore[arg-type]
         Lifecycle(), get_logger("test"),
     )  # fmt: skip
@@ -191,7 +178,7 @@ async def test_a_busy_pipelining_client_that_ends_every_read_mid_request_is_not_
     assert received.count(b"ok r") == 8
 
 
-async def _pipeline(writer: StandInWriter, handler: StreamDriver) -> bytes:
+async def _pipeline(writer: StandInWriter, handler: StreamHandler) -> bytes:
     async with serving(handler, INFO) as client:
         await client.send_all(b"r0-start")
         for i in range(1, 8):  # each read finishes one request and starts the next: 280 s

@@ -20,13 +20,13 @@ from hypothesis import strategies as st
 
 from appliance.config import CourierListenerConfig
 from appliance.lake.rows import blocks_to_arrow, check_block
-from appliance.protocols.errors import RemoteProtocolError
 from appliance.protocols.text import MAX_HOST_BYTES, MAX_TAG_BYTES
-from appliance.server.connection import Reply, Submit
+from appliance.server.connection import Close, Reply, Submit
 from appliance.server.listener import ConnectionInfo
 from appliance.server.sessions.courier import CourierSession, courier_handler
 from tests.appliance.server.support import (
     StandInWriter,
+    arrival,
     handler_factory,
     receive_exactly,
     receive_within,
@@ -363,7 +363,7 @@ async def test_hostile_strings_and_times_are_stored_with_fallbacks(
 
 def test_rows_share_one_tag_and_host_when_no_event_names_them() -> None:
     session = CourierSession(CourierListenerConfig(tag="plain"), INFO)
-    (submit,) = submits(session.receive(jdat(1, b'{"a":1}', b"text"), 10**18))
+    (submit,) = submits(session.receive(jdat(1, b'{"a":1}', b"text"), arrival()))
     assert submit.block.tag == "plain"
     assert submit.block.host is None
     assert submit.block.rows == 2
@@ -373,18 +373,18 @@ def test_rows_share_one_tag_and_host_when_no_event_names_them() -> None:
 def test_batch_id_is_the_nonce_in_hex_and_a_digest_of_the_payload() -> None:
     """A restarted old Go client repeats nonces: the same nonce with other events is new."""
     session = CourierSession(CourierListenerConfig(), INFO)
-    (submit,) = submits(session.receive(jdat(0xAB, b"{}"), 10**18))
+    (submit,) = submits(session.receive(jdat(0xAB, b"{}"), arrival()))
     nonce_hex, _, digest = str(submit.block.batch_id).partition(":")
     assert nonce_hex == "ab" * 16
     assert len(digest) == 16
     assert submit.label == "ab" * 16
     # A true resend (same nonce, same events) has the same batch id.
     (again,) = submits(CourierSession(CourierListenerConfig(), INFO).receive(
-        jdat(0xAB, b"{}"), 10**18))  # fmt: skip
+        jdat(0xAB, b"{}"), arrival()))  # fmt: skip
     assert again.block.batch_id == submit.block.batch_id
     # The same nonce with other events is another batch.
     (other,) = submits(CourierSession(CourierListenerConfig(), INFO).receive(
-        jdat(0xAB, b'{"message":"new run"}'), 10**18))  # fmt: skip
+        jdat(0xAB, b'{"message":"new run"}'), arrival()))  # fmt: skip
     assert other.block.batch_id != submit.block.batch_id
 
 
@@ -395,16 +395,17 @@ def test_session_buffered_bytes_follows_the_codec() -> None:
     data = HELO + jdat(2, b'{"a":1}') + PING
     actions: list[object] = []
     for i in range(len(data)):
-        actions += session.receive(data[i : i + 1], 10**18)
+        actions += session.receive(data[i : i + 1], arrival())
         done = i + 1 in (len(HELO), len(HELO) + len(jdat(2, b'{"a":1}')), len(data))
         assert (session.buffered_bytes() == 0) == done, f"after byte {i}"
     assert [type(a) for a in actions] == [Reply, Submit, Reply]
 
 
-def test_session_raises_only_protocol_errors_for_a_bad_helo() -> None:
+def test_a_bad_helo_ends_the_session_with_a_close() -> None:
     session = CourierSession(CourierListenerConfig(), INFO)
-    with pytest.raises(RemoteProtocolError, match="exceeds 32"):
-        session.receive(b"HELO" + struct.pack(">I", 33) + bytes(33), 10**18)
+    (close,) = session.receive(b"HELO" + struct.pack(">I", 33) + bytes(33), arrival())
+    assert isinstance(close, Close)
+    assert "exceeds 32" in close.reason
     assert session.buffered_bytes() == 0
 
 
@@ -432,12 +433,12 @@ _ODD_EVENT = st.fixed_dictionaries(
 @given(st.lists(_ODD_EVENT | st.binary(max_size=16), max_size=10), st.integers(1, 64))
 def test_fuzz_session_blocks_are_always_storable(events: list[bytes], read: int) -> None:
     # Codec, event-to-row mapping and the Arrow conversion, on odd events:
-    # nothing but storable blocks (or a RemoteProtocolError) comes out.
+    # nothing but storable blocks (or a Close) comes out.
     session = CourierSession(CourierListenerConfig(), INFO)
     data = HELO + evnt(1, *events) + jdat(2, *events)
     actions: list[object] = []
     for i in range(0, len(data), read):
-        actions += session.receive(data[i : i + read], 10**18)
+        actions += session.receive(data[i : i + read], arrival())
     blocks = [s.block for s in submits(actions)]
     assert [b.rows for b in blocks] == [len(events)] * 2
     for block in blocks:

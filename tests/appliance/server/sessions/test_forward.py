@@ -29,6 +29,7 @@ from appliance.server.sessions.forward import ForwardSession, forward_block, for
 from auth.policy import SourcePolicy
 from tests.appliance.server.support import (
     StandInWriter,
+    arrival,
     handler_factory,
     seconds_until_closed,
     serving,
@@ -254,9 +255,9 @@ def test_session_buffered_bytes_follows_the_codec() -> None:
     session = ForwardSession(ForwardListenerConfig(), INFO, None)
     data = request("c1")
     assert session.buffered_bytes() == 0
-    assert session.receive(data[:10], 0) == []
+    assert session.receive(data[:10], arrival(0)) == []
     assert session.buffered_bytes() == 10
-    (submit,) = session.receive(data[10:], 0)
+    (submit,) = session.receive(data[10:], arrival(0))
     assert isinstance(submit, Submit)
     assert session.buffered_bytes() == 0
 
