@@ -26,7 +26,8 @@ from appliance.protocols.websocket_messages import TailFilter
 from appliance.server.context import ServiceContext
 from appliance.server.lifecycle import Lifecycle
 from appliance.server.listener import ConnectionInfo
-from appliance.server.websocket_listener import TailHub, TailSubscription, WebSocketHandler
+from appliance.server.tail import TailHub, TailSubscription
+from appliance.server.websocket_listener import WebSocketHandler
 from auth.tokens import TokenGrant
 
 TOKENS = {
