@@ -254,7 +254,7 @@ def run_case(case: str, args: argparse.Namespace) -> dict[str, Any]:
 
 def ceilings(args: argparse.Namespace) -> list[dict[str, Any]]:
     from appliance.protocols.logjam import LogjamReceiver, pack_meta
-    from appliance.server.logjam_listener import message_block
+    from appliance.server.sessions.logjam import message_block
 
     pin(0)
     receiver = LogjamReceiver()

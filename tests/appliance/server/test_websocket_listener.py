@@ -22,11 +22,9 @@ from trio_websocket import (
 from appliance.config import WebSocketListenerConfig
 from appliance.lake.errors import BlockRefused
 from appliance.lake.rows import RowBlock
-from appliance.protocols.websocket_messages import TailFilter
 from appliance.server.context import ServiceContext
 from appliance.server.lifecycle import Lifecycle
 from appliance.server.listener import ConnectionInfo
-from appliance.server.tail import TailHub, TailSubscription
 from appliance.server.websocket_listener import WebSocketHandler
 from auth.tokens import TokenGrant
 
@@ -262,31 +260,6 @@ async def test_tail_receives_committed_rows_filtered() -> None:
     assert [e["record"]["i"] for e in events] == [0, 1]
     assert {e["tag"] for e in events} == {"web.b"}
     assert handler.hub.subscribers == 0
-
-
-def block(rows: int, tag: str = "t") -> RowBlock:
-    return RowBlock("forward", "s", "p", 1, None, tag, None, [None] * rows, ["{}"] * rows, rows)
-
-
-def test_full_tail_queue_drops_and_counts() -> None:
-    sub = TailSubscription(TailFilter(), max_events=5)
-    sub.offer([block(3), block(3), block(2)])
-    assert sub.dropped == 3
-    assert sub.dropped_total == 3
-
-
-@pytest.mark.trio
-async def test_subscription_reports_drops_after_the_queued_rows() -> None:
-    hub = TailHub()
-    with hub.subscribe(TailFilter("t"), 2) as sub:
-        hub.publish([block(2), block(5), block(1, tag="x")])
-        items, dropped = await sub.next()
-        assert [len(rows) for _, rows in items] == [2]
-        assert dropped == 5
-        hub.publish([block(1)])
-        items, dropped = await sub.next()
-        assert ([len(rows) for _, rows in items], dropped) == ([1], 0)
-    assert hub.subscribers == 0
 
 
 # -- the ticket contract: ack only after wait() returned; BlockRefused is an error answer --
