@@ -98,14 +98,6 @@ async def serving(handler: Handler, info: ConnectionInfo) -> AsyncIterator[Clien
         yield client
 
 
-async def seconds_until_closed(handler: Handler, info: ConnectionInfo) -> float:
-    """How long ``handler`` serves a client that never sends anything."""
-    _client, server = trio.testing.memory_stream_pair()
-    start = trio.current_time()
-    await handler(server, info)
-    return trio.current_time() - start
-
-
 async def receive_within(stream: trio.abc.ReceiveStream, seconds: float) -> bytes:
     """Every byte that arrives within ``seconds`` (of the autojump clock), or until closed."""
     received = b""

@@ -30,7 +30,6 @@ from tests.appliance.server.support import (
     handler_factory,
     receive_exactly,
     receive_within,
-    seconds_until_closed,
     serving,
 )
 
@@ -92,23 +91,6 @@ async def test_helo_is_answered_with_vers_advertising_evnt(
 
 
 @pytest.mark.trio
-async def test_final_ackn_is_sent_only_after_commit(autojump_clock: trio.testing.MockClock) -> None:
-    writer = StandInWriter()
-    async with serving(handler_for(writer, keepalive_seconds=5.0), INFO) as client:
-        await client.send_all(HELO)
-        await receive_exactly(client, 40)
-        await client.send_all(jdat(1, b'{"a":1}', b'{"a":2}', b'{"a":3}'))
-        waited = await receive_within(client, 58)
-        # Most of a minute of waiting: keepalives only, each acknowledging nothing.
-        assert waited
-        assert set(messages(waited)) == {ackn(1, 0)}
-        assert len(writer.blocks) == 1
-        writer.commit(0)
-        assert await receive_exactly(client, 28) == ackn(1, 3)
-        await client.aclose()
-
-
-@pytest.mark.trio
 async def test_partial_ackns_go_out_every_keepalive_period_while_waiting(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
@@ -140,29 +122,6 @@ async def test_keepalive_period_is_the_listener_setting(
         assert messages(waited) == [ackn(4, 0)] * 4  # at 2, 4, 6 and 8 s
         writer.commit(0)
         assert await receive_exactly(client, 28) == ackn(4, 1)
-        await client.aclose()
-
-
-@pytest.mark.trio
-async def test_ackns_go_out_in_arrival_order(autojump_clock: trio.testing.MockClock) -> None:
-    writer = StandInWriter()
-    async with serving(handler_for(writer, keepalive_seconds=5.0), INFO) as client:
-        await client.send_all(jdat(1, b"{}") + evnt(2, b"{}", b"{}") + jdat(3, b"{}"))
-        await trio.sleep(1)
-        assert [str(b.batch_id).split(":")[0] for b in writer.blocks] == [
-            nonce(n).hex() for n in (1, 2, 3)
-        ]
-        # The later payloads commit first: nothing final may overtake the first.
-        writer.commit(2)
-        writer.commit(1)
-        waited = messages(await receive_within(client, 12))
-        assert ackn(2, 2) not in waited
-        assert ackn(3, 1) not in waited
-        # Keepalives are for the payload at the head of the line only.
-        assert set(waited) == {ackn(1, 0)}
-        writer.commit(0)
-        sent = await receive_exactly(client, 3 * 28)
-        assert messages(sent) == [ackn(1, 1), ackn(2, 2), ackn(3, 1)]
         await client.aclose()
 
 
@@ -259,32 +218,6 @@ async def test_rows_carry_type_host_time_source_peer_and_nonce(
     )
     assert block.records[2] == '{"message":"not json at all"}'
     assert block.records[3] == '{"message":{"$binary":"//4gcmF3"}}'
-
-
-@pytest.mark.trio
-async def test_full_pending_queue_stops_reading(autojump_clock: trio.testing.MockClock) -> None:
-    writer = StandInWriter()
-    async with serving(handler_for(writer, max_pending_acks=2), INFO) as client:
-        for n in range(6):
-            await client.send_all(jdat(n, b"{}"))
-        await trio.sleep(3)
-        # One awaited by the answerer, two queued, one blocked on the queue.
-        assert len(writer.blocks) == 4
-        for i in range(4):
-            writer.commit(i)
-        await trio.sleep(1)
-        assert len(writer.blocks) == 6
-        for i in range(4, 6):
-            writer.commit(i)
-        sent = await receive_exactly(client, 6 * 28)
-        assert messages(sent) == [ackn(n, 1) for n in range(6)]
-        await client.aclose()
-
-
-@pytest.mark.trio
-async def test_idle_connection_is_closed(autojump_clock: trio.testing.MockClock) -> None:
-    handler = handler_for(StandInWriter(), idle_timeout_seconds=30)
-    assert await seconds_until_closed(handler, INFO) == pytest.approx(30)
 
 
 @pytest.mark.trio

@@ -85,18 +85,6 @@ def stand_in_writer() -> StandInWriter:
 
 
 @pytest.mark.trio
-async def test_ack_is_sent_only_after_commit(autojump_clock: trio.testing.MockClock) -> None:
-    writer = stand_in_writer()
-    async with serving(handler_for(writer, keepalive_seconds=600), INFO) as client:
-        await client.send_all(beats(1, 3))
-        assert await receive_within(client, 300) == b""
-        assert [block.rows for block in writer.blocks] == [3]
-        writer.commit(0)
-        assert await receive_within(client, 1) == ack(3)
-        await client.aclose()
-
-
-@pytest.mark.trio
 async def test_acks_go_out_in_window_order(autojump_clock: trio.testing.MockClock) -> None:
     writer = stand_in_writer()
     async with serving(handler_for(writer, keepalive_seconds=600), INFO) as client:
@@ -127,21 +115,6 @@ async def test_keepalives_while_waiting_then_the_ack_carries_the_highest_sequenc
         assert await receive_within(client, 16) == KEEPALIVE_V2 * 3
         writer.commit(1)
         assert await receive_within(client, 1) == ack(6)
-        await client.aclose()
-
-
-@pytest.mark.trio
-async def test_keepalive_waits_for_the_first_pending_window_only(
-    autojump_clock: trio.testing.MockClock,
-) -> None:
-    writer = stand_in_writer()
-    async with serving(handler_for(writer, keepalive_seconds=5), INFO) as client:
-        await client.send_all(beats(1, 1) + beats(2, 1))
-        await trio.sleep(1)
-        writer.commit(1)  # the second is committed, the first is not
-        assert await receive_within(client, 11) == KEEPALIVE_V2 * 2
-        writer.commit(0)
-        assert await receive_within(client, 1) == ack(1) + ack(2)
         await client.aclose()
 
 
