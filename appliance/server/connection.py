@@ -96,6 +96,7 @@ __all__ = [
     "PeerGone",
     "Reply",
     "Session",
+    "SessionDefaults",
     "Submit",
     "Tally",
     "Transport",
@@ -215,6 +216,25 @@ class Session(Protocol[_In_contra, _Out_co]):
     def buffered_bytes(self) -> int:
         """Bytes of an unfinished request held (0 between requests): the request deadline runs."""
         ...
+
+
+class SessionDefaults(Generic[_Out]):
+    """What most sessions answer: no greeting, no handshake of their own, nothing held.
+
+    A session overrides what its protocol does differently.
+    """
+
+    def greeting(self) -> _Out | None:
+        """None: the client speaks first."""
+        return None
+
+    def handshake_done(self) -> bool:
+        """True: no handshake beyond the transport's (TLS, the HTTP upgrade, ZMTP)."""
+        return True
+
+    def buffered_bytes(self) -> int:
+        """0: the transport hands over whole requests."""
+        return 0
 
 
 class PeerGone(Exception):
@@ -470,21 +490,11 @@ class Connection(Generic[_In, _Out]):
                 deadline = min(trio.current_time() + idle, request_deadline)
                 if not session.handshake_done():
                     deadline = min(deadline, handshake_deadline)
-                units: list[_In] = []
-                with (
-                    self._lifecycle.receiving() as receiving,
-                    trio.move_on_at(deadline) as waiting,
-                ):
-                    try:
-                        units.append(await self._transport.receive())
-                    except PeerGone as exc:
-                        return Ending(Cause.PEER_CLOSED, exc.reason)
-                if receiving.cancelled_caught:
-                    return Ending(Cause.SHUTDOWN, "shutdown")
-                if waiting.cancelled_caught:
-                    return self._deadline_passed(request_deadline)
+                unit = await self._receive(deadline, request_deadline)
+                if isinstance(unit, Ending):
+                    return unit
                 arrival = Arrival(time.time_ns(), trio.current_time())
-                actions = await self._decode(units[0], arrival)
+                actions = await self._decode(unit, arrival)
                 ending = await self._carry_out(actions, arrival)
                 if ending is not None:
                     return ending
@@ -494,6 +504,21 @@ class Connection(Generic[_In, _Out]):
                     request_deadline = math.inf
                 elif actions or request_deadline == math.inf:
                     request_deadline = trio.current_time() + settings.request_timeout_seconds
+
+    async def _receive(self, deadline: float, request_deadline: float) -> _In | Ending:
+        """The next unit, or how the connection ends while waiting for it."""
+        with (
+            self._lifecycle.receiving() as receiving,
+            trio.move_on_at(deadline) as waiting,
+        ):
+            try:
+                return await self._transport.receive()
+            except PeerGone as exc:
+                return Ending(Cause.PEER_CLOSED, exc.reason)
+        if receiving.cancelled_caught:
+            return Ending(Cause.SHUTDOWN, "shutdown")
+        assert waiting.cancelled_caught
+        return self._deadline_passed(request_deadline)
 
     def _deadline_passed(self, request_deadline: float) -> Ending:
         settings, info = self._settings, self._info

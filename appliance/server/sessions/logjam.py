@@ -66,7 +66,7 @@ from appliance.protocols.logjam import (
     pong_frames,
 )
 from appliance.records import record_json
-from appliance.server.connection import Action, Arrival, Reply, Submit
+from appliance.server.connection import Action, Arrival, Reply, SessionDefaults, Submit
 from appliance.server.listener import ANONYMOUS, describe_failure
 from appliance.server.transports.zeromq import ZmqMessage
 from appliance.timefmt import ns_in_range
@@ -136,7 +136,7 @@ class MessageStats:
     failed: int = 0
 
 
-class LogjamSession:
+class LogjamSession(SessionDefaults[list[bytes]]):
     """One Logjam socket's messages: decoded, mapped to rows, answered in each peer's lane.
 
     Args:
@@ -165,18 +165,6 @@ class LogjamSession:
         self._fqdn = fqdn
         self._metrics = metrics
         self.stats = MessageStats()
-
-    def greeting(self) -> Frames | None:
-        """Nothing: ZeroMQ has no greeting of the protocol's."""
-        return None
-
-    def handshake_done(self) -> bool:
-        """True: ZMTP (and CURVE) handshakes are libzmq's."""
-        return True
-
-    def buffered_bytes(self) -> int:
-        """0: libzmq hands over whole messages."""
-        return 0
 
     def decode_bytes(self, message: ZmqMessage) -> int:
         """The codec's bound on what decoding ``message`` reads and produces."""

@@ -31,7 +31,7 @@ from appliance.protocols.websocket_messages import (
     error_json,
     parse_ingest,
 )
-from appliance.server.connection import Action, Arrival, Reply, Submit
+from appliance.server.connection import Action, Arrival, Reply, SessionDefaults, Submit
 from appliance.server.listener import ConnectionInfo
 
 if TYPE_CHECKING:
@@ -42,7 +42,7 @@ __all__ = ["IngestSession"]
 log = get_logger("websocket")
 
 
-class IngestSession:
+class IngestSession(SessionDefaults[str]):
     """One ``/ingest`` connection: its messages and what they become.
 
     Args:
@@ -68,18 +68,6 @@ class IngestSession:
         self._source = source
         self._grant = grant
         self._rate = MessageRate(settings.max_messages_per_second, now)
-
-    def greeting(self) -> str | None:
-        """Nothing: the client speaks first."""
-        return None
-
-    def handshake_done(self) -> bool:
-        """True: the HTTP upgrade was the handshake."""
-        return True
-
-    def buffered_bytes(self) -> int:
-        """0: trio-websocket hands over whole messages."""
-        return 0
 
     def decode_bytes(self, data: str | bytes) -> int:
         """The message's length (messages are at most ``max_message_bytes``)."""

@@ -26,6 +26,7 @@ from appliance.server.connection import (
     DriverSettings,
     PeerGone,
     Session,
+    SessionDefaults,
 )
 from appliance.server.lifecycle import Lifecycle
 from appliance.server.listener import ConnectionInfo
@@ -38,27 +39,16 @@ def close_for(violation: ProtocolViolation) -> Close[bytes]:
     return Close(violation.reason, violation.reply or None, violation.fault)
 
 
-class ByteStreamSession:
-    """What every byte-stream session shares: no greeting, no handshake, the thread rule.
+class ByteStreamSession(SessionDefaults[bytes]):
+    """What every byte-stream session shares: the thread rule counts the bytes held.
 
-    A subclass provides ``receive`` and ``buffered_bytes`` and overrides what differs.
+    A subclass provides ``receive`` and ``buffered_bytes``, and the greeting
+    or handshake its protocol has.
     """
-
-    def buffered_bytes(self) -> int:
-        """Bytes of an unfinished request the codec holds (0 between requests)."""
-        raise NotImplementedError
 
     def decode_bytes(self, data: bytes | bytearray) -> int:
         """The bytes just read plus those held: what the read may complete and decode."""
         return len(data) + self.buffered_bytes()
-
-    def greeting(self) -> bytes | None:
-        """Nothing: the client speaks first."""
-        return None
-
-    def handshake_done(self) -> bool:
-        """True: no protocol handshake beyond TLS."""
-        return True
 
 
 class ByteStream:
