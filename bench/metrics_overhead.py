@@ -3,7 +3,7 @@
 ``forward_bench.py --no-metrics`` compares whole servers, but on a machine
 shared with other work its run-to-run spread (tens of percent) hides a cost
 of a few percent. This bench isolates what the metrics touch: the real
-forward driver (``StreamDriver`` + ``ForwardSession``: reads, codec, rows,
+forward handler (``StreamHandler`` + ``ForwardSession``: reads, codec, rows,
 queued acks) over an in-memory stream, with a writer that commits at once,
 run with the listener's metrics on (a ``Metrics`` registry) and off (the
 no-op ``NULL_LISTENER``), alternately, and measured in CPU time of this

@@ -49,7 +49,7 @@ exception is a bug: the WebSocket is closed with 1011 ("internal error", so
 the client is not told it was a normal close) and the exception propagates
 to the listener's connection boundary (``TcpService``), which logs
 ``connection.failed`` with its type and closes this connection only. This
-driver has no catch-all of its own, so no bug is hidden here.
+handler has no catch-all of its own, so no bug is hidden here.
 
 Tail: :mod:`appliance.server.tail` (an ``admin`` token's ``/tail`` connection).
 """
@@ -114,7 +114,7 @@ log = get_logger("websocket")
 #: The subprotocol a browser offers beside ``bearer.<token>`` (browsers cannot set headers).
 SUBPROTOCOL: Final = "appliance.v1"
 _BEARER_SUBPROTOCOL: Final = "bearer."
-#: Messages trio-websocket buffers between its reader task and this driver.
+#: Messages trio-websocket buffers between its reader task and the answering loop.
 MESSAGE_QUEUE_MESSAGES: Final = 4
 #: Bytes asked of the TLS stream per read by trio-websocket's reader task.
 RECEIVE_BUFFER_BYTES: Final = 64 * 1024

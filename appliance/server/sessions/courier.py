@@ -30,9 +30,9 @@ memory) and applied the strict-string rules; here they become columns:
 Answers: HELO gets VERS (advertising EVNT), PING gets PONG, an unknown
 message gets ``????``, all in order with the ACKNs queued before them. A
 payload's final ACKN goes out only after its commit; while it waits the
-driver sends an ACKN with count 0 every ``keepalive_seconds``.
+loop sends an ACKN with count 0 every ``keepalive_seconds``.
 
-:meth:`CourierSession.receive` calls no trio API, so the driver may run it in
+:meth:`CourierSession.receive` calls no trio API, so the loop may run it in
 a worker thread; :meth:`CourierSession.buffered_bytes` is the codec's count
 of an unfinished message.
 """
