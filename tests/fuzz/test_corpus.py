@@ -19,6 +19,7 @@ import pytest
 import fuzz.harness as harness
 from appliance.lake.rows import RowBlock
 from appliance.server.connection import Action, Arrival, Close
+from appliance.server.transports.stream import ByteStreamSession
 
 FUZZ_DIR = Path(__file__).resolve().parents[2] / "fuzz"
 TARGETS = ("forward", "lumberjack", "courier", "logjam", "websocket")
@@ -93,7 +94,7 @@ def test_seeds_reach_the_rows(name: str, seed: str, rows: int, rows_stored: dict
     assert rows_stored["rows"] == rows
 
 
-class _Session:
+class _Session(ByteStreamSession):
     """A session whose receive raises ``error``, or closes the connection without one."""
 
     def __init__(self, error: Exception | None = None) -> None:
@@ -105,18 +106,6 @@ class _Session:
         if self.error is not None:
             raise self.error
         return [Close("bad", b"x")]
-
-    def decode_bytes(self, data: bytes | bytearray) -> int:
-        return len(data)
-
-    def greeting(self) -> bytes | None:
-        return None
-
-    def handshake_done(self) -> bool:
-        return True
-
-    def buffered_bytes(self) -> int:
-        return 0
 
 
 def test_drive_takes_a_close_as_the_end_of_the_connection() -> None:
