@@ -52,15 +52,15 @@ from appliance.server.context import ServiceContext
 from appliance.server.exposure import unauthenticated_listeners
 from appliance.server.heartbeat import serve_udp_heartbeat
 from appliance.server.lifecycle import Lifecycle
-from appliance.server.listener import TcpService
-from appliance.server.logjam_driver import serve_logjam
+from appliance.server.listener import ConnectionInfo, TcpService
+from appliance.server.logjam_listener import serve_logjam
 from appliance.server.registry import handler_for
 from appliance.server.reload import FIXED_KEYS as _FIXED_KEYS
 from appliance.server.reload import ReloadPlan, plan_reload
 from appliance.server.sdnotify import Notifier
 from appliance.server.tls import TlsManager
 from appliance.server.tls_audit import TlsRefusalAudit
-from appliance.server.websocket_driver import open_token_verifier
+from appliance.server.websocket_listener import open_token_verifier
 from appliance.state_lock import StateLock
 from auth.policy import CredentialStore
 
@@ -172,10 +172,10 @@ def _tls_audit(config: Config, context: ServiceContext) -> TlsRefusalAudit | Non
     prepare(url, upgrade_in_place=config.auth.database_url is None)
     store = SqlCredentialStore(url, config.auth_secret_key_file)
 
-    def write(listener: str, peer: str, reason: str) -> None:
+    def write(info: ConnectionInfo, reason: str) -> None:
         store.record_audit(
-            "tls.refused", peer.rsplit(":", 1)[0].strip("[]"), actor=None,
-            detail=f"listener={listener} reason={reason}", source_address=peer,
+            "tls.refused", info.address, actor=None,
+            detail=f"listener={info.listener} reason={reason}", source_address=info.peer,
         )  # fmt: skip
 
     return TlsRefusalAudit(write, context.auth_threads)

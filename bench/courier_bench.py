@@ -120,7 +120,7 @@ def measure_ceilings(
 
     with harness.pinned(core):
         group = max(1, 25_000 // workload.events)  # about one commit group of rows
-        info = ConnectionInfo("courier", "127.0.0.1:50000", True)
+        info = ConnectionInfo("courier", "127.0.0.1", 50000, True)
         settings = CourierListenerConfig()
         data = b"".join(workload.message(os.urandom(16)) for _ in range(group))
 

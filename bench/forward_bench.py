@@ -179,7 +179,7 @@ def measure_ceilings(
         request = workload.request(chunk_id(1, 0, 0))
         # Requests per call: about one commit group's worth of rows.
         group = max(1, 25_000 // workload.batch)
-        info = ConnectionInfo("forward", "127.0.0.1:50000", True)
+        info = ConnectionInfo("forward", "127.0.0.1", 50000, True)
 
         def decode_only() -> int:
             n = 0

@@ -105,7 +105,7 @@ def serve(state: Path, curve: bool) -> None:
     from appliance.logs import configure
     from appliance.server.context import ServiceContext
     from appliance.server.lifecycle import Lifecycle
-    from appliance.server.logjam_driver import serve_logjam
+    from appliance.server.logjam_listener import serve_logjam
     from auth import schema
     from auth.curve import CurveKeyStore, generate_keypair
 

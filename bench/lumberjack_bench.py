@@ -99,7 +99,7 @@ def measure_ceilings(
 
     with harness.pinned(core):
         group = max(1, 25_000 // workload.window)  # about one commit group of rows
-        info = ConnectionInfo("beats", "127.0.0.1:50000", True)
+        info = ConnectionInfo("beats", "127.0.0.1", 50000, True)
         settings = LumberjackListenerConfig()
 
         def windows() -> list[Window]:

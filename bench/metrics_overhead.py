@@ -3,7 +3,7 @@
 ``python -m bench.forward_bench --no-metrics`` compares whole servers, but on a machine
 shared with other work its run-to-run spread (tens of percent) hides a cost
 of a few percent. This bench isolates what the metrics touch: the real
-forward driver (``StreamDriver`` + ``ForwardSession``: reads, codec, rows,
+forward handler (``StreamHandler`` + ``ForwardSession``: reads, codec, rows,
 queued acks) over an in-memory stream, with a writer that commits at once,
 run with the listener's metrics on (a ``Metrics`` registry) and off (the
 no-op ``NULL_LISTENER``), alternately, and measured in CPU time of this
@@ -35,9 +35,9 @@ from appliance.lake.writer import CommitTicket
 from appliance.metrics import NULL_LISTENER, ListenerMetrics, Metrics
 from appliance.rows.block import RowBlock
 from appliance.server.context import ServiceContext
-from appliance.server.forward_driver import forward_driver
 from appliance.server.lifecycle import Lifecycle
 from appliance.server.listener import ConnectionInfo
+from appliance.server.sessions.forward import forward_handler
 from bench import harness
 
 
@@ -62,8 +62,8 @@ def requests(batch: int, count: int) -> list[bytes]:
 async def one_run(payloads: list[bytes], metrics: ListenerMetrics) -> float:
     """CPU seconds of serving ``payloads`` on one connection (client included, same both ways)."""
     context = ServiceContext(InstantWriter(), Lifecycle())  # type: ignore[arg-type]
-    handler = forward_driver(ForwardListenerConfig(max_pending_acks=64), context)
-    info = ConnectionInfo("bench", "192.0.2.1:5000", True, metrics=metrics)
+    handler = forward_handler(ForwardListenerConfig(max_pending_acks=64), context)
+    info = ConnectionInfo("bench", "192.0.2.1", 5000, True, metrics=metrics)
     client, server = trio.testing.memory_stream_pair()
     started = time.process_time()
     async with trio.open_nursery() as nursery:

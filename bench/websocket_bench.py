@@ -38,7 +38,7 @@ from appliance.config import (
     LakeConfig,
     WebSocketListenerConfig,
 )
-from appliance.server.websocket_driver import WebSocketHandler
+from appliance.server.websocket_listener import WebSocketHandler
 from auth import schema
 from auth.tokens import TokenStore
 from bench import harness

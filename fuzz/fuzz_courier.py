@@ -34,7 +34,7 @@ def _instrumented() -> Any:
 
 with _instrumented():
     from appliance.config import CourierListenerConfig
-    from appliance.server.courier_driver import CourierSession
+    from appliance.server.sessions.courier import CourierSession
     from fuzz.harness import SMALL_LIMITS, FuzzInput, connection_info, drive, fuzz_main
 
 _DEFAULT: Final = CourierListenerConfig(

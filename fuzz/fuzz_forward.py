@@ -58,8 +58,8 @@ def _instrumented() -> Any:
 with _instrumented():
     from appliance.config import ForwardListenerConfig
     from appliance.protocols.forward_handshake import Verdict
-    from appliance.server import forward_driver
-    from appliance.server.forward_driver import ForwardSession, _address, _Security
+    from appliance.server.sessions import forward as forward_session
+    from appliance.server.sessions.forward import ForwardSession, _Security
     from auth.errors import AuthError
     from auth.policy import SourcePolicy
     from auth.ratelimit import FailureLimiter, LimiterSettings
@@ -148,7 +148,7 @@ def _zero_bytes(n: int) -> bytes:
 @contextmanager
 def _no_threads_no_randomness() -> Iterator[None]:
     """The driver module's ``trio`` and ``os``, replaced for one run (restored after)."""
-    namespace = vars(forward_driver)
+    namespace = vars(forward_session)
     saved = namespace["trio"], namespace["os"]
     namespace["trio"] = SimpleNamespace(to_thread=SimpleNamespace(run_sync=_run_sync))
     namespace["os"] = SimpleNamespace(urandom=_zero_bytes)
@@ -173,7 +173,7 @@ def run_one(data: bytes) -> None:
     limiter = FailureLimiter(LimiterSettings())
     if throttled:
         for _ in range(LimiterSettings().free_failures + 1):
-            limiter.record_failure(_address(info.peer))
+            limiter.record_failure(info.address)
     with _no_threads_no_randomness():
         security = None
         if settings.security != "off":

@@ -6,7 +6,7 @@ Without atheris, :func:`run_one` runs one input (tests/fuzz).
 The input is fuzz/harness.py's layout; the payload is one message, its
 frames separated by ``harness.FRAME_SEPARATOR`` (at most
 ``MAX_MESSAGE_FRAMES + 1`` frames: the driver's pump reads no more). The
-target does what ``_Listener.handle`` does with a message: the decode-size
+target does what ``LogjamSession.receive`` does with a message: the decode-size
 bound, the decode, then the 400, the ping's 200, or the row
 (``message_block``) through the row checks, and the 202 for a request. Flag
 bits:

@@ -33,7 +33,7 @@ def _instrumented() -> Any:
 
 with _instrumented():
     from appliance.config import LumberjackListenerConfig
-    from appliance.server.lumberjack_driver import LumberjackSession
+    from appliance.server.sessions.lumberjack import LumberjackSession
     from fuzz.harness import SMALL_LIMITS, FuzzInput, connection_info, drive, fuzz_main
 
 _DEFAULT: Final = LumberjackListenerConfig(

@@ -62,7 +62,7 @@ with _instrumented():
     )
     from appliance.rows.block import RowBlock
     from appliance.rows.websocket import ingest_block
-    from appliance.server.websocket_driver import _subprotocol_token
+    from appliance.server.websocket_listener import _subprotocol_token
     from fuzz.harness import (
         PEER,
         RECEIVED_AT_NS,

@@ -11,20 +11,20 @@ A target's input is a few header bytes and a payload (fuzz/README.md):
   reads, split where the fuzzer chose.
 * the rest: the bytes the peer sends.
 
-:func:`drive` does what ``appliance.server.connection.StreamDriver`` does
-with a session, minus the socket and the clock: it feeds the reads, runs the
-actions in order (an ``Await`` runs to completion at once), materialises
-every ack and keepalive, and stops where the driver would close the
-connection (a ``RemoteProtocolError``, a pending error, a refused block).
+:func:`drive` does what the answering loop (``appliance.server.connection``)
+does with a session, minus the socket and the clock: it feeds the reads, runs
+the actions in order (an ``Await`` runs to completion at once), materialises
+every ack and keepalive, and stops where the loop would close the
+connection (a ``Close``, a refused block).
 Each block goes through :func:`check_rows`: ``check_block``, then, for a
 block it accepts, ``blocks_to_arrow`` and the live tail's rendering; at the
 end the accepted blocks are converted together (:func:`check_group`), as the
 writer converts a commit group.
 
-Whatever else escapes is a finding: the fuzzer reports it as a crash.
-``RemoteProtocolError`` (the peer's fault, that connection closes) and
-``BlockRefused`` from ``check_block`` (the connection closes, nothing is
-acked) are the only expected exceptions. With ``FUZZ_STRICT_BLOCKS=1`` in the
+Whatever escapes is a finding: the fuzzer reports it as a crash. A
+``Close`` (the peer's fault, that connection closes) and ``BlockRefused``
+from ``check_block`` (the connection closes, nothing is acked) are the
+expected ends. With ``FUZZ_STRICT_BLOCKS=1`` in the
 environment a refused block is a finding too: the codecs are meant to refuse
 bad strings themselves, so a block that reaches ``check_block`` and fails
 means a codec let a value through.
@@ -42,11 +42,10 @@ from typing import Final, Protocol
 from appliance.lake.blocks import blocks_to_arrow, check_block
 from appliance.lake.errors import BlockRefused
 from appliance.logs import configure
-from appliance.protocols.errors import RemoteProtocolError
 from appliance.protocols.websocket_messages import TailFilter
 from appliance.rows.block import RowBlock
 from appliance.rows.websocket import tail_events_json
-from appliance.server.connection import Action, Await, Reply, Submit
+from appliance.server.connection import Action, Arrival, Await, Close, Reply, Submit
 from appliance.server.listener import ConnectionInfo
 
 __all__ = [
@@ -56,6 +55,8 @@ __all__ = [
     "FRAME_SEPARATOR",
     "HEADER_BYTES",
     "PEER",
+    "PEER_ADDRESS",
+    "PEER_PORT",
     "RECEIVED_AT_NS",
     "SMALL_LIMITS",
     "STRICT_BLOCKS",
@@ -85,8 +86,10 @@ HEADER_BYTES: Final = 5
 FRAME_SEPARATOR: Final = b"\xfe|\xfe|"
 #: A fixed receive time (2026-01-01T00:00:00Z), so a run is reproducible.
 RECEIVED_AT_NS: Final = 1_767_225_600 * 1_000_000_000
-#: The peer every session sees (TEST-NET-1).
-PEER: Final = "192.0.2.7:40000"
+#: The peer every session sees (TEST-NET-1): its address, port, and name in rows and logs.
+PEER_ADDRESS: Final = "192.0.2.7"
+PEER_PORT: Final = 40000
+PEER: Final = f"{PEER_ADDRESS}:{PEER_PORT}"
 #: A refused block is a finding too (module docstring).
 STRICT_BLOCKS: Final = os.environ.get("FUZZ_STRICT_BLOCKS", "") == "1"
 
@@ -139,15 +142,15 @@ def split_frames(payload: bytes, most: int) -> list[bytes]:
 
 def connection_info(source: str = "anonymous") -> ConnectionInfo:
     """The ConnectionInfo of the fuzzed connection."""
-    return ConnectionInfo(listener="fuzz", peer=PEER, tls=True, source=source)
+    return ConnectionInfo("fuzz", PEER_ADDRESS, PEER_PORT, tls=True, source=source)
 
 
 class Session(Protocol):
     """What :func:`drive` needs of a session (``appliance.server.connection.Session``)."""
 
-    def receive(self, data: bytes | bytearray, received_at_ns: int) -> list[Action]: ...
+    def receive(self, data: bytes | bytearray, arrival: Arrival) -> Sequence[Action[bytes]]: ...
 
-    def pending_error(self) -> RemoteProtocolError | None: ...
+    def decode_bytes(self, data: bytes | bytearray) -> int: ...
 
     def greeting(self) -> bytes | None: ...
 
@@ -181,7 +184,7 @@ def _materialize(value: bytes | Callable[[], bytes] | None) -> None:
     assert data is None or isinstance(data, bytes), type(data)
 
 
-def run_await(action: Await) -> list[Action]:
+def run_await(action: Await[bytes]) -> Sequence[Action[bytes]]:
     """Run an ``Await`` to completion without an event loop.
 
     The fuzz targets replace what such work awaits (a worker thread) with a
@@ -193,14 +196,14 @@ def run_await(action: Await) -> list[Action]:
     try:
         coroutine.send(None)
     except StopIteration as done:
-        result: list[Action] = done.value
+        result: Sequence[Action[bytes]] = done.value
         return result
     coroutine.close()
     raise RuntimeError("an Await suspended: the fuzz harness runs it without an event loop")
 
 
-def _run_actions(actions: Sequence[Action], stored: list[RowBlock]) -> bool:
-    """The driver's ``_handle`` loop; False when a block was refused (connection closes)."""
+def _run_actions(actions: Sequence[Action[bytes]], stored: list[RowBlock]) -> bool:
+    """The loop's ``_carry_out``; False when the connection closes (a Close, a refused block)."""
     queue = list(actions)
     while queue:
         action = queue.pop(0)
@@ -210,6 +213,10 @@ def _run_actions(actions: Sequence[Action], stored: list[RowBlock]) -> bool:
         if isinstance(action, Reply):
             assert isinstance(action.data, bytes), type(action.data)
             continue
+        if isinstance(action, Close):
+            assert action.reply is None or isinstance(action.reply, bytes), type(action.reply)
+            assert not queue, "a Close is the session's last action"
+            return False
         assert isinstance(action, Submit), type(action)
         if not check_rows(action.block):
             return False
@@ -227,7 +234,7 @@ def check_group(blocks: Sequence[RowBlock]) -> None:
 
 
 def drive(session: Session, reads: Sequence[bytes | bytearray]) -> None:
-    """Feed ``reads`` to ``session`` as ``StreamDriver`` would, until it closes;
+    """Feed ``reads`` to ``session`` as the answering loop would, until it closes;
     then convert every stored block as one commit group."""
     stored: list[RowBlock] = []
     _drive(session, reads, stored)
@@ -239,15 +246,8 @@ def _drive(session: Session, reads: Sequence[bytes | bytearray], stored: list[Ro
     assert greeting is None or isinstance(greeting, bytes)
     for data in reads:
         session.handshake_done()
-        try:
-            if not _run_actions(session.receive(data, RECEIVED_AT_NS), stored):
-                return
-        except RemoteProtocolError as raised:
-            error: RemoteProtocolError | None = raised
-        else:
-            error = session.pending_error()
-        if error is not None:
-            assert isinstance(error.reply, bytes), type(error.reply)
+        assert session.decode_bytes(data) >= len(data)
+        if not _run_actions(session.receive(data, Arrival(RECEIVED_AT_NS, 0.0)), stored):
             return
         held = session.buffered_bytes()
         assert isinstance(held, int), type(held)

@@ -77,10 +77,11 @@ Invariants this module keeps (the h11 way):
   zlib produces, and each event is decoded exactly once.
 * :attr:`CourierServerConnection.buffered_bytes` is 0 between messages and
   positive while one is unfinished (for the driver's request deadline).
-* Any :class:`~appliance.protocols.errors.RemoteProtocolError` moves the
-  connection to ``CLOSED``; nothing is accepted afterwards. No other
-  exception escapes :meth:`~CourierServerConnection.receive_data` for any
-  input.
+* A violation moves the connection to ``CLOSED`` and ends the events
+  :meth:`~CourierServerConnection.receive_data` returns as a
+  :class:`~appliance.protocols.errors.ProtocolViolation`; nothing is
+  accepted afterwards. No exception escapes
+  :meth:`~CourierServerConnection.receive_data` for any input.
 * The codec never acknowledges anything by itself: the driver asks for
   :meth:`CourierServerConnection.ack_bytes` once a payload is committed, and
   for :meth:`CourierServerConnection.keepalive_bytes` (an ACKN that
@@ -100,7 +101,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
 from appliance import __version__
-from appliance.protocols.errors import LocalProtocolError, RemoteProtocolError
+from appliance.protocols.errors import LocalProtocolError, ProtocolViolation, RemoteProtocolError
 from appliance.protocols.limits import require_at_least_one
 from appliance.protocols.text import MAX_HOST_BYTES, MAX_TAG_BYTES, InvalidText, check_text
 from appliance.rows.fields import HOST_PATHS, first_string
@@ -341,7 +342,7 @@ class PayloadReceived:
         return f"{self.nonce_hex}:{self.content_digest.hex()}"
 
 
-CourierEvent = Hello | Ping | Unsupported | UnknownMessage | PayloadReceived
+CourierEvent = Hello | Ping | Unsupported | UnknownMessage | PayloadReceived | ProtocolViolation
 
 
 class CourierState(enum.Enum):
@@ -478,7 +479,6 @@ class CourierServerConnection:
         self.limits = limits or CourierLimits()
         self._server_version = server_version or _server_version()
         self._state = CourierState.IDLE
-        self._pending_error: RemoteProtocolError | None = None
         #: The client's HELO; None for a client that skipped the handshake.
         self.hello: Hello | None = None
         # The message being received.
@@ -549,28 +549,21 @@ class CourierServerConnection:
     def receive_data(self, data: bytes | bytearray) -> list[CourierEvent]:
         """Take bytes read from the peer; return the events they complete.
 
-        When ``data`` holds complete messages followed by a violation, the
-        events are returned (complete payloads may still be committed and
-        acked) and the connection is ``CLOSED``: the next call raises the
-        pending error.
+        When ``data`` breaks the protocol or a limit, the last event is a
+        :class:`ProtocolViolation` and the connection is ``CLOSED``; the
+        events before it are returned (complete payloads may still be
+        committed and acked).
 
         Raises:
-            RemoteProtocolError: the peer broke the protocol or a limit; the
-                connection is now ``CLOSED`` and must be closed.
             LocalProtocolError: called after the connection closed.
         """
-        if self._pending_error is not None:
-            error, self._pending_error = self._pending_error, None
-            raise error
         if self._state is CourierState.CLOSED:
             raise LocalProtocolError("receive_data on a closed courier connection")
         events: list[CourierEvent] = []
         try:
             self._receive(memoryview(data), events)
         except RemoteProtocolError as error:
-            if not events:
-                raise
-            self._pending_error = error
+            events.append(ProtocolViolation.of(error))
         return events
 
     def _receive(self, view: memoryview, events: list[CourierEvent]) -> None:

@@ -13,16 +13,18 @@ Invariants this module keeps (the h11 way):
   ``entries`` stream (gzip or zstd) never more than
   ``limits.max_decompressed_bytes``, and a request never more than
   ``limits.max_events_per_request`` events.
-* Any :class:`~appliance.protocols.errors.RemoteProtocolError` moves the
-  connection to ``CLOSED``; nothing is accepted afterwards. It is the only
-  exception the peer's bytes can cause.
+* A violation moves the connection to ``CLOSED`` and ends the events
+  :meth:`ForwardServerConnection.receive_data` returns as a
+  :class:`~appliance.protocols.errors.ProtocolViolation` (with the answer to
+  send, if any); nothing is accepted afterwards. The peer's bytes cause no
+  exception.
 * The codec never acknowledges anything by itself: the driver asks for
   :meth:`ForwardServerConnection.ack_bytes` once the events are committed
   (DESIGN §2, "ack only what is committed"). A request the codec cannot read
-  whole is a :class:`RemoteProtocolError`, so it is never acked.
+  whole is a violation, so it is never acked.
 
-Strict strings (appliance/protocols/text.py; a violation is a
-``RemoteProtocolError`` for the request, which is then not acked):
+Strict strings (appliance/protocols/text.py; a violation for the request,
+which is then not acked):
 
 * ``tag``: valid UTF-8 (a msgpack str that is not, or a JSON ``"\\ud800"``,
   is refused) of at most ``MAX_TAG_BYTES``.
@@ -94,7 +96,12 @@ from appliance.protocols.compression import (
     gunzip,
     unzstd,
 )
-from appliance.protocols.errors import LocalProtocolError, RemoteProtocolError
+from appliance.protocols.errors import (
+    Fault,
+    LocalProtocolError,
+    ProtocolViolation,
+    RemoteProtocolError,
+)
 from appliance.protocols.forward_handshake import (
     REASON_INVALID_PING,
     Helo,
@@ -262,7 +269,7 @@ class PingReceived:
     ping: Ping
 
 
-ForwardEvent = EventsReceived | Heartbeat | PingReceived
+ForwardEvent = EventsReceived | Heartbeat | PingReceived | ProtocolViolation
 
 
 class ForwardState(enum.Enum):
@@ -499,7 +506,6 @@ class ForwardServerConnection:
         #: Most bytes the unpackers have had to buffer at once (they never shrink).
         self._buffered_high = 0
         self._json = _JsonFramer(self.limits.max_request_bytes)
-        self._pending_error: RemoteProtocolError | None = None
 
     @property
     def state(self) -> ForwardState:
@@ -537,19 +543,14 @@ class ForwardServerConnection:
     def receive_data(self, data: bytes | bytearray) -> list[ForwardEvent]:
         """Take bytes read from the peer; return the events they complete.
 
-        When ``data`` holds complete requests followed by a violation, the
-        requests are returned (they may still be committed and acked) and the
-        connection is ``CLOSED``: the next call raises the pending error. A
-        PING followed by a violation raises at once (it is not checked).
+        When ``data`` breaks the protocol, the last event is a
+        :class:`ProtocolViolation` and the connection is ``CLOSED``; the
+        requests before it are returned (they may still be committed and
+        acked). A PING followed by a violation is dropped (it is not checked).
 
         Raises:
-            RemoteProtocolError: the peer broke the protocol or a limit; the
-                connection is now ``CLOSED`` and must be closed.
             LocalProtocolError: called after the connection closed.
         """
-        if self._pending_error is not None:
-            error, self._pending_error = self._pending_error, None
-            raise error
         if self._state is ForwardState.CLOSED:
             raise LocalProtocolError("receive_data on a closed forward connection")
         if not data:
@@ -567,9 +568,9 @@ class ForwardServerConnection:
                 self._receive_msgpack(data, events)
         except RemoteProtocolError as error:
             # A PING whose read also broke a rule is not worth checking.
-            if not events or isinstance(events[-1], PingReceived):
-                raise
-            self._pending_error = error
+            if events and isinstance(events[-1], PingReceived):
+                events.pop()
+            events.append(ProtocolViolation.of(error))
         return events
 
     # -- msgpack -----------------------------------------------------------
@@ -679,11 +680,10 @@ class ForwardServerConnection:
     def finish_handshake(
         self, verdict: Verdict, server_hostname: str
     ) -> tuple[bytes, list[ForwardEvent]]:
-        """The PONG for ``verdict``, and the events of the bytes held meanwhile.
+        """The PONG for ``verdict`` (always sent), and the events of the bytes held meanwhile.
 
-        Raises:
-            RemoteProtocolError: the verdict is a refusal; its ``reply`` is the
-                PONG false to send before closing.
+        A refused verdict's events are one :class:`ProtocolViolation`: the
+        PONG false goes out, then the connection closes.
         """
         if self._state is not ForwardState.AUTHENTICATING or self._ping is None:
             raise LocalProtocolError("finish_handshake without a PING being checked")
@@ -691,18 +691,18 @@ class ForwardServerConnection:
         pong = pong_bytes(verdict, self._ping, server_hostname=server_hostname,
                           nonce=self._helo.nonce)  # fmt: skip
         if not verdict.ok:
-            raise self._fail(verdict.reason, pong)
+            return pong, [ProtocolViolation.of(self._fail(verdict.reason))]
         self._move(ForwardState.TRANSPORT_MSGPACK)
         events: list[ForwardEvent] = []
         try:
             self._drain(events)
         except RemoteProtocolError as error:
-            self._pending_error = error
+            events.append(ProtocolViolation.of(error))
         return pong, events
 
-    def refuse(self, reason: str) -> RemoteProtocolError:
+    def refuse(self, reason: str, fault: Fault = "peer") -> ProtocolViolation:
         """Close the handshake with a PONG false carrying ``reason`` (policy refusals)."""
-        return self._fail(reason, refusal_bytes(reason))
+        return ProtocolViolation.of(self._fail(reason, refusal_bytes(reason)), fault)
 
     # -- JSON ----------------------------------------------------------------
 

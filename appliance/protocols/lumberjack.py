@@ -24,7 +24,8 @@ Invariants:
   version is an error, as is data outside a window (in v1 the last ``W``
   stands: data after a complete window opens the next one of the same size),
   an unknown frame type, invalid zlib, a frame cut short inside a ``C``
-  payload, or invalid JSON. Each is a :class:`RemoteProtocolError`; no other
+  payload, or invalid JSON. Each closes the connection and ends the events
+  returned with a :class:`~appliance.protocols.errors.ProtocolViolation`; no
   exception leaves the codec.
 
 Ack rule (issue 13, issue 18 item 5): a window is acked with the **highest**
@@ -113,7 +114,7 @@ from typing import Any, Final
 
 import orjson
 
-from appliance.protocols.errors import LocalProtocolError, RemoteProtocolError
+from appliance.protocols.errors import LocalProtocolError, ProtocolViolation, RemoteProtocolError
 from appliance.protocols.limits import require_at_least_one
 from appliance.protocols.text import MAX_HOST_BYTES, MAX_TAG_BYTES, InvalidText, check_text
 from appliance.rows.fields import HOST_PATHS, first_string, paths
@@ -133,6 +134,7 @@ __all__ = [
     "MAX_WINDOWS_PER_C_FRAME",
     "NESTED_C_FRAME_ITEMS",
     "WINDOW_MEMORY_FACTOR",
+    "LumberjackEvent",
     "LumberjackLimits",
     "LumberjackServerConnection",
     "LumberjackState",
@@ -240,6 +242,11 @@ class Window:
         return [orjson.loads(text) for text in self.texts]
 
 
+#: What :meth:`LumberjackServerConnection.receive_data` returns: windows, and a
+#: final violation when the input broke the protocol.
+LumberjackEvent = Window | ProtocolViolation
+
+
 class LumberjackState(enum.Enum):
     """Where a connection is."""
 
@@ -311,7 +318,6 @@ class LumberjackServerConnection:
         #: Validated tag and host strings, shared by the events that repeat them.
         self._shared: dict[str, str] = {}
         self._last_acked = 0
-        self._pending_error: RemoteProtocolError | None = None
         # Measures of the work done so far, for tests and metrics (issue 13:
         # work must stay linear in the bytes received).
         #: Length, count and sequence fields read.
@@ -348,19 +354,16 @@ class LumberjackServerConnection:
         self._window_bytes = 0
         return RemoteProtocolError(reason)
 
-    def receive_data(self, data: bytes | bytearray) -> list[Window]:
+    def receive_data(self, data: bytes | bytearray) -> list[LumberjackEvent]:
         """Take bytes read from the peer; return the windows they complete.
 
-        Windows completed before a violation in the same ``data`` are
-        returned, and the violation is raised by the next call.
+        When ``data`` breaks the protocol or a limit, the last event is a
+        :class:`ProtocolViolation` and the connection is ``CLOSED``; the
+        windows completed before it are returned.
 
         Raises:
-            RemoteProtocolError: the peer broke the protocol or a limit.
             LocalProtocolError: called after the connection closed.
         """
-        if self._pending_error is not None:
-            error, self._pending_error = self._pending_error, None
-            raise error
         if self._state is LumberjackState.CLOSED:
             raise LocalProtocolError("receive_data on a closed lumberjack connection")
         self._buffer += data
@@ -380,10 +383,9 @@ class LumberjackServerConnection:
             # the old buffer, and a bytearray with exports cannot be resized.
             self._buffer = bytearray()
             self._d_scan = None
-            if not windows:
-                raise
-            self._pending_error = error
-        return windows
+            return [*windows, ProtocolViolation.of(error)]
+        events: list[LumberjackEvent] = list(windows)
+        return events
 
     # -- frames ----------------------------------------------------------------
 

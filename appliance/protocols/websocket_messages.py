@@ -1,6 +1,6 @@
 """The WebSocket listener's messages, sans-IO: JSON text in, frozen values out (docs/websocket.md).
 
-No sockets, no clock, no trio: the driver (:mod:`appliance.server.websocket_driver`)
+No sockets, no clock, no trio: the driver (:mod:`appliance.server.websocket_listener`)
 passes message texts and times in, and sends the texts this module builds.
 What a message becomes in the table, and the live tail's messages, are
 :mod:`appliance.rows.websocket`'s.

@@ -1,53 +1,77 @@
-"""The trio driver every stream protocol shares: reads, deadlines, ordered answers.
+"""The one answering loop: requests read in order, answered in order, each ack only once durable.
 
-A protocol plugs in a :class:`Session`, which turns bytes into
-:class:`Submit` (rows to commit, then an ack) and :class:`Reply` (bytes to
-send at once) actions; the session holds the sans-IO codec, this module holds
-the socket and the clock, and no parsing. Two tasks per connection:
+Every protocol's connections run here: forward, Lumberjack and Log Courier
+over TCP, WebSocket ingest, and each Logjam ZeroMQ socket (one "connection"
+whose peers are lanes). A connection is three parts:
 
-* the reader reads under the idle deadline, hands the bytes to the session,
-  submits each block to the writer and queues the answers on a bounded
-  per-connection queue. A full writer queue or a full answer queue stops the
-  reader: TCP backpressure.
-* the answerer is the only task that writes to the stream. It sends answers
-  in order; an ack waits for its block's commit, and while it waits it sends
-  the session's keepalive every ``keepalive_seconds`` (Lumberjack, Courier).
+* a :class:`Transport` holds the socket: :meth:`~Transport.receive` gives the
+  next unit the peer sent (bytes for TCP, a message for WebSocket, a message's
+  frames for ZeroMQ) and :meth:`~Transport.send` sends one answer under the
+  transport's own send deadline; either raises :class:`PeerGone`.
+* a :class:`Session` holds the protocol: it turns each unit into
+  :class:`Action` s (its sans-IO codec parses, the rows layer maps) and never
+  touches trio, so it may run in a worker thread.
+* this module holds the clock and the order. Two sides, in one nursery:
 
-A protocol error stops the reader and is logged with its reason; the error's
-``reply`` is sent after the answers already queued, then the connection
-closes. A block the writer refuses (``BlockRefused``: data that cannot be
-stored) closes the connection the same way, with no ack for it or for
-anything after it. Every send has a deadline, so a peer that never reads
-cannot pin a task.
+  - the reader takes units under the deadlines, hands each to the session
+    (in a worker thread when :meth:`Session.decode_bytes` is over
+    ``inline_decode_max_bytes``, so one peer's large or compressed request
+    cannot stall the others), and carries out its actions in order: a
+    :class:`Submit` goes to the :class:`BatchSink` and its ack is queued; a
+    :class:`Reply` is queued; an :class:`Await` is awaited before anything
+    after it; a :class:`Close` queues its reply and ends reading.
+  - the answerer sends what is queued, in order within each lane (one lane
+    for a TCP or WebSocket connection; one per peer on a ZeroMQ socket, so a
+    peer waiting for its commit holds up no other). An ack waits until its
+    batch is durable, sending the session's keepalive every
+    ``keepalive_seconds`` meanwhile (Lumberjack, Courier).
+
+When a batch is durable is one seam, :class:`BatchSink`: ``submit`` takes a
+block and gives a :class:`Durable` whose ``wait()`` returns once the block is
+durable and raises :class:`~appliance.lake.errors.BlockRefused` when it never
+will be. Today the sink is the :class:`~appliance.lake.writer.LakeWriter`
+(durable = in a Delta commit); a write-ahead log plugs in here.
+
+Guarantees (tests/appliance/server/test_connection.py):
+
+* Answers leave in the order their requests arrived, within a lane.
+* An ack leaves only after its ``wait()`` returned. A block refused at
+  ``submit`` or at ``wait`` gets no ack: with a :attr:`Submit.refused`
+  answer, that answer goes in the ack's place and the connection goes on
+  (WebSocket, Logjam: answers are per message); without one the connection
+  closes and nothing after the block is answered (the stream protocols, whose
+  acks are ordered or cumulative).
+* A cancelled connection sends nothing more: no ack for a batch not known
+  durable, and no answer queued after it (each is logged ``reply.withheld``).
+* At most ``max_pending_acks`` answers wait; the next request is not taken
+  until one has left (backpressure: TCP's window, ZeroMQ's queue). A full
+  sink stops the reader too (``submit`` waits).
+* Every close has a reason (:class:`Ending`) and a log line.
 
 Deadlines on the reader (docs/limits.md): ``idle_timeout_seconds`` between
-reads; ``handshake_timeout_seconds`` from the start to the end of the
-protocol's handshake; and ``request_timeout_seconds`` from the first byte of
-a request to its last, so a peer that trickles a request a byte at a time
-(which would restart the idle deadline forever) is closed.
-
-Work on the event loop stays small: a read that completes a large request
-(``len(data) + session.buffered_bytes()`` over ``INLINE_DECODE_MAX_BYTES``)
-is decoded in a worker thread, so one peer's large or compressed request
-cannot stall every other connection's acks. Below that size the work is
-bounded: deflate expands at most 1032:1, and every codec caps its objects.
+units; ``handshake_timeout_seconds`` from the start to the end of the
+protocol's handshake; ``request_timeout_seconds`` from the first byte of a
+request to its last (:meth:`Session.buffered_bytes` above 0), so a peer that
+trickles a request a byte at a time (which would restart the idle deadline
+forever) is closed. A shutdown (:meth:`Lifecycle.stop_reading`) stops the
+reader; what was read is still submitted and answered.
 """
 
 from __future__ import annotations
 
+import enum
 import math
-import ssl
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field, replace
-from typing import Final, Protocol
+from collections import deque
+from collections.abc import Awaitable, Callable, Hashable, Sequence
+from dataclasses import dataclass, replace
+from typing import Final, Generic, Protocol, TypeAlias, TypeVar
 
 import trio
 
 from appliance.lake.errors import BlockRefused
-from appliance.lake.writer import CommitTicket, LakeWriter
 from appliance.logs import StructLogger
-from appliance.protocols.errors import RemoteProtocolError
+from appliance.protocols.errors import Fault
 from appliance.rows.block import RowBlock
 from appliance.server.lifecycle import Lifecycle
 from appliance.server.listener import ConnectionInfo
@@ -58,16 +82,27 @@ __all__ = [
     "REQUEST_TIMEOUT_SECONDS",
     "SEND_TIMEOUT_SECONDS",
     "Action",
+    "Answer",
+    "Arrival",
     "Await",
+    "BatchSink",
+    "Cause",
+    "Close",
+    "Connection",
     "DriverSettings",
+    "Durable",
+    "Ending",
     "ListenerBounds",
+    "PeerGone",
     "Reply",
     "Session",
-    "StreamDriver",
+    "SessionDefaults",
     "Submit",
+    "Tally",
+    "Transport",
 ]
 
-#: Seconds one send to the peer may take before the connection is dropped.
+#: Seconds one send to the peer may take before the connection is dropped (TCP).
 SEND_TIMEOUT_SECONDS: Final = 60.0
 #: Seconds from the first byte of a request to its last (slow senders).
 REQUEST_TIMEOUT_SECONDS: Final = 60.0
@@ -75,69 +110,103 @@ REQUEST_TIMEOUT_SECONDS: Final = 60.0
 #: decoded on the event loop; larger ones go to a worker thread. 512 bytes of
 #: deflate inflate to at most about 512 KiB, a few milliseconds of decoding.
 INLINE_DECODE_MAX_BYTES: Final = 512
-#: Worker threads one listener may decode in at once.
+#: Worker threads one stream listener may decode in at once.
 DECODE_THREADS: Final = 4
 
-Bytes = bytes | Callable[[], bytes]
+_In = TypeVar("_In")
+_Out = TypeVar("_Out")
+_In_co = TypeVar("_In_co", covariant=True)
+_In_contra = TypeVar("_In_contra", contravariant=True)
+_Out_co = TypeVar("_Out_co", covariant=True)
+_Out_contra = TypeVar("_Out_contra", contravariant=True)
+
+#: An answer, or a callable that makes it when it is sent (Lumberjack's ack
+#: carries the last sequence acknowledged by then).
+Answer: TypeAlias = _Out | Callable[[], _Out]
+
+
+# -- what a session asks for --------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
-class Submit:
-    """Rows to commit, and the answer to send once they are committed.
+class Arrival:
+    """When a unit arrived."""
 
-    ``ack`` (and ``keepalive``) may be callables: they are called when the
-    bytes are sent, so a codec can answer with its state at that moment
-    (Lumberjack's last acknowledged sequence).
-    """
+    #: Wall-clock epoch nanoseconds: the rows' ``received_at``.
+    time_ns: int
+    #: trio's clock: rates and the ack latency.
+    clock: float
+
+
+@dataclass(frozen=True, slots=True)
+class Submit(Generic[_Out_co]):
+    """Rows to make durable, and the answer to send once they are."""
 
     block: RowBlock
-    ack: Bytes | None = None
+    #: None: nothing is sent (a forward request without a chunk); the block
+    #: is still waited for in order when a refusal closes the connection.
+    ack: Answer[_Out_co] | None = None
     #: Names the batch in logs (chunk id, nonce, sequence).
     label: str | None = None
-    #: Sent every ``keepalive_seconds`` while the commit is awaited.
-    keepalive: Bytes | None = None
+    #: Sent every ``keepalive_seconds`` while the block is not yet durable.
+    keepalive: Answer[_Out_co] | None = None
+    #: The answer in the ack's place when the block is refused (at submit or
+    #: once it waited), or None for none; the callable logs the refusal. No
+    #: callable: a refusal closes the connection, and nothing after it is
+    #: answered.
+    refused: Callable[[BlockRefused], _Out_co | None] | None = None
+    #: Answers are ordered within a lane (a ZeroMQ peer's routing id).
+    lane: Hashable = None
 
 
 @dataclass(frozen=True, slots=True)
-class Reply:
-    """Bytes to send now, in order with the acks queued before them."""
+class Reply(Generic[_Out_co]):
+    """An answer to send now, in order with the acks queued before it in its lane."""
 
-    data: bytes
+    data: _Out_co
+    lane: Hashable = None
 
 
 @dataclass(frozen=True, slots=True)
-class Await:
+class Await(Generic[_Out_co]):
     """Work that must wait (a credential look-up in a worker thread), then more actions.
 
-    The reader awaits it before reading on, so nothing after it is processed
+    The reader awaits it before it reads on, so nothing after it is processed
     out of order.
     """
 
-    run: Callable[[], Awaitable[list[Submit | Reply | Await]]]
+    run: Callable[[], Awaitable[Sequence[Action[_Out_co]]]]
 
 
-Action = Submit | Reply | Await
+@dataclass(frozen=True, slots=True)
+class Close(Generic[_Out_co]):
+    """The peer broke the protocol: send ``reply`` after what is queued, then close.
+
+    A session's last action; a codec's
+    :class:`~appliance.protocols.errors.ProtocolViolation` becomes one.
+    """
+
+    reason: str
+    reply: _Out_co | None = None
+    fault: Fault = "peer"
 
 
-class Session(Protocol):
-    """One connection's protocol state, around a sans-IO codec."""
+Action = Submit[_Out] | Reply[_Out] | Await[_Out] | Close[_Out]
 
-    def receive(self, data: bytes | bytearray, received_at_ns: int) -> list[Action]:
-        """The actions the bytes complete.
 
-        Raises:
-            RemoteProtocolError: the peer broke the protocol and nothing valid
-                came before the violation in ``data``. When something did, the
-                actions are returned and :meth:`pending_error` has the error.
-        """
+class Session(Protocol[_In_contra, _Out_co]):
+    """One connection's protocol state, around a sans-IO codec (no trio: it may run in a thread)."""
+
+    def receive(self, unit: _In_contra, arrival: Arrival) -> Sequence[Action[_Out_co]]:
+        """The actions ``unit`` completes, in order; a :class:`Close` is the last."""
         ...
 
-    def pending_error(self) -> RemoteProtocolError | None:
-        """The violation that ended the last ``data``, after valid actions."""
+    def decode_bytes(self, unit: _In_contra) -> int:
+        """Bytes decoding ``unit`` may read and produce (with those held): the thread decision."""
         ...
 
-    def greeting(self) -> bytes | None:
-        """Bytes to send as soon as the connection is up (e.g. a HELO)."""
+    def greeting(self) -> _Out_co | None:
+        """An answer to send as soon as the connection is up (a HELO), or None."""
         ...
 
     def handshake_done(self) -> bool:
@@ -145,15 +214,87 @@ class Session(Protocol):
         ...
 
     def buffered_bytes(self) -> int:
-        """Bytes of an unfinished request the codec holds (0 between requests).
+        """Bytes of an unfinished request held (0 between requests): the request deadline runs."""
+        ...
 
-        While it is above 0, ``request_timeout_seconds`` applies.
+
+class SessionDefaults(Generic[_Out]):
+    """What most sessions answer: no greeting, no handshake of their own, nothing held.
+
+    A session overrides what its protocol does differently.
+    """
+
+    def greeting(self) -> _Out | None:
+        """None: the client speaks first."""
+        return None
+
+    def handshake_done(self) -> bool:
+        """True: no handshake beyond the transport's (TLS, the HTTP upgrade, ZMTP)."""
+        return True
+
+    def buffered_bytes(self) -> int:
+        """0: the transport hands over whole requests."""
+        return 0
+
+
+class PeerGone(Exception):
+    """The peer closed, the connection broke, or the peer stopped taking answers."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class Transport(Protocol[_In_co, _Out_contra]):
+    """One connection's socket, as units in and answers out."""
+
+    async def receive(self) -> _In_co:
+        """The next unit the peer sent.
+
+        Raises:
+            PeerGone: the peer closed or the connection broke.
+        """
+        ...
+
+    async def send(self, answer: _Out_contra) -> None:
+        """Send one answer within the transport's send deadline.
+
+        Raises:
+            PeerGone: the peer is gone or does not read.
         """
         ...
 
 
+class Durable(Protocol):
+    """A submitted block on its way to durable storage (a ``CommitTicket``)."""
+
+    async def wait(self) -> None:
+        """Return once the block is durable: then, and only then, acknowledge it.
+
+        Raises:
+            BlockRefused: the block cannot be stored; do not acknowledge it.
+        """
+        ...
+
+
+class BatchSink(Protocol):
+    """Where blocks go to become durable: the one seam for "when may it be acked"."""
+
+    async def submit(self, block: RowBlock) -> Durable:
+        """Queue ``block`` (waits while the sink is full: backpressure).
+
+        Raises:
+            BlockRefused: the block cannot be stored (checked before it is queued).
+            trio.ClosedResourceError: the sink takes no more blocks (shutdown).
+        """
+        ...
+
+
+# -- settings and results -----------------------------------------------------------------
+
+
 class ListenerBounds(Protocol):
-    """The connection bounds every stream listener's config has."""
+    """The connection bounds every listener's config has."""
 
     @property
     def idle_timeout_seconds(self) -> float: ...
@@ -173,9 +314,12 @@ class DriverSettings:
     """Deadlines and bounds of one listener's connections."""
 
     idle_timeout_seconds: float
+    #: Answers that may wait before the reader stops.
     max_pending_acks: int
+    #: Bytes asked of a TCP stream per read.
     read_size_bytes: int
     keepalive_seconds: float = 5.0
+    #: Seconds one send may take (TCP; WebSocket and ZeroMQ have their own).
     send_timeout_seconds: float = SEND_TIMEOUT_SECONDS
     #: Seconds from connection to the end of the protocol's handshake.
     handshake_timeout_seconds: float = 10.0
@@ -206,227 +350,352 @@ class DriverSettings:
         return settings
 
 
+class Cause(enum.Enum):
+    """Why a connection ended."""
+
+    #: The transport reported the peer gone while reading.
+    PEER_CLOSED = "peer closed"
+    IDLE = "idle"
+    HANDSHAKE_TIMEOUT = "handshake timeout"
+    REQUEST_TIMEOUT = "request timeout"
+    #: The service stops reading, or the sink takes no more blocks.
+    SHUTDOWN = "shutdown"
+    #: The session closed it (:class:`Close`).
+    VIOLATION = "protocol error"
+    #: A block was refused and the session had no answer for it.
+    REFUSED = "refused"
+    #: An answer could not be sent.
+    UNANSWERED = "unanswered"
+
+
+@dataclass(frozen=True, slots=True)
+class Ending:
+    """How a connection ended: the cause, and the reason its close line gives."""
+
+    cause: Cause
+    reason: str
+
+
 @dataclass(slots=True)
-class _Stats:
+class Tally:
+    """What one connection did, for its close line."""
+
+    #: Blocks the sink took, and their rows.
     batches: int = 0
     events: int = 0
-    extra: dict[str, int] = field(default_factory=dict)
+    #: Acks sent.
+    acks: int = 0
+    #: Blocks refused by ``submit``, and once waited for.
+    refused: int = 0
+    refused_at_commit: int = 0
+    #: Answers never sent because the connection was cancelled first.
+    withheld: int = 0
 
 
-#: (ticket, answer, keepalive, label, trio time the request was received: 0 for no ack).
-_Queued = tuple[CommitTicket | None, Bytes | None, Bytes | None, str | None, float]
+@dataclass(slots=True)
+class _Queued(Generic[_Out]):
+    """An answer waiting in its lane."""
+
+    answer: Answer[_Out] | None
+    durable: Durable | None = None
+    keepalive: Answer[_Out] | None = None
+    label: str | None = None
+    refused: Callable[[BlockRefused], _Out | None] | None = None
+    #: trio time the request arrived (the ack latency's start).
+    received: float = 0.0
 
 
-class _PeerGone(Exception):
-    """The peer stopped taking bytes; the connection ends."""
+class _Ended(Exception):
+    """The answerer ended the connection; this lane stops."""
 
 
-def _materialize(value: Bytes) -> bytes:
+def _materialize(value: Answer[_Out]) -> _Out:
+    # An Answer is either the value or a zero-argument callable that makes it.
     return value() if callable(value) else value
 
 
-class StreamDriver:
-    """Runs the connections of one listener (a listener ``Handler``)."""
+# -- the loop -------------------------------------------------------------------------------
+
+
+class Connection(Generic[_In, _Out]):
+    """One connection in the answering loop (module docstring); :meth:`run` serves it.
+
+    Args:
+        transport: the socket, as units and answers.
+        session: the protocol.
+        sink: where blocks become durable.
+        settings: deadlines and bounds.
+        lifecycle: the service's shutdown state.
+        log: the listener's logger.
+        info: who is on the other end (a ZeroMQ socket: its own address), and the metrics.
+        decode_threads: the listener's limit on worker threads that decode.
+    """
 
     def __init__(
         self,
-        session_factory: Callable[[ConnectionInfo], Session],
+        transport: Transport[_In, _Out],
+        session: Session[_In, _Out],
+        sink: BatchSink,
         settings: DriverSettings,
-        writer: LakeWriter,
+        *,
         lifecycle: Lifecycle,
         log: StructLogger,
+        info: ConnectionInfo,
+        decode_threads: trio.CapacityLimiter,
     ) -> None:
-        self._new_session = session_factory
+        self._transport = transport
+        self._session = session
+        self._sink = sink
         self._settings = settings
-        self._writer = writer
         self._lifecycle = lifecycle
         self._log = log
-        self._decode_threads: trio.CapacityLimiter | None = None
+        self._info = info
+        self._decode_threads = decode_threads
+        self._slots = trio.Semaphore(settings.max_pending_acks)
+        self._lanes: dict[Hashable, deque[_Queued[_Out]]] = {}
+        self._ending: Ending | None = None
+        self._nursery: trio.Nursery | None = None
+        self.tally = Tally()
 
-    async def __call__(self, stream: trio.abc.Stream, info: ConnectionInfo) -> None:
-        session = self._new_session(info)
-        send, receive = trio.open_memory_channel[_Queued](self._settings.max_pending_acks)
-        self._log.info(
-            "connection.open", listener=info.listener, peer=info.peer, tls=info.tls,
-            source=info.source,
-        )  # fmt: skip
-        stats = _Stats()
-        reason = "closed"
+    async def run(self) -> Ending:
+        """Serve until the connection ends; what was queued before the end is still answered."""
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._answerer, stream, receive, info, nursery.cancel_scope)
-            async with send:
-                greeting = session.greeting()
-                if greeting is not None:
-                    await send.send((None, greeting, None, "greeting", 0.0))
-                reason = await self._reader(stream, session, send, info, stats)
-        self._log.info(
-            "connection.closed", listener=info.listener, peer=info.peer, reason=reason,
-            batches=stats.batches, events=stats.events,
-        )  # fmt: skip
+            self._nursery = nursery
+            greeting = self._session.greeting()
+            if greeting is not None:
+                await self._slots.acquire()
+                self._put(None, _Queued(greeting, label="greeting"))
+            ending = await self._read()
+            self._ending = self._ending or ending
+        assert self._ending is not None
+        return self._ending
 
-    async def _reader(
-        self,
-        stream: trio.abc.Stream,
-        session: Session,
-        answers: trio.MemorySendChannel[_Queued],
-        info: ConnectionInfo,
-        stats: _Stats,
-    ) -> str:
-        idle = self._settings.idle_timeout_seconds
-        handshake_deadline = trio.current_time() + self._settings.handshake_timeout_seconds
+    def _end(self, ending: Ending) -> None:
+        """End the connection now: the reader and every lane stop, nothing more is sent."""
+        self._ending = self._ending or ending
+        assert self._nursery is not None
+        self._nursery.cancel_scope.cancel()
+
+    # -- the reader ---------------------------------------------------------------------
+
+    async def _read(self) -> Ending:
+        settings, session = self._settings, self._session
+        idle = settings.idle_timeout_seconds
+        handshake_deadline = trio.current_time() + settings.handshake_timeout_seconds
         request_deadline = math.inf  # set while a request is partly received
         with self._lifecycle.reading():
             while True:
-                data: bytes | bytearray | None = None
+                if self._lifecycle.stopping:
+                    return Ending(Cause.SHUTDOWN, "shutdown")
                 deadline = min(trio.current_time() + idle, request_deadline)
                 if not session.handshake_done():
                     deadline = min(deadline, handshake_deadline)
-                with self._lifecycle.receiving() as receiving, trio.move_on_at(deadline) as waiting:
-                    try:
-                        data = await stream.receive_some(self._settings.read_size_bytes)
-                    except trio.BrokenResourceError as exc:
-                        if isinstance(exc.__cause__, ssl.SSLEOFError):
-                            return "peer closed without TLS close_notify"
-                        return f"broken: {exc.__cause__ or exc}"
-                if receiving.cancelled_caught:
-                    return "shutdown"
-                if waiting.cancelled_caught:
-                    if not session.handshake_done():
-                        timeout = self._settings.handshake_timeout_seconds
-                        self._log.warning("handshake.timeout", peer=info.peer, seconds=timeout)
-                        return f"no handshake within {timeout}s"
-                    if trio.current_time() >= request_deadline:
-                        timeout = self._settings.request_timeout_seconds
-                        self._log.warning(
-                            "request.timeout", listener=info.listener, peer=info.peer,
-                            seconds=timeout, buffered_bytes=session.buffered_bytes(),
-                        )  # fmt: skip
-                        return f"request not finished within {timeout}s"
-                    self._log.info("connection.idle", peer=info.peer, idle_seconds=idle)
-                    return f"idle for {idle}s"
-                if not data:
-                    return "peer closed"
-                info.metrics.received_bytes.inc(len(data))
-                try:
-                    progressed = await self._handle(session, data, answers, info, stats)
-                except RemoteProtocolError as exc:
-                    self._log.warning(
-                        "protocol.error", listener=info.listener, peer=info.peer,
-                        reason=exc.reason,
-                    )  # fmt: skip
-                    info.metrics.protocol_error(exc.reason)
-                    if exc.reply:
-                        await answers.send((None, exc.reply, None, "error reply", 0.0))
-                    return f"protocol error: {exc.reason}"
-                except BlockRefused as exc:
-                    self._log.warning(
-                        "block.refused", listener=info.listener, peer=info.peer,
-                        reason=exc.reason,
-                    )  # fmt: skip
-                    return f"batch cannot be stored: {exc.reason}"
-                except trio.ClosedResourceError:
-                    return "shutdown"  # the writer takes no more batches
-                except trio.BrokenResourceError:
-                    return "answers could not be sent"
-                # A read that completed a request restarts the clock: a busy
+                unit = await self._receive(deadline, request_deadline)
+                if isinstance(unit, Ending):
+                    return unit
+                arrival = Arrival(time.time_ns(), trio.current_time())
+                actions = await self._decode(unit, arrival)
+                ending = await self._carry_out(actions, arrival)
+                if ending is not None:
+                    return ending
+                # A unit that completed a request restarts the clock: a busy
                 # client pipelining requests may end every read mid-request.
                 if session.buffered_bytes() <= 0:
                     request_deadline = math.inf
-                elif progressed or request_deadline == math.inf:
-                    request_deadline = trio.current_time() + self._settings.request_timeout_seconds
+                elif actions or request_deadline == math.inf:
+                    request_deadline = trio.current_time() + settings.request_timeout_seconds
 
-    async def _handle(
-        self,
-        session: Session,
-        data: bytes | bytearray,
-        answers: trio.MemorySendChannel[_Queued],
-        info: ConnectionInfo,
-        stats: _Stats,
-    ) -> bool:
-        """Hand ``data`` to the session and queue what it completes; True if it completed any."""
-        received_at_ns = time.time_ns()
-        received = trio.current_time()
-        if len(data) + session.buffered_bytes() <= self._settings.inline_decode_max_bytes:
-            actions = session.receive(data, received_at_ns)
-        else:
-            if self._decode_threads is None:
-                self._decode_threads = trio.CapacityLimiter(DECODE_THREADS)
-            actions = await trio.to_thread.run_sync(
-                session.receive, data, received_at_ns, limiter=self._decode_threads
-            )
-        progressed = bool(actions)
-        while actions:
-            action = actions.pop(0)
+    async def _receive(self, deadline: float, request_deadline: float) -> _In | Ending:
+        """The next unit, or how the connection ends while waiting for it."""
+        with (
+            self._lifecycle.receiving() as receiving,
+            trio.move_on_at(deadline) as waiting,
+        ):
+            try:
+                return await self._transport.receive()
+            except PeerGone as exc:
+                return Ending(Cause.PEER_CLOSED, exc.reason)
+        if receiving.cancelled_caught:
+            return Ending(Cause.SHUTDOWN, "shutdown")
+        assert waiting.cancelled_caught
+        return self._deadline_passed(request_deadline)
+
+    def _deadline_passed(self, request_deadline: float) -> Ending:
+        settings, info = self._settings, self._info
+        if not self._session.handshake_done():
+            timeout = settings.handshake_timeout_seconds
+            self._log.warning("handshake.timeout", peer=info.peer, seconds=timeout)
+            return Ending(Cause.HANDSHAKE_TIMEOUT, f"no handshake within {timeout}s")
+        if trio.current_time() >= request_deadline:
+            timeout = settings.request_timeout_seconds
+            self._log.warning(
+                "request.timeout", listener=info.listener, peer=info.peer, seconds=timeout,
+                buffered_bytes=self._session.buffered_bytes(),
+            )  # fmt: skip
+            return Ending(Cause.REQUEST_TIMEOUT, f"request not finished within {timeout}s")
+        idle = settings.idle_timeout_seconds
+        self._log.info("connection.idle", peer=info.peer, idle_seconds=idle)
+        return Ending(Cause.IDLE, f"idle for {idle}s")
+
+    async def _decode(self, unit: _In, arrival: Arrival) -> Sequence[Action[_Out]]:
+        session = self._session
+        if session.decode_bytes(unit) <= self._settings.inline_decode_max_bytes:
+            return session.receive(unit, arrival)
+        return await trio.to_thread.run_sync(
+            session.receive, unit, arrival, limiter=self._decode_threads
+        )
+
+    async def _carry_out(self, actions: Sequence[Action[_Out]], arrival: Arrival) -> Ending | None:
+        """Submit and queue what ``actions`` ask for, in order; the ending, if they end it."""
+        pending: deque[Action[_Out]] = deque(actions)
+        while pending:
+            action = pending.popleft()
             if isinstance(action, Await):
-                actions[:0] = await action.run()
-                continue
-            if isinstance(action, Reply):
-                await answers.send((None, action.data, None, "reply", 0.0))
-                continue
-            stats.batches += 1
-            stats.events += action.block.rows
-            info.metrics.requests.inc()
-            info.metrics.events.inc(action.block.rows)
-            ticket = await self._writer.submit(action.block)
-            await answers.send((ticket, action.ack, action.keepalive, action.label, received))
-        error = session.pending_error()
-        if error is not None:
-            raise error
-        return progressed
+                pending.extendleft(reversed(await action.run()))
+            elif isinstance(action, Reply):
+                await self._slots.acquire()
+                self._put(action.lane, _Queued(action.data, label="reply"))
+            elif isinstance(action, Close):
+                return await self._close(action)
+            else:
+                ending = await self._submit(action, arrival)
+                if ending is not None:
+                    return ending
+        return None
 
-    async def _send(self, stream: trio.abc.Stream, data: bytes, info: ConnectionInfo) -> None:
-        with trio.move_on_after(self._settings.send_timeout_seconds) as scope:
-            try:
-                await stream.send_all(data)
-            except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-                self._log.info("send.failed", peer=info.peer, reason=str(exc) or "closed")
-                raise _PeerGone from exc
-        if scope.cancelled_caught:
-            self._log.warning("send.failed", peer=info.peer, reason="peer does not read")
-            raise _PeerGone
+    async def _close(self, close: Close[_Out]) -> Ending:
+        info = self._info
+        self._log.warning(
+            "protocol.error", listener=info.listener, peer=info.peer, reason=close.reason,
+            fault=close.fault,
+        )  # fmt: skip
+        info.metrics.protocol_error(close.reason)
+        if close.reply is not None:
+            await self._slots.acquire()
+            self._put(None, _Queued(close.reply, label="error reply"))
+        return Ending(Cause.VIOLATION, f"protocol error: {close.reason}")
 
-    async def _answerer(
-        self,
-        stream: trio.abc.Stream,
-        answers: trio.MemoryReceiveChannel[_Queued],
-        info: ConnectionInfo,
-        connection: trio.CancelScope,
-    ) -> None:
-        pending: str | None = None
-        async with answers:
-            try:
-                async for ticket, answer, keepalive, label, received in answers:
-                    pending = label
-                    if ticket is not None:
-                        await self._await_commit(stream, ticket, keepalive, info)
-                    if answer is not None:
-                        await self._send(stream, _materialize(answer), info)
-                        if ticket is not None:
-                            info.metrics.acks.inc()
-                            info.metrics.ack_latency.observe(trio.current_time() - received)
-            except _PeerGone:
-                self._log.info("connection.unanswered", peer=info.peer, pending=pending)
-                connection.cancel()
-            except BlockRefused as exc:
-                # Nothing after a refused batch is acked either: acks are in order.
-                self._log.warning(
-                    "block.refused", listener=info.listener, peer=info.peer, batch=pending,
-                    reason=exc.reason,
+    async def _submit(self, submit: Submit[_Out], arrival: Arrival) -> Ending | None:
+        # Nothing waits for a block with no ack whose refusal is answered (an
+        # async Logjam message): it takes no slot.
+        waits = submit.ack is not None or submit.refused is None
+        if waits:
+            await self._slots.acquire()  # backpressure before the block is taken
+        try:
+            durable = await self._sink.submit(submit.block)
+        except BlockRefused as exc:
+            self.tally.refused += 1
+            if submit.refused is None:
+                self._slots.release()
+                info = self._info
+                self._log.warning("block.refused", listener=info.listener, peer=info.peer,
+                                  reason=exc.reason)  # fmt: skip
+                return Ending(Cause.REFUSED, f"batch cannot be stored: {exc.reason}")
+            answer = submit.refused(exc)
+            if answer is None:
+                if waits:
+                    self._slots.release()
+                return None
+            if not waits:
+                await self._slots.acquire()
+            self._put(submit.lane, _Queued(answer, label=submit.label))
+            return None
+        except trio.ClosedResourceError:
+            if waits:
+                self._slots.release()
+            return Ending(Cause.SHUTDOWN, "shutdown")  # the sink takes no more blocks
+        rows = submit.block.rows
+        self.tally.batches += 1
+        self.tally.events += rows
+        self._info.metrics.requests.inc()
+        self._info.metrics.events.inc(rows)
+        if waits:
+            self._put(
+                submit.lane,
+                _Queued(submit.ack, durable, submit.keepalive, submit.label, submit.refused,
+                        arrival.clock),
+            )  # fmt: skip
+        return None
+
+    # -- the answerer -------------------------------------------------------------------
+
+    def _put(self, lane: Hashable, queued: _Queued[_Out]) -> None:
+        """Queue an answer (its slot is taken) at the end of its lane."""
+        queue = self._lanes.get(lane)
+        if queue is None:
+            queue = self._lanes[lane] = deque()
+            assert self._nursery is not None
+            self._nursery.start_soon(self._answer_lane, lane, queue)
+        queue.append(queued)
+
+    async def _answer_lane(self, lane: Hashable, queue: deque[_Queued[_Out]]) -> None:
+        """Send one lane's answers in order; the task ends when the lane is empty."""
+        try:
+            while queue:
+                await self._answer(queue[0])
+                queue.popleft()
+                self._slots.release()
+        except _Ended:
+            queue.popleft()  # its refusal or failed send is logged already
+        finally:
+            if self._lanes.get(lane) is queue:
+                del self._lanes[lane]
+            for left in queue:
+                # Cancelled (the service stops) or ended before these went:
+                # no answer at all, above all no ack for a batch that may
+                # not be durable. The peer resends.
+                self.tally.withheld += 1
+                self._log.info(
+                    "reply.withheld", listener=self._info.listener, peer=self._info.peer,
+                    batch=left.label, reason="not sent before the connection ended",
                 )  # fmt: skip
-                connection.cancel()
 
-    async def _await_commit(
-        self,
-        stream: trio.abc.Stream,
-        ticket: CommitTicket,
-        keepalive: Bytes | None,
-        info: ConnectionInfo,
+    async def _answer(self, queued: _Queued[_Out]) -> None:
+        answer, acked = queued.answer, False
+        if queued.durable is not None:
+            try:
+                await self._durable(queued.durable, queued.keepalive, queued.label)
+                acked = answer is not None
+            except BlockRefused as exc:
+                self.tally.refused_at_commit += 1
+                if queued.refused is None:
+                    # Nothing after a refused batch is acked either: acks are in order.
+                    info = self._info
+                    self._log.warning(
+                        "block.refused", listener=info.listener, peer=info.peer,
+                        batch=queued.label, reason=exc.reason,
+                    )  # fmt: skip
+                    self._end(Ending(Cause.REFUSED, f"batch cannot be stored: {exc.reason}"))
+                    raise _Ended from None
+                answer = queued.refused(exc)
+        if answer is None:
+            return
+        # A wait that returned does not deliver a cancel already pending, and
+        # a transport's send need not checkpoint (ZeroMQ's does not).
+        await trio.lowlevel.checkpoint_if_cancelled()
+        await self._send(answer, queued.label)
+        if acked:
+            self.tally.acks += 1
+            self._info.metrics.acks.inc()
+            self._info.metrics.ack_latency.observe(trio.current_time() - queued.received)
+
+    async def _durable(
+        self, durable: Durable, keepalive: Answer[_Out] | None, label: str | None
     ) -> None:
+        """Wait until ``durable`` resolves, sending ``keepalive`` every ``keepalive_seconds``."""
         if keepalive is None:
-            await ticket.wait()
+            await durable.wait()
             return
         while True:
             with trio.move_on_after(self._settings.keepalive_seconds):
-                await ticket.wait()
+                await durable.wait()
                 return
-            await self._send(stream, _materialize(keepalive), info)
+            await self._send(keepalive, label)
+
+    async def _send(self, answer: Answer[_Out], label: str | None) -> None:
+        try:
+            await self._transport.send(_materialize(answer))
+        except PeerGone as exc:
+            self._log.info("connection.unanswered", peer=self._info.peer, pending=label)
+            self._end(Ending(Cause.UNANSWERED, exc.reason))
+            raise _Ended from None

@@ -31,7 +31,7 @@ import errno
 import socket
 import ssl
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Final
 
 import trio
@@ -40,7 +40,14 @@ from appliance.logs import get_logger
 from appliance.metrics import NULL_LISTENER, ListenerMetrics
 from pki.tls import peer_subject
 
-__all__ = ["ANONYMOUS", "ConnectionInfo", "Handler", "TcpService", "describe_failure"]
+__all__ = [
+    "ANONYMOUS",
+    "ConnectionInfo",
+    "Handler",
+    "TcpService",
+    "describe_failure",
+    "peer_name",
+]
 
 log = get_logger("listener")
 
@@ -77,17 +84,32 @@ def describe_failure(exc: BaseException) -> tuple[str, str]:
     return types, text.splitlines()[0][:_MAX_REASON_CHARS] if text else ""
 
 
+def peer_name(address: str, port: int | None) -> str:
+    """How logs and the ``peer`` column name a peer: ``address:port``, ``[v6]:port``."""
+    if port is None:
+        return address
+    return f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
+
+
 @dataclass(frozen=True, slots=True)
 class ConnectionInfo:
     """Who is on the other end of a connection."""
 
     listener: str
-    peer: str
+    #: The peer's IP address (``unknown`` when the socket could not tell).
+    address: str
+    #: The peer's port; None when the socket gave no port.
+    port: int | None
     tls: bool
     #: The authenticated principal, or "anonymous" when nothing authenticated the peer.
     source: str = "anonymous"  # ANONYMOUS
     #: The listener's metrics, which its connection handler counts into.
     metrics: ListenerMetrics = field(default=NULL_LISTENER, compare=False, repr=False)
+
+    @property
+    def peer(self) -> str:
+        """The peer's name in logs and rows (:func:`peer_name`)."""
+        return peer_name(self.address, self.port)
 
 
 Handler = Callable[[trio.abc.Stream, ConnectionInfo], Awaitable[None]]
@@ -134,16 +156,15 @@ async def _plaintext_guess(sock: trio.SocketStream) -> str | None:
     return f"the client's first byte 0x{first[0]:02x} is not a TLS handshake: connect with TLS"
 
 
-def _peer_address(sock: trio.SocketStream) -> tuple[str, str]:
-    """The peer's IP address and its ``address:port`` name (``[v6]:port`` for IPv6)."""
+def _peer_address(sock: trio.SocketStream) -> tuple[str, int | None]:
+    """The peer's IP address and port (no port when the socket gives none)."""
     try:
         address = sock.socket.getpeername()
     except OSError:
-        return "unknown", "unknown"
+        return "unknown", None
     if isinstance(address, tuple):
-        host, port = address[0], address[1]
-        return host, f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-    return str(address), str(address)
+        return str(address[0]), int(address[1])
+    return str(address), None
 
 
 class TcpService:
@@ -182,8 +203,8 @@ class TcpService:
         self.refused = 0
         #: Connections closed by an unexpected exception (``connection.failed``).
         self.failed = 0
-        #: Told each refused TLS handshake (listener, peer, reason): the audit log.
-        self.on_tls_failure: Callable[[str, str, str], None] | None = None
+        #: Told each refused TLS handshake (who, reason): the audit log.
+        self.on_tls_failure: Callable[[ConnectionInfo, str], None] | None = None
         self.metrics = metrics
 
     def update(
@@ -230,7 +251,7 @@ class TcpService:
                 log.error("accept.backoff", listener=self.name, reason=exc.strerror)
                 await trio.sleep(ACCEPT_BACKOFF_SECONDS)
                 continue
-            address, peer = _peer_address(stream)
+            address, port = _peer_address(stream)
             refusal = None
             if self.active >= self._max_connections:
                 refusal = f"max_connections={self._max_connections} reached"
@@ -240,14 +261,17 @@ class TcpService:
                 self.metrics.connection_refused("max_connections_per_address")
             if refusal is not None:
                 self.refused += 1
-                log.warning("connection.refused", listener=self.name, peer=peer, reason=refusal)
+                log.warning(
+                    "connection.refused", listener=self.name, peer=peer_name(address, port),
+                    reason=refusal,
+                )  # fmt: skip
                 await trio.aclose_forcefully(stream)
                 continue
             self.active += 1
             self.metrics.connections_accepted.inc()
             self.metrics.connections_open.inc()
             self._per_address[address] = self._per_address.get(address, 0) + 1
-            nursery.start_soon(self._run_connection, stream, address, peer)
+            nursery.start_soon(self._run_connection, stream, address, port)
 
     def _release(self, address: str) -> None:
         self.active -= 1
@@ -258,22 +282,29 @@ class TcpService:
         else:
             self._per_address.pop(address, None)
 
-    async def _run_connection(self, sock: trio.SocketStream, address: str, peer: str) -> None:
+    async def _run_connection(
+        self, sock: trio.SocketStream, address: str, port: int | None
+    ) -> None:
+        context = self.ssl_context
+        info = ConnectionInfo(self.name, address, port, context is not None, metrics=self.metrics)
         try:
-            await self._serve_connection(sock, peer)
+            await self._serve_connection(sock, context, info)
         except Exception as exc:  # noqa: BLE001 - the connection boundary (module docstring)
             # Cancelled is a BaseException and is not caught here.
             self.failed += 1
             self.metrics.connections_failed.inc()
             types, text = describe_failure(exc)
-            log.error("connection.failed", listener=self.name, peer=peer, error=types, reason=text)
+            log.error(
+                "connection.failed", listener=self.name, peer=info.peer, error=types, reason=text
+            )
         finally:
             self._release(address)
 
-    async def _serve_connection(self, sock: trio.SocketStream, peer: str) -> None:
+    async def _serve_connection(
+        self, sock: trio.SocketStream, context: ssl.SSLContext | None, info: ConnectionInfo
+    ) -> None:
         stream: trio.abc.Stream = sock
-        source = ANONYMOUS
-        context = self.ssl_context
+        peer = info.peer
         try:
             if context is not None:
                 tls = trio.SSLStream(sock, context, server_side=True)
@@ -296,7 +327,7 @@ class TcpService:
                         )
                         self.metrics.tls_failure(reason)
                         if self.on_tls_failure is not None:
-                            self.on_tls_failure(self.name, peer, reason)
+                            self.on_tls_failure(info, reason)
                         return
                 if scope.cancelled_caught:
                     log.warning(
@@ -308,8 +339,9 @@ class TcpService:
                     self.metrics.tls_failure("no handshake within the deadline")
                     return
                 # The certificate was verified in the handshake (CRL included).
-                source = peer_subject(tls.getpeercert(binary_form=True)) or source
-            info = ConnectionInfo(self.name, peer, context is not None, source, self.metrics)
+                subject = peer_subject(tls.getpeercert(binary_form=True))
+                if subject:
+                    info = replace(info, source=subject)
             await self._handler(stream, info)
         finally:
             await _close(stream)

@@ -13,11 +13,11 @@ from appliance.config import (
     WebSocketListenerConfig,
 )
 from appliance.server.context import ServiceContext
-from appliance.server.courier_driver import courier_driver
-from appliance.server.forward_driver import forward_driver
 from appliance.server.listener import Handler
-from appliance.server.lumberjack_driver import lumberjack_driver
-from appliance.server.websocket_driver import websocket_driver
+from appliance.server.sessions.courier import courier_handler
+from appliance.server.sessions.forward import forward_handler
+from appliance.server.sessions.lumberjack import lumberjack_handler
+from appliance.server.websocket_listener import websocket_handler
 
 __all__ = ["handler_for"]
 
@@ -25,10 +25,10 @@ _Factory = Callable[[Any, ServiceContext], Handler]
 
 #: Listener config class -> the factory of its connection handler.
 _HANDLERS: Final[dict[type[ListenerConfig], _Factory]] = {
-    ForwardListenerConfig: forward_driver,
-    LumberjackListenerConfig: lumberjack_driver,
-    CourierListenerConfig: courier_driver,
-    WebSocketListenerConfig: websocket_driver,
+    ForwardListenerConfig: forward_handler,
+    LumberjackListenerConfig: lumberjack_handler,
+    CourierListenerConfig: courier_handler,
+    WebSocketListenerConfig: websocket_handler,
 }
 
 

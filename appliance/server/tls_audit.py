@@ -18,6 +18,7 @@ from typing import Final
 import trio
 
 from appliance.logs import get_logger
+from appliance.server.listener import ConnectionInfo
 from auth.errors import AuthError
 
 __all__ = ["MAX_ENTRIES_PER_MINUTE", "QUEUE_ENTRIES", "TlsRefusalAudit", "is_certificate_refusal"]
@@ -37,8 +38,8 @@ _CERTIFICATE_WORDS: Final = (
     "peer did not return",
 )
 
-#: Writes one entry (listener, peer, reason); blocking, run in a worker thread.
-AuditWriter = Callable[[str, str, str], None]
+#: Writes one entry (the refused connection, the reason); blocking, run in a worker thread.
+AuditWriter = Callable[[ConnectionInfo, str], None]
 
 
 def is_certificate_refusal(reason: str) -> bool:
@@ -53,12 +54,14 @@ class TlsRefusalAudit:
     def __init__(self, write: AuditWriter, threads: trio.CapacityLimiter) -> None:
         self._write = write
         self._threads = threads
-        self._send, self._receive = trio.open_memory_channel[tuple[str, str, str]](QUEUE_ENTRIES)
+        self._send, self._receive = trio.open_memory_channel[tuple[ConnectionInfo, str]](
+            QUEUE_ENTRIES
+        )
         self._window_start = 0.0
         self._in_window = 0
         self.dropped = 0
 
-    def note(self, listener: str, peer: str, reason: str) -> None:
+    def note(self, info: ConnectionInfo, reason: str) -> None:
         """Record a refusal if it is about a certificate and the budget allows (never waits)."""
         if not is_certificate_refusal(reason):
             return
@@ -69,7 +72,7 @@ class TlsRefusalAudit:
             self.dropped += 1
             return
         try:
-            self._send.send_nowait((listener, peer, reason))
+            self._send.send_nowait((info, reason))
         except trio.WouldBlock:
             self.dropped += 1
             return
@@ -77,10 +80,8 @@ class TlsRefusalAudit:
 
     async def run(self) -> None:
         """Write queued refusals until cancelled."""
-        async for listener, peer, reason in self._receive:
+        async for info, reason in self._receive:
             try:
-                await trio.to_thread.run_sync(
-                    self._write, listener, peer, reason, limiter=self._threads
-                )
+                await trio.to_thread.run_sync(self._write, info, reason, limiter=self._threads)
             except (AuthError, OSError) as exc:
                 log.warning("tls.audit_failed", reason=str(exc))

@@ -17,9 +17,9 @@ from types import ModuleType
 import pytest
 
 import fuzz.harness as harness
-from appliance.protocols.errors import RemoteProtocolError
 from appliance.rows.block import RowBlock
-from appliance.server.connection import Action
+from appliance.server.connection import Action, Arrival, Close
+from appliance.server.transports.stream import ByteStreamSession
 
 FUZZ_DIR = Path(__file__).resolve().parents[2] / "fuzz"
 TARGETS = ("forward", "lumberjack", "courier", "logjam", "websocket")
@@ -94,30 +94,24 @@ def test_seeds_reach_the_rows(name: str, seed: str, rows: int, rows_stored: dict
     assert rows_stored["rows"] == rows
 
 
-class _Session:
-    """A session whose receive raises what it is given."""
+class _Session(ByteStreamSession):
+    """A session whose receive raises ``error``, or closes the connection without one."""
 
-    def __init__(self, error: Exception) -> None:
+    def __init__(self, error: Exception | None = None) -> None:
         self.error = error
+        self.reads = 0
 
-    def receive(self, data: bytes | bytearray, received_at_ns: int) -> list[Action]:
-        raise self.error
-
-    def pending_error(self) -> RemoteProtocolError | None:
-        return None
-
-    def greeting(self) -> bytes | None:
-        return None
-
-    def handshake_done(self) -> bool:
-        return True
-
-    def buffered_bytes(self) -> int:
-        return 0
+    def receive(self, data: bytes | bytearray, arrival: Arrival) -> list[Action[bytes]]:
+        self.reads += 1
+        if self.error is not None:
+            raise self.error
+        return [Close("bad", b"x")]
 
 
-def test_drive_takes_a_protocol_error_as_the_end_of_the_connection() -> None:
-    harness.drive(_Session(RemoteProtocolError("bad", reply=b"x")), [b"a", b"b"])
+def test_drive_takes_a_close_as_the_end_of_the_connection() -> None:
+    session = _Session()
+    harness.drive(session, [b"a", b"b"])
+    assert session.reads == 1
 
 
 def test_drive_lets_any_other_exception_through() -> None:

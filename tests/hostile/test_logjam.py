@@ -1,7 +1,7 @@
 """Hostile Logjam producers over real ZeroMQ (CURVE) against the running service.
 
-What the codec and driver document (appliance/protocols/logjam.py,
-appliance/server/logjam_driver.py) and this module holds them to. Logjam has
+What the codec and the session document (appliance/protocols/logjam.py,
+appliance/server/sessions/logjam.py) and this module holds them to. Logjam has
 no connection to close: every message is answered on its own.
 
 * refused (``400 Bad Request`` for a request, nothing for async data; a

@@ -1,7 +1,7 @@
 """Hostile WebSocket senders (``/ingest``, real TLS) against the running service.
 
-What the codec and driver document (appliance/protocols/websocket_messages.py,
-appliance/server/websocket_driver.py) and this module holds them to:
+What the codec and the session document (appliance/protocols/websocket_messages.py,
+appliance/server/sessions/websocket.py) and this module holds them to:
 
 * a message that breaks a rule is refused whole: the answer is
   ``{"error": reason, "id": id}``, a ``websocket.message_refused`` line is

@@ -33,7 +33,7 @@ import pytest
 import zmq
 
 from appliance.protocols.logjam import Compression, pack_meta
-from tests.appliance.server.test_logjam_driver import Harness, in_thread, logjam_service
+from tests.appliance.server.test_logjam_listener import Harness, in_thread, logjam_service
 
 pytestmark = pytest.mark.interop
 

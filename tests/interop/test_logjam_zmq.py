@@ -24,7 +24,7 @@ import zmq
 
 from appliance.protocols.logjam import Compression, pack_meta
 from auth.curve import generate_keypair
-from tests.appliance.server.test_logjam_driver import (
+from tests.appliance.server.test_logjam_listener import (
     APP_ENV,
     TOPIC,
     Harness,

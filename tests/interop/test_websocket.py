@@ -30,7 +30,7 @@ from trio_websocket import (
 from appliance import service
 from appliance.commands.tail import format_event, stream_tail
 from appliance.config import Config, ForwardListenerConfig, LakeConfig, WebSocketListenerConfig
-from appliance.server.websocket_driver import WebSocketHandler
+from appliance.server.websocket_listener import WebSocketHandler
 from auth import schema
 from auth.tokens import TokenStore
 

@@ -4,7 +4,7 @@ Frames are written out byte for byte here (hex literals and ``struct`` by
 hand), not built with the codec's own encoders, so the codec is checked
 against the protocol and not against itself. Every sample is also fed split
 at every byte and one byte at a time; hypothesis fuzzes the codec with
-garbage (it must parse or raise RemoteProtocolError, nothing else) and
+garbage (it must parse or end with a ProtocolViolation, nothing else) and
 round-trips generated payloads cut at random places.
 """
 
@@ -34,7 +34,8 @@ from appliance.protocols.courier import (
     Unsupported,
     encode_message,
 )
-from appliance.protocols.errors import LocalProtocolError, RemoteProtocolError
+from appliance.protocols.errors import LocalProtocolError, ProtocolViolation
+from tests.appliance.protocols.support import feed_reads, refused, violation
 
 FAST = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -127,15 +128,12 @@ def feed(data: bytes, **kwargs: Any) -> list[CourierEvent]:
 
 def feed_split(data: bytes, at: int, **kwargs: Any) -> list[CourierEvent]:
     codec = CourierServerConnection(**kwargs)
-    return codec.receive_data(data[:at]) + codec.receive_data(data[at:])
+    return feed_reads(codec.receive_data, [data[:at], data[at:]])
 
 
 def feed_bytewise(data: bytes, **kwargs: Any) -> list[CourierEvent]:
     codec = CourierServerConnection(**kwargs)
-    events: list[CourierEvent] = []
-    for i in range(len(data)):
-        events += codec.receive_data(data[i : i + 1])
-    return events
+    return feed_reads(codec.receive_data, (data[i : i + 1] for i in range(len(data))))
 
 
 def received_payload(
@@ -160,29 +158,28 @@ def payload(events: list[CourierEvent]) -> PayloadReceived:
     return event
 
 
-def closed_with_error(codec: CourierServerConnection, data: bytes) -> RemoteProtocolError:
-    """Feed ``data``, expect a RemoteProtocolError, and check the codec is closed for good."""
-    with pytest.raises(RemoteProtocolError) as info:
-        codec.receive_data(data)
+def closed_with_error(codec: CourierServerConnection, data: bytes) -> ProtocolViolation:
+    """Feed ``data``, expect a violation alone, and check the codec is closed for good."""
+    (error,) = codec.receive_data(data)
+    assert isinstance(error, ProtocolViolation), error
+    assert_closed(codec)
+    return error
+
+
+def assert_closed(codec: CourierServerConnection) -> None:
     assert codec.state is CourierState.CLOSED
     with pytest.raises(LocalProtocolError):
         codec.receive_data(PING)
     with pytest.raises(LocalProtocolError):
         codec.receive_data(b"")
-    return info.value
 
 
 def fails(codec: CourierServerConnection, *reads: bytes) -> bool:
-    """True when one of ``reads`` raises RemoteProtocolError (and the codec is closed)."""
-    try:
-        for read in reads:
-            codec.receive_data(read)
-    except RemoteProtocolError:
-        return codec.state is CourierState.CLOSED
-    return False
+    """True when ``reads`` end in a violation (and the codec is closed)."""
+    return refused(feed_reads(codec.receive_data, reads)) and codec.state is CourierState.CLOSED
 
 
-def rejects(data: bytes, match: str, **kwargs: Any) -> RemoteProtocolError:
+def rejects(data: bytes, match: str, **kwargs: Any) -> ProtocolViolation:
     error = closed_with_error(CourierServerConnection(**kwargs), data)
     assert match in error.reason, error.reason
     return error
@@ -243,8 +240,10 @@ def test_sample_followed_by_garbage_keeps_its_events(
 ) -> None:
     codec = CourierServerConnection()
     # Trailing garbage: a server-only message type, which no client may send.
-    assert codec.receive_data(data + b"ACKN" + bytes(4)) == expected
-    closed_with_error(codec, b"")
+    events = codec.receive_data(data + b"ACKN" + bytes(4))
+    assert events[:-1] == expected
+    violation(events)
+    assert_closed(codec)
 
 
 # -- answers, byte for byte -----------------------------------------------------------
@@ -531,10 +530,9 @@ def test_compression_that_is_not_plain_zlib_is_rejected(name: str, compressed: b
 def test_valid_payload_before_bad_one_is_returned_then_the_error() -> None:
     codec = CourierServerConnection()
     events = codec.receive_data(JDAT + jdat(NONCE_B, b"\x00\x00not zlib at all"))
-    assert events == [received_payload(NONCE, "JDAT", EVENTS_RECORDS, 1)]
-    assert codec.state is CourierState.CLOSED
-    error = closed_with_error(codec, b"")
-    assert "does not decompress" in error.reason
+    assert events[:-1] == [received_payload(NONCE, "JDAT", EVENTS_RECORDS, 1)]
+    violation(events, "does not decompress")
+    assert_closed(codec)
 
 
 # -- events inside a payload ---------------------------------------------------------------
@@ -685,12 +683,9 @@ def test_closed_connection_refuses_input_as_a_local_error() -> None:
 
 @FAST
 @given(st.binary(max_size=512))
-def test_fuzz_garbage_parses_or_raises_remote_error(data: bytes) -> None:
+def test_fuzz_garbage_parses_or_ends_in_a_violation(data: bytes) -> None:
     codec = CourierServerConnection(CourierLimits(max_payload_bytes=4096))
-    try:
-        codec.receive_data(data)
-        codec.receive_data(b"")
-    except RemoteProtocolError:
+    if refused(feed_reads(codec.receive_data, [data, b""])):
         assert codec.state is CourierState.CLOSED
 
 
@@ -701,15 +696,13 @@ _PREFIXES = st.sampled_from(
 
 @FAST
 @given(_PREFIXES, st.binary(max_size=512), st.integers(min_value=1, max_value=64))
-def test_fuzz_after_a_valid_prefix_parses_or_raises_remote_error(
+def test_fuzz_after_a_valid_prefix_parses_or_ends_in_a_violation(
     prefix: bytes, tail: bytes, read: int
 ) -> None:
     codec = CourierServerConnection(CourierLimits(max_payload_bytes=4096, max_event_bytes=256))
     data = prefix + tail
-    try:
-        for i in range(0, len(data), read):
-            codec.receive_data(data[i : i + read])
-    except RemoteProtocolError:
+    reads = (data[i : i + read] for i in range(0, len(data), read))
+    if refused(feed_reads(codec.receive_data, reads)):
         assert codec.state is CourierState.CLOSED
 
 
@@ -719,9 +712,7 @@ def test_fuzz_random_bytes_inside_a_zlib_stream(body: bytes, flip: int) -> None:
     compressed = bytearray(zlib.compress(stream(body, b'{"a":1}')))
     compressed[flip % len(compressed)] ^= 0x5A
     codec = CourierServerConnection()
-    try:
-        codec.receive_data(evnt(NONCE, bytes(compressed)) + PING)
-    except RemoteProtocolError:
+    if refused(codec.receive_data(evnt(NONCE, bytes(compressed)) + PING)):
         assert codec.state is CourierState.CLOSED
 
 

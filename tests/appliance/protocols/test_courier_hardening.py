@@ -5,7 +5,7 @@ bodies of every length, strings that cannot be stored (lone surrogates, bytes
 that are not UTF-8, over-long values), times that are not times, payloads
 built to make the codec hold far more memory than they decompress to, and the
 ``buffered_bytes`` count the driver's request deadline relies on. Every input
-must give events or a RemoteProtocolError, never another exception, whole or
+must give events or end in a ProtocolViolation, never an exception, whole or
 split at any byte. Work is counted (calls, bytes), never timed.
 """
 
@@ -39,8 +39,9 @@ from appliance.protocols.courier import (
     Ping,
     UnknownMessage,
 )
-from appliance.protocols.errors import LocalProtocolError, RemoteProtocolError
+from appliance.protocols.errors import LocalProtocolError
 from appliance.protocols.text import MAX_HOST_BYTES, MAX_TAG_BYTES
+from tests.appliance.protocols.support import feed_reads, refused, violation
 
 FAST = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -76,19 +77,15 @@ def big_limits(**kwargs: int) -> CourierLimits:
 
 
 def outcome(codec: CourierServerConnection, *reads: bytes) -> list[CourierEvent] | str:
-    """The events of ``reads``, or the reason of the RemoteProtocolError they raise.
+    """The events of ``reads``, or the reason of the violation they end in.
 
-    Any other exception fails the test (it propagates).
+    Any exception fails the test (it propagates).
     """
-    events: list[CourierEvent] = []
-    try:
-        for read in reads:
-            events += codec.receive_data(read)
-        codec.receive_data(b"")  # a violation after valid events surfaces here
-    except RemoteProtocolError as error:
+    events = feed_reads(codec.receive_data, reads)
+    if refused(events):
         assert codec.state is CourierState.CLOSED
         assert codec.buffered_bytes == 0
-        return error.reason
+        return violation(events).reason
     return events
 
 
@@ -611,8 +608,7 @@ def test_buffered_bytes_of_a_skipped_message_counts_what_was_skipped() -> None:
 
 def test_buffered_bytes_is_zero_once_closed() -> None:
     codec = CourierServerConnection()
-    with pytest.raises(RemoteProtocolError):
-        codec.receive_data(b"JDAT" + u32(100) + NONCE + b"\x00\x01bad")
+    violation(codec.receive_data(b"JDAT" + u32(100) + NONCE + b"\x00\x01bad"))
     assert codec.buffered_bytes == 0
     with pytest.raises(LocalProtocolError):
         codec.receive_data(PING)

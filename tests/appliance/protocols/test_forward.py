@@ -21,7 +21,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from appliance.protocols.errors import LocalProtocolError, RemoteProtocolError
+from appliance.protocols.errors import LocalProtocolError, ProtocolViolation, RemoteProtocolError
 from appliance.protocols.forward import (
     Chunk,
     EventsReceived,
@@ -33,6 +33,7 @@ from appliance.protocols.forward import (
     gunzip_members,
 )
 from appliance.rows.records import record_json
+from tests.appliance.protocols import support
 
 T0 = 1_700_000_000
 NS = 1_000_000_000
@@ -102,15 +103,12 @@ def feed(data: bytes, **kwargs: Any) -> list[ForwardEvent]:
 
 def feed_split(data: bytes, at: int, **kwargs: Any) -> list[ForwardEvent]:
     codec = ForwardServerConnection(**kwargs)
-    return codec.receive_data(data[:at]) + codec.receive_data(data[at:])
+    return support.feed_reads(codec.receive_data, [data[:at], data[at:]])
 
 
 def feed_bytewise(data: bytes, **kwargs: Any) -> list[ForwardEvent]:
     codec = ForwardServerConnection(**kwargs)
-    events: list[ForwardEvent] = []
-    for i in range(len(data)):
-        events += codec.receive_data(data[i : i + 1])
-    return events
+    return support.feed_reads(codec.receive_data, (data[i : i + 1] for i in range(len(data))))
 
 
 def pieces(data: bytes, size: int) -> list[bytes]:
@@ -120,9 +118,9 @@ def pieces(data: bytes, size: int) -> list[bytes]:
 def feed_reads(
     codec: ForwardServerConnection, reads: list[bytes], events: list[ForwardEvent]
 ) -> None:
-    """Feed one read after the other, collecting what they return into ``events``."""
-    for read in reads:
-        events += codec.receive_data(read)
+    """Feed one read after the other, collecting what they return into ``events``
+    (up to and with a violation)."""
+    events += support.feed_reads(codec.receive_data, reads)
 
 
 def only(events: list[ForwardEvent]) -> EventsReceived:
@@ -132,16 +130,20 @@ def only(events: list[ForwardEvent]) -> EventsReceived:
     return event
 
 
-def closed_with_error(codec: ForwardServerConnection, data: bytes) -> RemoteProtocolError:
-    """Feed ``data``, expect a RemoteProtocolError, and check the codec is closed for good."""
-    with pytest.raises(RemoteProtocolError) as info:
-        codec.receive_data(data)
+def closed_with_error(codec: ForwardServerConnection, data: bytes) -> ProtocolViolation:
+    """Feed ``data``, expect a violation alone, and check the codec is closed for good."""
+    (error,) = codec.receive_data(data)
+    assert isinstance(error, ProtocolViolation), error
+    assert_closed(codec)
+    return error
+
+
+def assert_closed(codec: ForwardServerConnection) -> None:
     assert codec.state is ForwardState.CLOSED
     with pytest.raises(LocalProtocolError):
         codec.receive_data(b"\xc0")
     with pytest.raises(LocalProtocolError):
         codec.receive_data(b"")
-    return info.value
 
 
 # -- sample requests, one per mode, with the events each must give -----------------
@@ -753,12 +755,10 @@ def test_json_garbage_after_a_request(after: bytes) -> None:
     for at in range(len(data) + 1):
         codec = ForwardServerConnection()
         events: list[ForwardEvent] = []
-        # The empty read at the end raises the pending error when the request
-        # and the garbage came in the same read.
-        with pytest.raises(RemoteProtocolError):
-            feed_reads(codec, [data[:at], data[at:], b""], events)
+        feed_reads(codec, [data[:at], data[at:]], events)
         # The request before the garbage is returned wherever the read was split.
-        assert events == JSON_EVENTS[1:2], f"split at {at}"
+        support.violation(events)
+        assert events[:-1] == JSON_EVENTS[1:2], f"split at {at}"
         assert codec.state is ForwardState.CLOSED
 
 
@@ -852,10 +852,9 @@ def test_a_good_request_before_an_unreadable_stream_is_still_returned() -> None:
     good = pack(["good", T0, {"a": 1}, {"chunk": "c1"}])
     bad = pack(["bad", entries_stream([T0, {"a": 1}]) + b"\xc1", {"chunk": "c2"}])
     codec = ForwardServerConnection()
-    events = codec.receive_data(good + bad)
+    *events, error = codec.receive_data(good + bad)
     assert [only([e]).chunk for e in events] == [Chunk(b"c1")]
-    with pytest.raises(RemoteProtocolError, match="not valid msgpack"):
-        codec.receive_data(b"")
+    support.violation([error], "not valid msgpack")
 
 
 def test_packed_stream_with_invalid_entries_between_valid_ones() -> None:
@@ -915,15 +914,12 @@ def test_request_level_error_closes(data: bytes) -> None:
 def test_request_level_error_after_good_requests(data: bytes) -> None:
     good = pack(["good", T0, {"a": 1}, {"chunk": "c1"}]) + b"\xc0"
     codec = ForwardServerConnection()
-    events = codec.receive_data(good + data)
+    *events, error = codec.receive_data(good + data)
     # The requests that came complete are returned (they may still be acked) ...
     assert events == [received("good", "message", [T0 * NS], [{"a": 1}], Chunk(b"c1")), Heartbeat()]
-    # ... and the connection is closed: the next call raises the pending error.
-    assert codec.state is ForwardState.CLOSED
-    with pytest.raises(RemoteProtocolError):
-        codec.receive_data(b"")
-    with pytest.raises(LocalProtocolError):
-        codec.receive_data(b"")
+    # ... before the violation, and the connection is closed.
+    support.violation([error])
+    assert_closed(codec)
 
 
 def test_error_in_a_later_read_after_good_requests() -> None:
@@ -951,9 +947,9 @@ def test_oversized_msgpack_request_fails(piece: int) -> None:
     limit = len(data) - 1
     codec = ForwardServerConnection(ForwardLimits(max_request_bytes=limit))
     events: list[ForwardEvent] = []
-    with pytest.raises(RemoteProtocolError, match="max_request_bytes"):
-        feed_reads(codec, pieces(data, piece), events)
-    assert events == []
+    feed_reads(codec, pieces(data, piece), events)
+    support.violation(events, "max_request_bytes")
+    assert events[:-1] == []
     assert codec.state is ForwardState.CLOSED
 
 
@@ -962,9 +958,9 @@ def test_oversized_packed_request_fails(piece: int) -> None:
     data = pack(["p", b"\x00" * 5000])
     codec = ForwardServerConnection(ForwardLimits(max_request_bytes=4000))
     events: list[ForwardEvent] = []
-    with pytest.raises(RemoteProtocolError, match="max_request_bytes"):
-        feed_reads(codec, pieces(data, piece), events)
-    assert events == []
+    feed_reads(codec, pieces(data, piece), events)
+    support.violation(events, "max_request_bytes")
+    assert events[:-1] == []
 
 
 def test_request_exactly_at_the_limit_passes_with_the_next_one_in_the_same_read() -> None:
@@ -995,9 +991,9 @@ def test_oversized_json_request_fails(piece: int) -> None:
     data = json.dumps(["t", T0, {"m": "x" * 2000}]).encode()
     codec = ForwardServerConnection(ForwardLimits(max_request_bytes=len(data) - 1))
     events: list[ForwardEvent] = []
-    with pytest.raises(RemoteProtocolError, match="max_request_bytes"):
-        feed_reads(codec, pieces(data, piece), events)
-    assert events == []
+    feed_reads(codec, pieces(data, piece), events)
+    support.violation(events, "max_request_bytes")
+    assert events[:-1] == []
 
 
 def test_json_request_exactly_at_the_limit_passes() -> None:
@@ -1020,8 +1016,7 @@ def test_gunzip_members_stops_a_gzip_bomb_early() -> None:
     codec = ForwardServerConnection(ForwardLimits(max_decompressed_bytes=limit))
     tracemalloc.start()
     try:
-        with pytest.raises(RemoteProtocolError, match="max_decompressed_bytes"):
-            codec.receive_data(request)
+        support.violation(codec.receive_data(request), "max_decompressed_bytes")
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
@@ -1035,16 +1030,18 @@ def test_decompressed_size_exactly_at_the_limit_passes() -> None:
     limits = ForwardLimits(max_decompressed_bytes=len(stream))
     assert len(only(feed(pack(["g", data, {"compressed": "gzip"}]), limits=limits)).records) == 100
     over = ForwardLimits(max_decompressed_bytes=len(stream) - 1)
-    with pytest.raises(RemoteProtocolError, match="max_decompressed_bytes"):
-        feed(pack(["g", data, {"compressed": "gzip"}]), limits=over)
+    support.violation(
+        feed(pack(["g", data, {"compressed": "gzip"}]), limits=over), "max_decompressed_bytes"
+    )
 
 
 def test_decompressed_limit_counts_all_members() -> None:
     part = entries_stream([T0, {"pad": "z" * 100}])
     data = gzip_members(*[part] * 20)
     limits = ForwardLimits(max_decompressed_bytes=len(part) * 19)
-    with pytest.raises(RemoteProtocolError, match="max_decompressed_bytes"):
-        feed(pack(["g", data, {"compressed": "gzip"}]), limits=limits)
+    support.violation(
+        feed(pack(["g", data, {"compressed": "gzip"}]), limits=limits), "max_decompressed_bytes"
+    )
 
 
 def test_gunzip_members_directly() -> None:
@@ -1081,8 +1078,9 @@ def test_max_events_per_request(mode: str) -> None:
 def test_max_events_per_request_counts_dropped_events(mode: str) -> None:
     entries: list[Any] = [[T0, "bad"]] * 6 + [[T0, {"ok": 1}]] * 5
     data = pack(["e", entries]) if mode == "forward" else pack(["e", entries_stream(*entries)])
-    with pytest.raises(RemoteProtocolError, match="max_events_per_request"):
-        feed(data, limits=ForwardLimits(max_events_per_request=10))
+    support.violation(
+        feed(data, limits=ForwardLimits(max_events_per_request=10)), "max_events_per_request"
+    )
 
 
 # -- hypothesis: round trip and fuzz ------------------------------------------------------------
@@ -1204,14 +1202,10 @@ def check_fuzz(chunks_in: list[bytes], allow_json: bool) -> None:
         allow_json=allow_json,
     )
     for piece in chunks_in:
-        try:
-            events = codec.receive_data(piece)
-        except RemoteProtocolError:
-            assert codec.state is ForwardState.CLOSED
-            with pytest.raises(LocalProtocolError):
-                codec.receive_data(b"\xc0")
-            return
-        for event in events:
+        for event in codec.receive_data(piece):
+            if isinstance(event, ProtocolViolation):
+                assert_closed(codec)
+                return
             assert isinstance(event, EventsReceived | Heartbeat)
             if isinstance(event, EventsReceived):
                 assert len(event.times_ns) == len(event.records)
@@ -1220,10 +1214,7 @@ def check_fuzz(chunks_in: list[bytes], allow_json: bool) -> None:
                     json.loads(record_json(record).encode("utf-8"))
                 if event.chunk is not None:
                     assert codec.ack_bytes(event.chunk).endswith(event.chunk.raw)
-        if codec.state is ForwardState.CLOSED:
-            with pytest.raises(RemoteProtocolError):
-                codec.receive_data(b"")
-            return
+        assert codec.state is not ForwardState.CLOSED  # a close always ends in a violation
 
 
 @FAST

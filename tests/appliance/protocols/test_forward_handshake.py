@@ -5,10 +5,11 @@ from __future__ import annotations
 import msgpack
 import pytest
 
-from appliance.protocols.errors import LocalProtocolError, RemoteProtocolError
+from appliance.protocols.errors import LocalProtocolError, ProtocolViolation
 from appliance.protocols.forward import (
     MAX_PING_BYTES,
     EventsReceived,
+    ForwardEvent,
     ForwardLimits,
     ForwardServerConnection,
     ForwardState,
@@ -27,6 +28,8 @@ from appliance.protocols.forward_handshake import (
     verify_ping,
 )
 from appliance.protocols.text import MAX_HOST_BYTES
+from tests.appliance.protocols import support
+from tests.appliance.protocols.support import violation
 
 NONCE = bytes(range(16))
 AUTH = bytes(range(16, 32))
@@ -172,7 +175,7 @@ def test_handshake_then_events_split_at_every_byte() -> None:
     stream = ping_bytes() + request("c1")
     for cut in range(len(stream) + 1):
         codec = secured()
-        events = codec.receive_data(stream[:cut]) + codec.receive_data(stream[cut:])
+        events = feed_reads(codec, [stream[:cut], stream[cut:]])
         assert [type(e) for e in events] == [PingReceived]
         assert codec.state is ForwardState.AUTHENTICATING
         verdict = codec.check_ping(shared_keys=[KEY], users_required=False, password=None)
@@ -184,35 +187,32 @@ def test_handshake_then_events_split_at_every_byte() -> None:
 
 def test_events_before_ping_are_refused_with_pong_false() -> None:
     codec = secured()
-    with pytest.raises(RemoteProtocolError) as excinfo:
-        codec.receive_data(request("early"))
-    assert msgpack.unpackb(excinfo.value.reply) == ["PONG", False, "invalid ping message", "", ""]
-    assert codec.state is ForwardState.CLOSED
+    error = refused(codec, request("early"))
+    assert msgpack.unpackb(error.reply) == ["PONG", False, "invalid ping message", "", ""]
 
 
 def test_json_form_is_refused_when_the_handshake_is_on() -> None:
     codec = secured()
-    with pytest.raises(RemoteProtocolError):
-        codec.receive_data(b'["tag", 1700000000, {"a": 1}]')
+    refused(codec, b'["tag", 1700000000, {"a": 1}]')
 
 
 def test_failed_verdict_closes_with_the_reason() -> None:
     codec = secured(AUTH)
     codec.receive_data(ping_bytes(user="tagomoris", password="0" * 128))
     verdict = codec.check_ping(shared_keys=[KEY], users_required=True, password=b"fluentd")
-    with pytest.raises(RemoteProtocolError) as excinfo:
-        codec.finish_handshake(verdict, "server.example")
-    assert msgpack.unpackb(excinfo.value.reply) == [
+    # The PONG false is the answer; the violation after it closes the connection.
+    pong, (error,) = codec.finish_handshake(verdict, "server.example")
+    assert msgpack.unpackb(pong) == [
         "PONG", False, "username/password mismatch", "", "",
     ]  # fmt: skip
+    assert violation([error]).reason == "username/password mismatch"
     assert codec.state is ForwardState.CLOSED
 
 
 def test_held_bytes_are_bounded_while_authenticating() -> None:
     codec = ForwardServerConnection(ForwardLimits(max_request_bytes=1000), helo=Helo(NONCE))
     codec.receive_data(ping_bytes())
-    with pytest.raises(RemoteProtocolError, match="1000 bytes sent before the PONG"):
-        codec.receive_data(b"\x90" * 2000)
+    violation(codec.receive_data(b"\x90" * 2000), "1000 bytes sent before the PONG")
 
 
 # -- issue 13: strict PING strings, and what a peer may send before the PONG ----
@@ -226,16 +226,16 @@ def ping_message(hostname: str | bytes = "client.example", user: str | bytes = "
     )
 
 
-def feed_reads(codec: ForwardServerConnection, reads: list[bytes]) -> None:
-    for read in reads:
-        codec.receive_data(read)
+def feed_reads(codec: ForwardServerConnection, reads: list[bytes]) -> list[ForwardEvent]:
+    return support.feed_reads(codec.receive_data, reads)
 
 
-def refused(codec: ForwardServerConnection, data: bytes) -> RemoteProtocolError:
-    with pytest.raises(RemoteProtocolError) as excinfo:
-        codec.receive_data(data)
+def refused(codec: ForwardServerConnection, data: bytes) -> ProtocolViolation:
+    """Feed ``data``: it must end the events in a violation alone, and close the codec."""
+    (error,) = codec.receive_data(data)
+    assert isinstance(error, ProtocolViolation), error
     assert codec.state is ForwardState.CLOSED
-    return excinfo.value
+    return error
 
 
 @pytest.mark.parametrize(
@@ -253,9 +253,7 @@ def test_ping_with_a_bad_client_hostname_is_an_invalid_ping(hostname: str | byte
     data = ping_message(hostname)
     for cut in range(0, len(data) + 1, 7):
         codec = secured()
-        with pytest.raises(RemoteProtocolError) as excinfo:
-            feed_reads(codec, [data[:cut], data[cut:]])
-        error = excinfo.value
+        error = violation(feed_reads(codec, [data[:cut], data[cut:]]))
         assert "client hostname" in error.reason
         assert msgpack.unpackb(error.reply) == ["PONG", False, "invalid ping message", "", ""]
 
@@ -298,10 +296,9 @@ def test_ping_over_max_ping_bytes_is_refused_whatever_max_request_bytes() -> Non
         accepted = MAX_PING_BYTES // piece
         feed_reads(codec, reads[:accepted])
         assert codec.buffered_bytes == accepted * piece
-        with pytest.raises(RemoteProtocolError) as excinfo:
-            codec.receive_data(reads[accepted])
-        assert f"PING exceeds {MAX_PING_BYTES} bytes" in excinfo.value.reason
-        assert msgpack.unpackb(excinfo.value.reply)[:3] == ["PONG", False, "invalid ping message"]
+        error = refused(codec, reads[accepted])
+        assert f"PING exceeds {MAX_PING_BYTES} bytes" in error.reason
+        assert msgpack.unpackb(error.reply)[:3] == ["PONG", False, "invalid ping message"]
 
 
 def test_a_large_first_request_is_refused_after_max_ping_bytes() -> None:
@@ -312,8 +309,7 @@ def test_a_large_first_request_is_refused_after_max_ping_bytes() -> None:
     codec = secured()
     feed_reads(codec, reads[:4])
     assert codec.buffered_bytes == 4000
-    with pytest.raises(RemoteProtocolError, match="PING exceeds"):
-        codec.receive_data(reads[4])
+    violation(codec.receive_data(reads[4]), "PING exceeds")
 
 
 @pytest.mark.parametrize("max_request_bytes", [1000, 16 << 20])
@@ -346,8 +342,7 @@ def test_bytes_held_while_authenticating_are_counted_and_bounded() -> None:
     more = b"\xc0" * (MAX_PING_BYTES - len(held))
     assert codec.receive_data(more) == []
     assert codec.buffered_bytes == MAX_PING_BYTES
-    with pytest.raises(RemoteProtocolError, match="before the PONG"):
-        codec.receive_data(b"\xc0")
+    violation(codec.receive_data(b"\xc0"), "before the PONG")
 
 
 def test_held_requests_get_the_full_request_limit_after_the_pong() -> None:

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from appliance.lake.blocks import blocks_to_arrow, check_block
 from appliance.protocols import forward
-from appliance.protocols.errors import LocalProtocolError, RemoteProtocolError
+from appliance.protocols.errors import LocalProtocolError, ProtocolViolation
 from appliance.protocols.forward import (
     DECODE_MEMORY_FACTOR,
     MAX_BINARY_CHUNK_BYTES,
@@ -38,10 +38,12 @@ from appliance.protocols.forward import (
 from appliance.protocols.text import MAX_BATCH_ID_BYTES, MAX_TAG_BYTES
 from appliance.rows.forward import forward_block
 from appliance.server.listener import ConnectionInfo
+from tests.appliance.protocols.support import feed_reads as feed_reads_until_violation
+from tests.appliance.protocols.support import violation
 
 T0 = 1_700_000_000
 NS = 1_000_000_000
-INFO = ConnectionInfo(listener="test", peer="192.0.2.1:5000", tls=True)
+INFO = ConnectionInfo(listener="test", address="192.0.2.1", port=5000, tls=True)
 FAST = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
@@ -83,13 +85,13 @@ def request(mode: str, tag: Any, option: dict[str, Any] | None = None, n: int = 
 MODES = ["message", "forward", "packed", "compressed"]
 
 
-def closed_with_error(codec: ForwardServerConnection, data: bytes) -> RemoteProtocolError:
-    with pytest.raises(RemoteProtocolError) as info:
-        codec.receive_data(data)
+def closed_with_error(codec: ForwardServerConnection, data: bytes) -> ProtocolViolation:
+    (error,) = codec.receive_data(data)
+    assert isinstance(error, ProtocolViolation), error
     assert codec.state is ForwardState.CLOSED
     with pytest.raises(LocalProtocolError):
         codec.receive_data(b"\xc0")
-    return info.value
+    return error
 
 
 def only(events: list[ForwardEvent]) -> EventsReceived:
@@ -102,11 +104,11 @@ def only(events: list[ForwardEvent]) -> EventsReceived:
 def feed_reads(
     codec: ForwardServerConnection, reads: list[bytes], events: list[ForwardEvent] | None = None
 ) -> None:
-    """Feed one read after the other, collecting what they return into ``events``."""
-    for read in reads:
-        returned = codec.receive_data(read)
-        if events is not None:
-            events += returned
+    """Feed one read after the other, collecting what they return into ``events``
+    (up to and with a violation)."""
+    returned = feed_reads_until_violation(codec.receive_data, reads)
+    if events is not None:
+        events += returned
 
 
 def splits(data: bytes, every: int = 1) -> Iterator[int]:
@@ -114,14 +116,14 @@ def splits(data: bytes, every: int = 1) -> Iterator[int]:
 
 
 def refused_wherever_split(data: bytes, every: int = 1, **kwargs: Any) -> str:
-    """``data`` is refused with a RemoteProtocolError wherever the read is split."""
+    """``data`` is refused (a violation ends its events) wherever the read is split."""
     reasons = set()
     for at in splits(data, every):
         codec = ForwardServerConnection(**kwargs)
-        with pytest.raises(RemoteProtocolError) as info:
-            feed_reads(codec, [data[:at], data[at:]])
+        events: list[ForwardEvent] = []
+        feed_reads(codec, [data[:at], data[at:]], events)
         assert codec.state is ForwardState.CLOSED, f"split at {at}"
-        reasons.add(info.value.reason)
+        reasons.add(violation(events).reason)
     assert len(reasons) == 1, reasons
     return reasons.pop()
 
@@ -257,10 +259,9 @@ def test_refused_chunk_after_a_good_request_keeps_the_good_one() -> None:
     good = pack(["good", T0, {"a": 1}, {"chunk": "c1"}])
     bad = pack(["bad", T0, {"a": 1}, {"chunk": "x" * (MAX_BATCH_ID_BYTES + 1)}])
     codec = ForwardServerConnection()
-    events = codec.receive_data(good + bad)
+    *events, error = codec.receive_data(good + bad)
     assert [only([e]).chunk for e in events] == [Chunk(b"c1")]
-    with pytest.raises(RemoteProtocolError, match="chunk"):
-        codec.receive_data(b"")
+    violation([error], "chunk")
 
 
 # -- never ack what is not stored ---------------------------------------------------------------
@@ -403,8 +404,7 @@ def test_json_framer_never_holds_more_than_the_limit() -> None:
         codec.receive_data(read)
         held.append(codec.buffered_bytes)
     assert held == [3000, 6000, 9000]
-    with pytest.raises(RemoteProtocolError, match="max_request_bytes"):
-        codec.receive_data(reads[3])
+    violation(codec.receive_data(reads[3]), "max_request_bytes")
     assert codec.buffered_bytes == 0
 
 
@@ -491,8 +491,8 @@ def test_crash_input_is_a_protocol_error(data: bytes, kwargs: dict[str, Any]) ->
     for at in (0, 1, len(data) // 2, len(data) - 1, len(data)):
         codec = ForwardServerConnection(**kwargs)
         events: list[ForwardEvent] = []
-        with pytest.raises(RemoteProtocolError):
-            feed_reads(codec, [data[:at], data[at:]], events)
+        feed_reads(codec, [data[:at], data[at:]], events)
+        violation(events)
         storable(events)
         assert codec.state is ForwardState.CLOSED
 
@@ -529,12 +529,10 @@ def test_fuzz_hostile_strings_never_reach_a_block(
     at = data.draw(st.integers(0, len(raw)))
     codec = ForwardServerConnection()
     events: list[ForwardEvent] = []
-    try:
-        events += codec.receive_data(raw[:at])
-        events += codec.receive_data(raw[at:])
-        events += codec.receive_data(b"")
-    except RemoteProtocolError:
+    feed_reads(codec, [raw[:at], raw[at:], b""], events)
+    if events and isinstance(events[-1], ProtocolViolation):
         assert codec.state is ForwardState.CLOSED
+        events.pop()
     for event in events:
         assert isinstance(event, EventsReceived | Heartbeat)
     storable(events)
@@ -547,9 +545,7 @@ def test_fuzz_hostile_strings_never_reach_a_block(
 def test_fuzz_json_strings_never_reach_a_block(tail: bytes, head: bytes) -> None:
     codec = ForwardServerConnection()
     events: list[ForwardEvent] = []
-    try:
-        events += codec.receive_data(head + tail)
-        events += codec.receive_data(b"")
-    except RemoteProtocolError:
+    feed_reads(codec, [head + tail, b""], events)
+    if events and isinstance(events[-1], ProtocolViolation):
         assert codec.state is ForwardState.CLOSED
     storable(events)

@@ -18,14 +18,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from appliance.protocols.errors import LocalProtocolError, RemoteProtocolError
+from appliance.protocols.errors import LocalProtocolError, ProtocolViolation
 from appliance.protocols.lumberjack import (
     MAX_COMPRESSION_DEPTH,
+    LumberjackEvent,
     LumberjackLimits,
     LumberjackServerConnection,
     LumberjackState,
     Window,
 )
+from tests.appliance.protocols.support import feed_reads, violation
 
 FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -76,13 +78,12 @@ def conn(**limits: int) -> LumberjackServerConnection:
     return LumberjackServerConnection(LumberjackLimits(**limits) if limits else None)
 
 
-def feed(*chunks: bytes, connection: LumberjackServerConnection | None = None) -> list[Window]:
-    """Feed ``chunks`` one call each; all windows they complete, in order."""
+def feed(
+    *chunks: bytes, connection: LumberjackServerConnection | None = None
+) -> list[LumberjackEvent]:
+    """Feed ``chunks`` one call each; all windows they complete, in order (and a violation)."""
     connection = connection or conn()
-    windows: list[Window] = []
-    for chunk in chunks:
-        windows += connection.receive_data(chunk)
-    return windows
+    return feed_reads(connection.receive_data, chunks)
 
 
 def shape(windows: list[Window]) -> list[tuple[int, list[int], list[dict[str, Any]]]]:
@@ -362,61 +363,51 @@ VIOLATIONS: dict[str, tuple[bytes, str]] = {
 }  # fmt: skip
 
 
-def feed_to_the_end(connection: LumberjackServerConnection, *chunks: bytes) -> None:
-    """Feed ``chunks``, then nothing: raises a violation that came after windows, too."""
-    feed(*chunks, b"", connection=connection)
-
-
 @pytest.mark.parametrize("name", VIOLATIONS)
-def test_violation_raises_and_closes(name: str) -> None:
+def test_violation_ends_the_events_and_closes(name: str) -> None:
     data, reason = VIOLATIONS[name]
     connection = conn(**SMALL)
-    with pytest.raises(RemoteProtocolError) as raised:
-        feed_to_the_end(connection, data)
-    assert reason in raised.value.reason
+    assert reason in violation(feed(data, connection=connection)).reason
     assert connection.state is LumberjackState.CLOSED
     with pytest.raises(LocalProtocolError):
         connection.receive_data(b"")
 
 
 @pytest.mark.parametrize("name", VIOLATIONS)
-def test_violation_split_across_two_reads_still_raises(name: str) -> None:
+def test_violation_split_across_two_reads_still_ends_the_events(name: str) -> None:
     data, reason = VIOLATIONS[name]
     for i in range(0, len(data) + 1, max(1, len(data) // 97)):
         connection = conn(**SMALL)
-        with pytest.raises(RemoteProtocolError) as raised:
-            feed_to_the_end(connection, data[:i], data[i:])
-        assert reason in raised.value.reason, f"split at {i}"
+        assert reason in violation(feed(data[:i], data[i:], connection=connection)).reason, (
+            f"split at {i}"
+        )
 
 
-def test_windows_before_a_violation_are_returned_and_it_is_raised_next() -> None:
+def test_windows_before_a_violation_are_returned_before_it() -> None:
     connection = conn()
     good = w(1) + j(1, rec(1)) + w(1) + c(j(2, rec(2)))
-    windows = connection.receive_data(good + b"2X\x00\x00")
+    *windows, error = connection.receive_data(good + b"2X\x00\x00")
     assert [win.sequences for win in windows] == [[1], [2]]
     # Acks of the good windows can still be built and sent.
     assert [connection.ack_bytes(win) for win in windows] == [ack(1), ack(2)]
+    violation([error], "unknown frame type")
     assert connection.state is LumberjackState.CLOSED
-    with pytest.raises(RemoteProtocolError, match="unknown frame type"):
-        connection.receive_data(b"more bytes are never looked at")
     with pytest.raises(LocalProtocolError):
-        connection.receive_data(b"")
+        connection.receive_data(b"more bytes are never looked at")
 
 
 def test_violation_inside_a_compressed_frame_after_complete_windows() -> None:
     connection = conn()
     # issue 13: the state is checked at a data frame's header, so the bad JSON
     # sits in a window of its own (without its W the error would be "outside a window").
-    windows = connection.receive_data(c(w(1) + j(1, rec(1)) + w(1) + j(2, b"[not json")))
+    *windows, error = connection.receive_data(c(w(1) + j(1, rec(1)) + w(1) + j(2, b"[not json")))
     assert [win.sequences for win in windows] == [[1]]
-    with pytest.raises(RemoteProtocolError, match="not valid JSON"):
-        connection.receive_data(b"")
+    violation([error], "not valid JSON")
 
 
 def test_json_nested_deeper_than_the_parser_recurses_is_a_protocol_error() -> None:
     # json.loads raises RecursionError here, not ValueError.
-    with pytest.raises(RemoteProtocolError, match="not valid JSON"):
-        conn().receive_data(w(1) + j(1, b"[" * 100_000))
+    violation(conn().receive_data(w(1) + j(1, b"[" * 100_000)), "not valid JSON")
 
 
 def test_zlib_bomb_is_stopped_with_bounded_memory() -> None:
@@ -425,8 +416,7 @@ def test_zlib_bomb_is_stopped_with_bounded_memory() -> None:
     stream = w(1) + c_raw(BOMB)  # 64 MiB of zeros in about 64 KiB
     tracemalloc.start()
     try:
-        with pytest.raises(RemoteProtocolError, match="max_decompressed_bytes"):
-            connection.receive_data(stream)
+        violation(connection.receive_data(stream), "max_decompressed_bytes")
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
@@ -519,19 +509,18 @@ def test_generated_windows_round_trip_split_anywhere(
 
 
 def run_garbage(connection: LumberjackServerConnection, chunks: list[bytes]) -> None:
-    try:
-        for chunk in chunks:
-            for window in connection.receive_data(chunk):
-                assert len(window.sequences) == len(window.records)
-                connection.ack_bytes(window)
-        connection.keepalive_bytes()
-    except RemoteProtocolError:
-        assert connection.state is LumberjackState.CLOSED
+    for event in feed(*chunks, connection=connection):
+        if isinstance(event, ProtocolViolation):
+            assert connection.state is LumberjackState.CLOSED
+            return
+        assert len(event.sequences) == len(event.records)
+        connection.ack_bytes(event)
+    connection.keepalive_bytes()
 
 
 @FAST
 @given(st.lists(st.binary(max_size=64), max_size=6))
-def test_arbitrary_bytes_parse_or_raise_remote_protocol_error(chunks: list[bytes]) -> None:
+def test_arbitrary_bytes_parse_or_end_in_a_violation(chunks: list[bytes]) -> None:
     run_garbage(conn(**SMALL), chunks)
 
 
@@ -541,7 +530,7 @@ def test_arbitrary_bytes_parse_or_raise_remote_protocol_error(chunks: list[bytes
     st.lists(st.binary(max_size=48), max_size=4),
     st.booleans(),
 )
-def test_garbage_after_a_valid_prefix_parses_or_raises(
+def test_garbage_after_a_valid_prefix_parses_or_ends_in_a_violation(
     prefix: bytes, chunks: list[bytes], compress: bool
 ) -> None:
     """Garbage deep inside frames: after a window, inside C payloads."""

@@ -3,8 +3,8 @@
 Work is measured by the codec's own counters (length fields read, zlib
 streams started, bytes inflated), objects by counting windows and acks, and
 memory with tracemalloc: never by wall-clock time. Each issue-13 finding has
-a regression test here that asserts a ``RemoteProtocolError`` or clean
-handling, and hypothesis checks that hostile frame streams raise nothing else.
+a regression test here that asserts a ``ProtocolViolation`` or clean
+handling, and hypothesis checks that hostile frame streams give nothing else.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from appliance.protocols.errors import RemoteProtocolError
+from appliance.protocols.errors import ProtocolViolation
 from appliance.protocols.lumberjack import (
     C_FRAME_BASE_ITEMS,
     C_FRAME_ITEMS_PER_BYTE,
@@ -30,6 +30,7 @@ from appliance.protocols.lumberjack import (
     MAX_WINDOWS_PER_C_FRAME,
     NESTED_C_FRAME_ITEMS,
     WINDOW_MEMORY_FACTOR,
+    LumberjackEvent,
     LumberjackLimits,
     LumberjackServerConnection,
     LumberjackState,
@@ -37,6 +38,7 @@ from appliance.protocols.lumberjack import (
 )
 from appliance.protocols.text import MAX_HOST_BYTES, MAX_TAG_BYTES, check_text, is_utf8_text
 from appliance.rows.timefmt import MAX_TIME_NS, MIN_TIME_NS
+from tests.appliance.protocols.support import feed_reads, violation
 
 FAST = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -72,12 +74,9 @@ def conn(**limits: int) -> LumberjackServerConnection:
     return LumberjackServerConnection(LumberjackLimits(**limits) if limits else None)
 
 
-def feed_all(connection: LumberjackServerConnection, *chunks: bytes) -> list[Window]:
-    """Feed ``chunks`` and then nothing (which raises a violation left pending)."""
-    windows: list[Window] = []
-    for chunk in (*chunks, b""):
-        windows += connection.receive_data(chunk)
-    return windows
+def feed_all(connection: LumberjackServerConnection, *chunks: bytes) -> list[LumberjackEvent]:
+    """Feed ``chunks``: the windows, and the violation that ends them, if any."""
+    return feed_reads(connection.receive_data, chunks)
 
 
 def budget(compressed: int) -> int:
@@ -92,13 +91,12 @@ def test_w0_frames_inside_a_c_frame_are_capped() -> None:
     one = c(w(0) * 100_000)
     stream = one * 10
     connection = conn()
-    windows = connection.receive_data(stream)
+    *windows, error = connection.receive_data(stream)
     # The W 0 frames before the violation are one object taking their acks.
     assert len(windows) == 1
     assert windows[0].acks == MAX_WINDOWS_PER_C_FRAME
     assert connection.ack_bytes(windows[0]) == ack(0) * MAX_WINDOWS_PER_C_FRAME
-    with pytest.raises(RemoteProtocolError, match=f"more than {MAX_WINDOWS_PER_C_FRAME} windows"):
-        connection.receive_data(b"")
+    violation([error], f"more than {MAX_WINDOWS_PER_C_FRAME} windows")
     assert connection.fields_read <= MAX_WINDOWS_PER_C_FRAME + 2
     assert connection.streams_inflated == 1
 
@@ -107,8 +105,7 @@ def test_windows_in_a_c_frame_count_nested_ones_too() -> None:
     half = MAX_WINDOWS_PER_C_FRAME // 2
     stream = c(w(0) * half + c(w(0) * (half + 1)))
     connection = conn()
-    with pytest.raises(RemoteProtocolError, match="windows"):
-        feed_all(connection, stream)
+    violation(feed_all(connection, stream), "windows")
     assert connection.streams_inflated == 2
 
 
@@ -139,10 +136,9 @@ def test_w0_runs_keep_their_place_between_windows() -> None:
 
 def test_w0_frames_before_a_violation_are_returned_and_acked() -> None:
     connection = conn()
-    windows = connection.receive_data(w(0) * 3 + b"2X" + u32(0))
+    *windows, error = connection.receive_data(w(0) * 3 + b"2X" + u32(0))
     assert [win.acks for win in windows] == [3]
-    with pytest.raises(RemoteProtocolError, match="unknown frame type"):
-        connection.receive_data(b"")
+    violation([error], "unknown frame type")
 
 
 # -- the item budget of a C frame -------------------------------------------------
@@ -153,8 +149,7 @@ def test_empty_nested_c_frames_are_bounded_by_the_outer_frames_budget() -> None:
     empty = c(b"")
     stream = w(1) + c(c(c(empty * 200) * 200) * 200)
     connection = conn()
-    with pytest.raises(RemoteProtocolError, match="frames and pairs"):
-        feed_all(connection, stream)
+    violation(feed_all(connection, stream), "frames and pairs")
     compressed = len(stream) - 6 - 6
     assert connection.streams_inflated <= budget(compressed) // NESTED_C_FRAME_ITEMS + 2
 
@@ -164,16 +159,14 @@ def test_repeated_empty_frames_in_a_c_frame_stop_at_the_budget() -> None:
     # ratio, refused after the budget, not after 100,000 events.
     stream = w(100_000) + c(j(1, b"{}") * 100_000)
     connection = conn()
-    with pytest.raises(RemoteProtocolError, match="frames and pairs"):
-        feed_all(connection, stream)
+    violation(feed_all(connection, stream), "frames and pairs")
     assert connection.fields_read <= 2 * budget(len(stream)) + 4
 
 
 def test_d_pairs_count_against_the_budget_before_they_are_scanned() -> None:
     frame = d(1, [(b"", b"")] * 1_000_000)  # 8 MB of empty pairs, about 8 KB compressed
     connection = conn()
-    with pytest.raises(RemoteProtocolError, match="frames and pairs"):
-        feed_all(connection, w(1, 1) + c(frame, v=1))
+    violation(feed_all(connection, w(1, 1) + c(frame, v=1)), "frames and pairs")
     assert connection.fields_read == 4  # the C length, W size, D sequence and pair count
 
 
@@ -195,8 +188,7 @@ def test_nested_c_frames_share_the_decompressed_limit() -> None:
     limit = 4 * 1024 * 1024
     inner = c(w(1) + j(1, b'{"a":"' + b"x" * (1024 * 1024) + b'"}'))
     connection = conn(max_decompressed_bytes=limit)
-    with pytest.raises(RemoteProtocolError, match="max_decompressed_bytes"):
-        feed_all(connection, c(inner * 100))
+    violation(feed_all(connection, c(inner * 100)), "max_decompressed_bytes")
     assert connection.bytes_inflated <= limit + 1
 
 
@@ -204,8 +196,7 @@ def test_depth_limit_still_holds() -> None:
     frames = j(1, {})
     for _ in range(MAX_COMPRESSION_DEPTH + 1):
         frames = c(frames)
-    with pytest.raises(RemoteProtocolError, match="nested deeper"):
-        feed_all(conn(), w(1) + frames)
+    violation(feed_all(conn(), w(1) + frames), "nested deeper")
 
 
 # -- D frames arriving in pieces: linear, not quadratic ---------------------------
@@ -254,12 +245,11 @@ def test_incomplete_window_is_refused_at_max_window_bytes() -> None:
     one = c(j(1, {"pad": "x" * 300_000}))  # about 300 KB of JSON in under 1 KB
     connection.receive_data(w(100))
     held = [0]
-    refused: RemoteProtocolError | None = None
+    refused: ProtocolViolation | None = None
     for _ in range(10):
-        try:
-            connection.receive_data(one)
-        except RemoteProtocolError as error:
-            refused = error
+        events = connection.receive_data(one)
+        if events and isinstance(events[-1], ProtocolViolation):
+            refused = events[-1]
             break
         held.append(connection.buffered_bytes)
     assert refused is not None
@@ -275,8 +265,7 @@ def test_data_frame_past_the_window_limit_is_refused_from_its_header() -> None:
         version = header[0] - ord("0")
         connection = conn(max_window_bytes=limit)
         connection.receive_data(w(1, version))
-        with pytest.raises(RemoteProtocolError, match=f"max_window_bytes={limit}"):
-            connection.receive_data(header)
+        violation(connection.receive_data(header), f"max_window_bytes={limit}")
 
 
 def test_window_bytes_count_every_frame_of_the_window() -> None:
@@ -284,15 +273,13 @@ def test_window_bytes_count_every_frame_of_the_window() -> None:
     limit = 3 * len(frame)
     (window,) = feed_all(conn(max_window_bytes=limit), w(3) + frame * 3)
     assert window.nbytes == limit
-    with pytest.raises(RemoteProtocolError, match="max_window_bytes"):
-        feed_all(conn(max_window_bytes=limit - 1), w(3) + frame * 3)
+    violation(feed_all(conn(max_window_bytes=limit - 1), w(3) + frame * 3), "max_window_bytes")
 
 
 def test_d_frames_without_pairs_count_against_the_window_too() -> None:
     (window,) = feed_all(conn(max_window_bytes=30), w(3, 1) + d(1, []) * 3)
     assert window.nbytes == 30
-    with pytest.raises(RemoteProtocolError, match="max_window_bytes=29"):
-        feed_all(conn(max_window_bytes=29), w(3, 1) + d(1, []) * 3)
+    violation(feed_all(conn(max_window_bytes=29), w(3, 1) + d(1, []) * 3), "max_window_bytes=29")
 
 
 def test_default_window_byte_limit() -> None:
@@ -369,8 +356,7 @@ def test_buffered_bytes_is_zero_between_windows_and_after_an_error() -> None:
     assert connection.buffered_bytes == 0
     connection.receive_data(j(2, {})[:5])
     assert connection.buffered_bytes == 5
-    with pytest.raises(RemoteProtocolError):
-        connection.receive_data(b"9" * 20)
+    violation(connection.receive_data(b"9" * 20))
     assert connection.buffered_bytes == 0
 
 
@@ -417,8 +403,7 @@ def test_tag_fields_are_the_connections_own() -> None:
 def test_a_lone_surrogate_escape_in_json_is_a_protocol_error() -> None:
     # issue 13: a lone surrogate reached Arrow and ended the process.
     for payload in (b'{"type": "\\ud800"}', b'{"host": {"name": "a\\udfffb"}}', b'{"\\ud800": 1}'):
-        with pytest.raises(RemoteProtocolError, match="not valid JSON"):
-            feed_all(conn(), w(1) + j(1, payload))
+        violation(feed_all(conn(), w(1) + j(1, payload)), "not valid JSON")
 
 
 def test_d_values_that_are_not_utf8_are_binary_and_never_tag_or_host() -> None:
@@ -540,7 +525,7 @@ def test_ack_bytes_for_keeps_only_two_numbers() -> None:
     assert connection.ack_bytes_for(None, 2) == ack(12) * 2
 
 
-# -- hostile streams: RemoteProtocolError or clean windows, nothing else ----------
+# -- hostile streams: a ProtocolViolation or clean windows, nothing else ----------
 
 SMALL = {"max_window_size": 50, "max_frame_bytes": 4096, "max_decompressed_bytes": 65536,
          "max_window_bytes": 8192}  # fmt: skip
@@ -587,20 +572,20 @@ def hostile_frames(draw: st.DrawFn, depth: int = 0) -> bytes:
 
 @FAST
 @given(st.lists(hostile_frames(), max_size=8), st.data())
-def test_hostile_frame_streams_raise_only_remote_protocol_errors(
+def test_hostile_frame_streams_give_only_windows_or_a_violation(
     frames: list[bytes], data: st.DataObject
 ) -> None:
     stream = b"".join(frames)
     cuts = sorted(data.draw(st.lists(st.integers(0, len(stream)), max_size=3), label="cuts"))
     pieces = [stream[a:b] for a, b in zip([0, *cuts], [*cuts, len(stream)], strict=True)]
     connection = conn(**SMALL)
-    try:
-        windows = feed_all(connection, *pieces)
-    except RemoteProtocolError:
+    windows = feed_all(connection, *pieces)
+    if windows and isinstance(windows[-1], ProtocolViolation):
         assert connection.state is LumberjackState.CLOSED
         assert connection.buffered_bytes == 0
         return
     for window in windows:
+        assert isinstance(window, Window)
         assert len(window.texts) == len(window.sequences) == len(window.tags)
         assert all(is_utf8_text(text) for text in window.texts)
         for tag in window.tags:

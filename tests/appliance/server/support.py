@@ -18,9 +18,16 @@ from appliance.lake.blocks import check_block
 from appliance.lake.errors import BlockRefused
 from appliance.lake.writer import CommitTicket
 from appliance.rows.block import RowBlock
+from appliance.server.connection import Arrival
 from appliance.server.context import ServiceContext
 from appliance.server.lifecycle import Lifecycle
 from appliance.server.listener import ConnectionInfo
+
+
+def arrival(time_ns: int = 10**18) -> Arrival:
+    """When a unit handed straight to a session (no loop) arrived."""
+    return Arrival(time_ns, 0.0)
+
 
 #: What a driver returns: the handler a listener calls for each connection.
 Handler = Callable[[Any, ConnectionInfo], Any]
@@ -90,14 +97,6 @@ async def serving(handler: Handler, info: ConnectionInfo) -> AsyncIterator[Clien
     async with trio.open_nursery() as nursery:
         nursery.start_soon(handler, server, info)
         yield client
-
-
-async def seconds_until_closed(handler: Handler, info: ConnectionInfo) -> float:
-    """How long ``handler`` serves a client that never sends anything."""
-    _client, server = trio.testing.memory_stream_pair()
-    start = trio.current_time()
-    await handler(server, info)
-    return trio.current_time() - start
 
 
 async def receive_within(stream: trio.abc.ReceiveStream, seconds: float) -> bytes:

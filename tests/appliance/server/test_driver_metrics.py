@@ -15,8 +15,8 @@ from trio_websocket import ConnectionRejected, WebSocketConnection, wrap_client_
 
 from appliance.metrics import ListenerMetrics, Metrics
 from appliance.server.listener import ConnectionInfo
-from appliance.server.websocket_driver import WebSocketHandler
-from tests.appliance.server.test_websocket_driver import make_handler, msg
+from appliance.server.websocket_listener import WebSocketHandler
+from tests.appliance.server.test_websocket_listener import make_handler, msg
 
 LABELS = {"listener": "ws", "protocol": "websocket"}
 
@@ -26,7 +26,7 @@ async def client(
     handler: WebSocketHandler, metrics: ListenerMetrics, token: str
 ) -> AsyncIterator[WebSocketConnection]:
     server_stream, client_stream = trio.testing.memory_stream_pair()
-    info = ConnectionInfo("ws", "127.0.0.1:5000", True, metrics=metrics)
+    info = ConnectionInfo("ws", "127.0.0.1", 5000, True, metrics=metrics)
     headers = [(b"authorization", f"Bearer {token}".encode())]
     async with trio.open_nursery() as nursery:
         nursery.start_soon(handler, server_stream, info)

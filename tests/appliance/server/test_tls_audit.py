@@ -6,6 +6,7 @@ import pytest
 import trio
 import trio.testing
 
+from appliance.server.listener import ConnectionInfo
 from appliance.server.tls_audit import (
     MAX_ENTRIES_PER_MINUTE,
     QUEUE_ENTRIES,
@@ -36,19 +37,21 @@ async def _until(condition: object) -> None:
 async def test_entries_are_written_up_to_the_per_minute_budget(
     mock_clock: trio.testing.MockClock,
 ) -> None:
-    written: list[tuple[str, str, str]] = []
+    written: list[tuple[ConnectionInfo, str]] = []
     audit = TlsRefusalAudit(lambda *entry: written.append(entry), trio.CapacityLimiter(1))
     async with trio.open_nursery() as nursery:
         nursery.start_soon(audit.run)
         for i in range(MAX_ENTRIES_PER_MINUTE + 40):
-            audit.note("mtls", f"10.0.0.{i % 250}:1", "certificate revoked")
-        audit.note("mtls", "10.0.0.1:1", "wrong version number")  # not about a certificate
+            audit.note(ConnectionInfo("mtls", f"10.0.0.{i % 250}", 1, True), "certificate revoked")
+        audit.note(
+            ConnectionInfo("mtls", "10.0.0.1", 1, True), "wrong version number"
+        )  # not about a certificate
         await _until(lambda: len(written) >= MAX_ENTRIES_PER_MINUTE)
         await trio.testing.wait_all_tasks_blocked()
         assert len(written) == MAX_ENTRIES_PER_MINUTE
         assert audit.dropped == 40
         mock_clock.jump(60)  # a new minute, a new budget
-        audit.note("mtls", "10.0.0.9:1", "unknown ca")
+        audit.note(ConnectionInfo("mtls", "10.0.0.9", 1, True), "unknown ca")
         await _until(lambda: len(written) == MAX_ENTRIES_PER_MINUTE + 1)
         nursery.cancel_scope.cancel()
     assert QUEUE_ENTRIES >= MAX_ENTRIES_PER_MINUTE

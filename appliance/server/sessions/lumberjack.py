@@ -22,22 +22,23 @@ from functools import partial
 
 from appliance.config import LumberjackListenerConfig
 from appliance.logs import get_logger
-from appliance.protocols.errors import RemoteProtocolError
+from appliance.protocols.errors import ProtocolViolation
 from appliance.protocols.lumberjack import (
     LumberjackLimits,
     LumberjackServerConnection,
 )
 from appliance.rows.lumberjack import window_block
-from appliance.server.connection import Action, DriverSettings, StreamDriver, Submit
+from appliance.server.connection import Action, Arrival, DriverSettings, Submit
 from appliance.server.context import ServiceContext
 from appliance.server.listener import ConnectionInfo
+from appliance.server.transports.stream import ByteStreamSession, StreamHandler, close_for
 
-__all__ = ["LumberjackSession", "lumberjack_driver"]
+__all__ = ["LumberjackSession", "lumberjack_handler"]
 
 log = get_logger("lumberjack")
 
 
-class LumberjackSession:
+class LumberjackSession(ByteStreamSession):
     """One Lumberjack connection: the codec and what its windows become."""
 
     def __init__(self, settings: LumberjackListenerConfig, info: ConnectionInfo) -> None:
@@ -53,17 +54,10 @@ class LumberjackSession:
             ),
             tag_fields=settings.tag_fields,
         )
-        self._error: RemoteProtocolError | None = None
         #: Events whose tag / host field held a string that cannot be stored,
         #: over the connection's life (each window's count is logged).
         self.invalid_tags = 0
         self.invalid_hosts = 0
-
-    def greeting(self) -> bytes | None:
-        return None
-
-    def handshake_done(self) -> bool:
-        return True  # Lumberjack has no handshake beyond TLS
 
     def buffered_bytes(self) -> int:
         """Bytes of an unfinished frame (0 between frames).
@@ -75,19 +69,13 @@ class LumberjackSession:
         """
         return self._codec.frame_bytes
 
-    def pending_error(self) -> RemoteProtocolError | None:
-        error, self._error = self._error, None
-        return error
-
-    def receive(self, data: bytes | bytearray, received_at_ns: int) -> list[Action]:
-        windows = self._codec.receive_data(data)
-        if windows:
-            try:
-                self._codec.receive_data(b"")  # surfaces a violation that followed them
-            except RemoteProtocolError as error:
-                self._error = error
-        actions: list[Action] = []
-        for window in windows:
+    def receive(self, data: bytes | bytearray, arrival: Arrival) -> list[Action[bytes]]:
+        """The actions of the windows ``data`` completes (a violation's Close last)."""
+        actions: list[Action[bytes]] = []
+        for window in self._codec.receive_data(data):
+            if isinstance(window, ProtocolViolation):
+                actions.append(close_for(window))
+                continue  # the codec's last event
             if window.invalid_tags or window.invalid_hosts:
                 self.invalid_tags += window.invalid_tags
                 self.invalid_hosts += window.invalid_hosts
@@ -104,7 +92,7 @@ class LumberjackSession:
                         tag=self._settings.tag,
                         source=self._info.source,
                         peer=self._info.peer,
-                        received_at_ns=received_at_ns,
+                        received_at_ns=arrival.time_ns,
                     ),
                     # Computed when sent (acks go out in window order after each
                     # commit); it keeps two numbers, not the window, alive.
@@ -116,9 +104,11 @@ class LumberjackSession:
         return actions
 
 
-def lumberjack_driver(settings: LumberjackListenerConfig, context: ServiceContext) -> StreamDriver:
+def lumberjack_handler(
+    settings: LumberjackListenerConfig, context: ServiceContext
+) -> StreamHandler:
     """The connection handler of one Lumberjack listener."""
-    return StreamDriver(
+    return StreamHandler(
         lambda info: LumberjackSession(settings, info),
         DriverSettings.from_listener(settings, keepalive_seconds=settings.keepalive_seconds),
         context.writer,

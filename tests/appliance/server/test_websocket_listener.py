@@ -21,12 +21,11 @@ from trio_websocket import (
 
 from appliance.config import WebSocketListenerConfig
 from appliance.lake.errors import BlockRefused
-from appliance.protocols.websocket_messages import TailFilter
 from appliance.rows.block import RowBlock
 from appliance.server.context import ServiceContext
 from appliance.server.lifecycle import Lifecycle
 from appliance.server.listener import ConnectionInfo
-from appliance.server.websocket_driver import TailHub, TailSubscription, WebSocketHandler
+from appliance.server.websocket_listener import WebSocketHandler
 from auth.tokens import TokenGrant
 
 TOKENS = {
@@ -114,7 +113,7 @@ async def client(
     headers = [(b"authorization", f"Bearer {token}".encode())] if token else []
     if origin:
         headers.append((b"origin", origin.encode()))
-    info = ConnectionInfo("websocket", "127.0.0.1:5000", True, source)
+    info = ConnectionInfo("websocket", "127.0.0.1", 5000, True, source)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(handler, server_stream, info)
         ws = await wrap_client_stream(nursery, client_stream, "localhost", path,
@@ -263,31 +262,6 @@ async def test_tail_receives_committed_rows_filtered() -> None:
     assert handler.hub.subscribers == 0
 
 
-def block(rows: int, tag: str = "t") -> RowBlock:
-    return RowBlock("forward", "s", "p", 1, None, tag, None, [None] * rows, ["{}"] * rows)
-
-
-def test_full_tail_queue_drops_and_counts() -> None:
-    sub = TailSubscription(TailFilter(), max_events=5)
-    sub.offer([block(3), block(3), block(2)])
-    assert sub.dropped == 3
-    assert sub.dropped_total == 3
-
-
-@pytest.mark.trio
-async def test_subscription_reports_drops_after_the_queued_rows() -> None:
-    hub = TailHub()
-    with hub.subscribe(TailFilter("t"), 2) as sub:
-        hub.publish([block(2), block(5), block(1, tag="x")])
-        items, dropped = await sub.next()
-        assert [len(rows) for _, rows in items] == [2]
-        assert dropped == 5
-        hub.publish([block(1)])
-        items, dropped = await sub.next()
-        assert ([len(rows) for _, rows in items], dropped) == ([1], 0)
-    assert hub.subscribers == 0
-
-
 # -- the ticket contract: ack only after wait() returned; BlockRefused is an error answer --
 
 
@@ -351,7 +325,7 @@ async def until_closed(ws: WebSocketConnection) -> tuple[list[str], int | None]:
 async def test_cancellation_answers_nothing_for_an_unresolved_ticket() -> None:
     handler, writer, _ = make_handler()
     server_stream, client_stream = trio.testing.memory_stream_pair()
-    info = ConnectionInfo("websocket", "127.0.0.1:5000", True, "anonymous")
+    info = ConnectionInfo("websocket", "127.0.0.1", 5000, True, "anonymous")
     headers = [(b"authorization", b"Bearer apt_ingest")]
     async with trio.open_nursery() as nursery:
         server = trio.CancelScope()
@@ -403,7 +377,7 @@ async def test_a_peer_that_sends_junk_and_leaves_ends_only_its_connection(
     # boundary above it, ended the service).
     handler, writer, _ = make_handler()
     server_stream, client_stream = trio.testing.memory_stream_pair()
-    info = ConnectionInfo("websocket", "127.0.0.1:5000", True, "anonymous")
+    info = ConnectionInfo("websocket", "127.0.0.1", 5000, True, "anonymous")
     await client_stream.send_all(sent)
     await client_stream.aclose()
     with trio.fail_after(5):  # well before the handshake deadline (10 s)
@@ -430,7 +404,7 @@ async def test_a_bad_frame_after_the_handshake_ends_only_its_connection(
     caplog.set_level(logging.INFO)
     handler, writer, _ = make_handler()
     server_stream, client_stream = trio.testing.memory_stream_pair()
-    info = ConnectionInfo("websocket", "127.0.0.1:5000", True, "anonymous")
+    info = ConnectionInfo("websocket", "127.0.0.1", 5000, True, "anonymous")
 
     async def peer() -> None:
         await client_stream.send_all(UPGRADE)
@@ -455,7 +429,7 @@ async def test_a_bug_closes_with_1011_and_propagates_to_the_listener() -> None:
     handler, writer, _ = make_handler()
     writer.failure = RuntimeError("a bug in the writer")
     server_stream, client_stream = trio.testing.memory_stream_pair()
-    info = ConnectionInfo("websocket", "127.0.0.1:5000", True, "anonymous")
+    info = ConnectionInfo("websocket", "127.0.0.1", 5000, True, "anonymous")
     headers = [(b"authorization", b"Bearer apt_ingest")]
     bugs: list[BaseException] = []
     close_code: int | None = None
@@ -525,7 +499,7 @@ async def test_a_client_that_reads_no_answers_is_closed(
     handler, writer, _ = make_handler(idle_timeout_seconds=5.0)
     server_stream, client_stream = trio.testing.memory_stream_pair()
     stalling = StallingStream(server_stream)
-    info = ConnectionInfo("websocket", "127.0.0.1:5000", True, "anonymous")
+    info = ConnectionInfo("websocket", "127.0.0.1", 5000, True, "anonymous")
     headers = [(b"authorization", b"Bearer apt_ingest")]
     handled = trio.Event()
 

@@ -1,8 +1,8 @@
 """The Fluentd forward session: handshake, codec events to rows, acks and logs.
 
-Transport, deadlines and ordered acks are the shared
-:class:`~appliance.server.connection.StreamDriver`'s; parsing and digests are
-the codec's (:mod:`appliance.protocols.forward`,
+Transport, deadlines and ordered acks are the answering loop's
+(:mod:`appliance.server.connection`, :mod:`appliance.server.transports.stream`);
+parsing and digests are the codec's (:mod:`appliance.protocols.forward`,
 :mod:`appliance.protocols.forward_handshake`); the rows are
 :mod:`appliance.rows.forward`'s. This module ties them together
 and, with ``security`` on, asks the credential store (in a worker
@@ -21,7 +21,7 @@ import trio
 
 from appliance.config import ForwardListenerConfig
 from appliance.logs import get_logger
-from appliance.protocols.errors import RemoteProtocolError
+from appliance.protocols.errors import ProtocolViolation
 from appliance.protocols.forward import (
     EventsReceived,
     ForwardEvent,
@@ -37,28 +37,17 @@ from appliance.protocols.forward_handshake import (
     anonymous_denied_reason,
 )
 from appliance.rows.forward import forward_block
-from appliance.server.connection import (
-    Action,
-    Await,
-    DriverSettings,
-    Reply,
-    StreamDriver,
-    Submit,
-)
+from appliance.server.connection import Action, Arrival, Await, DriverSettings, Reply, Submit
 from appliance.server.context import ServiceContext
 from appliance.server.listener import ANONYMOUS, ConnectionInfo
+from appliance.server.transports.stream import ByteStreamSession, StreamHandler, close_for
 from auth.errors import AuthError
 from auth.policy import CredentialStore
 from auth.ratelimit import FailureLimiter, LimiterSettings
 
-__all__ = ["ForwardSession", "forward_driver"]
+__all__ = ["ForwardSession", "forward_handler"]
 
 log = get_logger("forward")
-
-
-def _address(peer: str) -> str:
-    """The IP address of a ``host:port`` or ``[v6]:port`` peer name."""
-    return peer.rsplit(":", 1)[0].strip("[]")
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,7 +60,7 @@ class _Security:
     thread_limiter: trio.CapacityLimiter
 
 
-class ForwardSession:
+class ForwardSession(ByteStreamSession):
     """One forward connection: the codec, its handshake, and what its events become."""
 
     def __init__(
@@ -85,7 +74,6 @@ class ForwardSession:
             helo = Helo(os.urandom(NONCE_BYTES), auth_salt, keepalive=True)
         self._codec = ForwardServerConnection(settings.limits(), allow_json=True, helo=helo)
         self._host: str | None = None
-        self._error: RemoteProtocolError | None = None
 
     def greeting(self) -> bytes | None:
         return self._codec.helo_bytes() if self._security is not None else None
@@ -98,26 +86,17 @@ class ForwardSession:
         the PING is checked); 0 between requests."""
         return self._codec.buffered_bytes
 
-    def pending_error(self) -> RemoteProtocolError | None:
-        error, self._error = self._error, None
-        return error
+    def receive(self, data: bytes | bytearray, arrival: Arrival) -> list[Action[bytes]]:
+        """The actions of the requests ``data`` completes (a violation's Close last)."""
+        # No trio here: the loop may run this in a worker thread (one at a time).
+        return self._actions(self._codec.receive_data(data), arrival.time_ns)
 
-    def _take_pending(self) -> None:
-        if self._codec.state is ForwardState.CLOSED:
-            try:
-                self._codec.receive_data(b"")  # raises the error that closed it
-            except RemoteProtocolError as error:
-                self._error = error
-
-    def receive(self, data: bytes | bytearray, received_at_ns: int) -> list[Action]:
-        # No trio here: the driver may run this in a worker thread (one at a time).
-        events = self._codec.receive_data(data)
-        self._take_pending()
-        return self._actions(events, received_at_ns)
-
-    def _actions(self, events: list[ForwardEvent], received_at_ns: int) -> list[Action]:
-        actions: list[Action] = []
+    def _actions(self, events: list[ForwardEvent], received_at_ns: int) -> list[Action[bytes]]:
+        actions: list[Action[bytes]] = []
         for event in events:
+            if isinstance(event, ProtocolViolation):
+                actions.append(close_for(event))
+                continue  # the codec's last event
             if isinstance(event, PingReceived):
                 actions.append(Await(partial(self._authenticate, event, received_at_ns)))
                 continue
@@ -146,15 +125,14 @@ class ForwardSession:
             actions.append(Submit(block, ack, chunk))
         return actions
 
-    async def _authenticate(self, event: PingReceived, received_at_ns: int) -> list[Action]:
+    async def _authenticate(self, event: PingReceived, received_at_ns: int) -> list[Action[bytes]]:
         security = self._security
         assert security is not None
         if self._codec.state is not ForwardState.AUTHENTICATING:
-            # The codec closed after the PING (it then raises at once, so this
-            # is a guard): nothing to check, the pending error ends the connection.
+            # A guard: the codec drops a PING whose read also broke a rule.
             return []
         ping = event.ping
-        address = _address(self._info.peer)
+        address = self._info.address
         mechanism = "users" if security.users_required else "shared_key"
         # The attempt is counted before the look-up: parallel PINGs cannot
         # pass the limit while their look-ups run (auth/ratelimit.py).
@@ -164,7 +142,11 @@ class ForwardSession:
                 "handshake.throttled", peer=self._info.peer, retry_after_seconds=round(wait)
             )
             self._info.metrics.auth(mechanism, "throttled")
-            raise self._codec.refuse(f"too many failed handshakes; retry in {int(wait) + 1}s")
+            return [
+                close_for(
+                    self._codec.refuse(f"too many failed handshakes; retry in {int(wait) + 1}s")
+                )
+            ]
         try:
             verdict = await trio.to_thread.run_sync(
                 self._verdict, ping.username, address, limiter=security.thread_limiter
@@ -175,7 +157,8 @@ class ForwardSession:
             security.limiter.release(address)
             log.error("handshake.unavailable", peer=self._info.peer, reason=str(exc))
             self._info.metrics.auth(mechanism, "unavailable")
-            raise self._codec.refuse("authentication unavailable; retry later") from None
+            refusal = self._codec.refuse("authentication unavailable; retry later", "appliance")
+            return [close_for(refusal)]
         self._info.metrics.auth(mechanism, "success" if verdict.ok else "failure")
         if not verdict.ok:
             backoff = security.limiter.failure(address)
@@ -194,7 +177,6 @@ class ForwardSession:
                 username=verdict.username, source=self._info.source,
             )  # fmt: skip
         pong, events = self._codec.finish_handshake(verdict, security.server_hostname)
-        self._take_pending()
         return [Reply(pong), *self._actions(events, received_at_ns)]
 
     def _verdict(self, username: str, address: str) -> Verdict:
@@ -235,7 +217,7 @@ class ForwardSession:
         return verdict
 
 
-def forward_driver(settings: ForwardListenerConfig, context: ServiceContext) -> StreamDriver:
+def forward_handler(settings: ForwardListenerConfig, context: ServiceContext) -> StreamHandler:
     """The connection handler of one forward listener."""
     security: _Security | None = None
     if settings.security != "off":
@@ -255,7 +237,7 @@ def forward_driver(settings: ForwardListenerConfig, context: ServiceContext) -> 
             server_hostname=settings.self_hostname or socket.getfqdn(),
             thread_limiter=context.auth_threads,
         )
-    return StreamDriver(
+    return StreamHandler(
         lambda info: ForwardSession(settings, info, security),
         DriverSettings.from_listener(
             settings, handshake_timeout_seconds=settings.handshake_timeout_seconds

@@ -22,18 +22,18 @@ from appliance.protocols.forward import MAX_PING_BYTES
 from appliance.protocols.forward_handshake import password_digest, ping_digest
 from appliance.server.connection import Submit
 from appliance.server.context import ServiceContext
-from appliance.server.forward_driver import ForwardSession, forward_driver
 from appliance.server.lifecycle import Lifecycle
 from appliance.server.listener import ConnectionInfo
+from appliance.server.sessions.forward import ForwardSession, forward_handler
 from auth.policy import SourcePolicy
 from tests.appliance.server.support import (
     StandInWriter,
+    arrival,
     handler_factory,
-    seconds_until_closed,
     serving,
 )
 
-INFO = ConnectionInfo(listener="test", peer="192.0.2.1:5000", tls=True)
+INFO = ConnectionInfo(listener="test", address="192.0.2.1", port=5000, tls=True)
 
 
 def request(chunk: str | None, n: int = 2, tag: str = "app") -> bytes:
@@ -53,38 +53,7 @@ async def receive_within(stream: trio.abc.ReceiveStream, seconds: float) -> byte
     return None
 
 
-handler_for = handler_factory(forward_driver, ForwardListenerConfig)
-
-
-@pytest.mark.trio
-async def test_ack_is_sent_only_after_commit(autojump_clock: trio.testing.MockClock) -> None:
-    writer = StandInWriter()
-    async with serving(handler_for(writer), INFO) as client:
-        await client.send_all(request("c1"))
-        assert await receive_within(client, 60) is None
-        assert len(writer.blocks) == 1
-        assert writer.blocks[0].batch_id == "c1"
-        writer.commit(0)
-        assert await receive_within(client, 1) == ack("c1")
-        await client.aclose()
-
-
-@pytest.mark.trio
-async def test_acks_go_out_in_request_order(autojump_clock: trio.testing.MockClock) -> None:
-    writer = StandInWriter()
-    async with serving(handler_for(writer), INFO) as client:
-        await client.send_all(request("first") + request("second"))
-        await trio.sleep(1)
-        writer.commit(1)
-        assert await receive_within(client, 10) is None
-        writer.commit(0)
-        received = b""
-        while len(received) < len(ack("first") + ack("second")):
-            data = await receive_within(client, 1)
-            assert data
-            received += data
-        assert received == ack("first") + ack("second")
-        await client.aclose()
+handler_for = handler_factory(forward_handler, ForwardListenerConfig)
 
 
 @pytest.mark.trio
@@ -103,12 +72,6 @@ async def test_request_without_chunk_is_committed_but_not_acked(
 
 
 @pytest.mark.trio
-async def test_idle_connection_is_closed(autojump_clock: trio.testing.MockClock) -> None:
-    handler = handler_for(StandInWriter(), idle_timeout_seconds=30)
-    assert await seconds_until_closed(handler, INFO) == pytest.approx(30)
-
-
-@pytest.mark.trio
 async def test_protocol_error_closes_after_acking_what_came_before(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
@@ -120,43 +83,6 @@ async def test_protocol_error_closes_after_acking_what_came_before(
         assert await receive_within(client, 1) == ack("good")
     # The handler returned: the connection is over for this peer only.
     assert len(writer.blocks) == 1
-
-
-@pytest.mark.trio
-async def test_stop_reading_still_acks_in_flight_requests(
-    autojump_clock: trio.testing.MockClock,
-) -> None:
-    writer = StandInWriter()
-    lifecycle = Lifecycle()
-    async with serving(handler_for(writer, lifecycle), INFO) as client:
-        await client.send_all(request("inflight"))
-        await trio.sleep(1)
-        lifecycle.stop_reading()
-        await lifecycle.wait_no_readers()
-        # Sent after the stop: not read, never submitted.
-        await client.send_all(request("late"))
-        await trio.sleep(1)
-        writer.commit(0)
-        assert await receive_within(client, 1) == ack("inflight")
-    assert [b.batch_id for b in writer.blocks] == ["inflight"]
-
-
-@pytest.mark.trio
-async def test_full_ack_queue_stops_reading(autojump_clock: trio.testing.MockClock) -> None:
-    writer = StandInWriter()
-    async with serving(handler_for(writer, max_pending_acks=2), INFO) as client:
-        for i in range(6):
-            await client.send_all(request(f"c{i}"))
-        await trio.sleep(5)
-        # One being waited on by the acker, two queued, one blocked in send.
-        assert len(writer.blocks) == 4
-        for i in range(4):
-            writer.commit(i)
-        await trio.sleep(1)
-        assert len(writer.blocks) == 6
-        for i in range(4, 6):
-            writer.commit(i)
-        await client.aclose()
 
 
 @pytest.mark.trio
@@ -253,9 +179,9 @@ def test_session_buffered_bytes_follows_the_codec() -> None:
     session = ForwardSession(ForwardListenerConfig(), INFO, None)
     data = request("c1")
     assert session.buffered_bytes() == 0
-    assert session.receive(data[:10], 0) == []
+    assert session.receive(data[:10], arrival(0)) == []
     assert session.buffered_bytes() == 10
-    (submit,) = session.receive(data[10:], 0)
+    (submit,) = session.receive(data[10:], arrival(0))
     assert isinstance(submit, Submit)
     assert session.buffered_bytes() == 0
 
@@ -307,7 +233,7 @@ async def _user_handshake(store: _UserStore, info: ConnectionInfo) -> tuple[Any,
     writer = StandInWriter(resolve_empty=True)
     settings = ForwardListenerConfig(security="users", self_hostname="server.example")
     context = ServiceContext(writer, Lifecycle(), credentials=store)  # type: ignore[arg-type]
-    async with served(forward_driver(settings, context), info) as client:
+    async with served(forward_handler(settings, context), info) as client:
         unpacker = msgpack.Unpacker()
         (_, options) = await read_message(client, unpacker)
         digest = ping_digest(b"salt", "client.example", options["nonce"], KEY)
@@ -342,7 +268,9 @@ async def test_a_user_refused_by_the_client_network_gets_its_own_audit_reason() 
 async def test_a_certificate_and_a_handshake_user_are_both_kept() -> None:
     """The user is the rows' source; the certificate subject goes to the audit record."""
     store = _UserStore(allowed=None)
-    info = ConnectionInfo(listener="test", peer="192.0.2.1:5000", tls=True, source="CN=laptop-7")
+    info = ConnectionInfo(
+        listener="test", address="192.0.2.1", port=5000, tls=True, source="CN=laptop-7"
+    )
     pong, writer = await _user_handshake(store, info)
     assert pong[:2] == ["PONG", True]
     assert writer.blocks[0].source == "alice"
@@ -352,7 +280,7 @@ async def test_a_certificate_and_a_handshake_user_are_both_kept() -> None:
 def secured_handler(writer: StandInWriter) -> Any:
     settings = ForwardListenerConfig(security="shared_key", self_hostname="server.example")
     context = ServiceContext(writer, Lifecycle(), credentials=_Store())  # type: ignore[arg-type]
-    return forward_driver(settings, context)
+    return forward_handler(settings, context)
 
 
 def ping(helo: bytes, hostname: str | bytes = "client.example") -> bytes:

@@ -1,7 +1,7 @@
 """The Log Courier session: codec events to rows, replies, ordered ACKNs, keepalives.
 
-Transport, deadlines and ordered acks are the shared
-:class:`~appliance.server.connection.StreamDriver`'s; parsing is the codec's
+Transport, deadlines and ordered acks are the answering loop's
+(:mod:`appliance.server.connection`); parsing is the codec's
 (:mod:`appliance.protocols.courier`). This module maps one onto the other.
 
 Mapping into ``events`` (issue 6, docs/courier.md) is
@@ -12,9 +12,9 @@ here (``events.invalid_field``); the event is stored.
 Answers: HELO gets VERS (advertising EVNT), PING gets PONG, an unknown
 message gets ``????``, all in order with the ACKNs queued before them. A
 payload's final ACKN goes out only after its commit; while it waits the
-driver sends an ACKN with count 0 every ``keepalive_seconds``.
+loop sends an ACKN with count 0 every ``keepalive_seconds``.
 
-:meth:`CourierSession.receive` calls no trio API, so the driver may run it in
+:meth:`CourierSession.receive` calls no trio API, so the loop may run it in
 a worker thread; :meth:`CourierSession.buffered_bytes` is the codec's count
 of an unfinished message.
 """
@@ -32,13 +32,14 @@ from appliance.protocols.courier import (
     UnknownMessage,
     Unsupported,
 )
-from appliance.protocols.errors import RemoteProtocolError
+from appliance.protocols.errors import ProtocolViolation, RemoteProtocolError
 from appliance.rows.courier import payload_block
-from appliance.server.connection import Action, DriverSettings, Reply, StreamDriver, Submit
+from appliance.server.connection import Action, Arrival, DriverSettings, Reply, Submit
 from appliance.server.context import ServiceContext
 from appliance.server.listener import ConnectionInfo
+from appliance.server.transports.stream import ByteStreamSession, StreamHandler, close_for
 
-__all__ = ["CourierSession", "courier_driver", "limits_of"]
+__all__ = ["CourierSession", "courier_handler", "limits_of"]
 
 log = get_logger("courier")
 
@@ -54,44 +55,35 @@ def limits_of(settings: CourierListenerConfig) -> CourierLimits:
     )
 
 
-class CourierSession:
+class CourierSession(ByteStreamSession):
     """One Log Courier connection: the codec and what its events become."""
 
     def __init__(self, settings: CourierListenerConfig, info: ConnectionInfo) -> None:
         self._settings = settings
         self._info = info
         self._codec = CourierServerConnection(limits_of(settings))
-        self._error: RemoteProtocolError | None = None
 
-    def greeting(self) -> bytes | None:
-        return None  # the client speaks first (HELO, or a payload from older clients)
-
-    def handshake_done(self) -> bool:
-        # HELO is optional (clients older than it open with JDAT or PING), so
-        # there is no handshake to wait for: the idle deadline covers a
-        # connection that says nothing.
-        return True
-
-    def pending_error(self) -> RemoteProtocolError | None:
-        error, self._error = self._error, None
-        return error
+    # No greeting: the client speaks first (HELO, or a payload from older
+    # clients). No handshake: HELO is optional (clients older than it open
+    # with JDAT or PING), so the idle deadline covers a silent connection.
 
     def buffered_bytes(self) -> int:
         """Bytes of an unfinished message the codec holds (0 between messages)."""
         return self._codec.buffered_bytes
 
-    def receive(self, data: bytes | bytearray, received_at_ns: int) -> list[Action]:
-        events = self._codec.receive_data(data)
-        if events:
-            try:
-                self._codec.receive_data(b"")  # surfaces a violation that followed them
-            except RemoteProtocolError as error:
-                self._error = error
-        actions: list[Action] = []
+    def receive(self, data: bytes | bytearray, arrival: Arrival) -> list[Action[bytes]]:
+        """The actions of the messages ``data`` completes (a violation's Close last)."""
+        actions: list[Action[bytes]] = []
         peer = self._info.peer
-        for event in events:
-            if isinstance(event, PayloadReceived):
-                actions.append(self._submit(event, received_at_ns))
+        for event in self._codec.receive_data(data):
+            if isinstance(event, ProtocolViolation):
+                actions.append(close_for(event))
+            elif isinstance(event, PayloadReceived):
+                try:
+                    actions.append(self._submit(event, arrival.time_ns))
+                except RemoteProtocolError as error:  # the batch id's text rule (it cannot fail)
+                    actions.append(close_for(ProtocolViolation.of(error)))
+                    break
             elif isinstance(event, Ping):
                 actions.append(Reply(self._codec.pong_bytes()))
             elif isinstance(event, Hello):
@@ -111,7 +103,7 @@ class CourierSession:
                 log.info("courier.unsupported", peer=peer)
         return actions
 
-    def _submit(self, payload: PayloadReceived, received_at_ns: int) -> Submit:
+    def _submit(self, payload: PayloadReceived, received_at_ns: int) -> Submit[bytes]:
         if payload.not_json:
             log.warning(
                 "events.not_json",
@@ -143,9 +135,9 @@ class CourierSession:
         )
 
 
-def courier_driver(settings: CourierListenerConfig, context: ServiceContext) -> StreamDriver:
+def courier_handler(settings: CourierListenerConfig, context: ServiceContext) -> StreamHandler:
     """The connection handler of one Log Courier listener."""
-    return StreamDriver(
+    return StreamHandler(
         lambda info: CourierSession(settings, info),
         DriverSettings.from_listener(settings, keepalive_seconds=settings.keepalive_seconds),
         context.writer,

@@ -42,12 +42,8 @@ from appliance.protocols.text import MAX_BATCH_ID_BYTES
 from appliance.rows.block import RowBlock
 from appliance.server.context import ServiceContext
 from appliance.server.lifecycle import Lifecycle
-from appliance.server.logjam_driver import (
-    INLINE_DECODE_BYTES,
-    LogjamPorts,
-    _Listener,
-    serve_logjam,
-)
+from appliance.server.logjam_listener import LogjamPorts, serve_logjam
+from appliance.server.sessions.logjam import INLINE_DECODE_BYTES, LogjamSession
 from auth import schema
 from auth.curve import CurveKeyStore, generate_keypair, load_server_public_key
 from tests.appliance.server.support import StandInWriter
@@ -398,15 +394,15 @@ def events(caplog: pytest.LogCaptureFixture, name: str) -> list[dict[str, Any]]:
 
 @pytest.fixture
 def decode_calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, bool]]:
-    """Every call of the listener's decode: (frames it got, ran on the trio thread)."""
+    """Every call of the session's decode: (frames it got, ran on the trio thread)."""
     calls: list[tuple[int, bool]] = []
-    original = _Listener.decode
+    original = LogjamSession.decode
 
-    def spy(self: _Listener, kind: Any, frames: Any) -> Any:
+    def spy(self: LogjamSession, frames: Any) -> Any:
         calls.append((len(frames), threading.current_thread() is threading.main_thread()))
-        return original(self, kind, frames)
+        return original(self, frames)
 
-    monkeypatch.setattr(_Listener, "decode", spy)
+    monkeypatch.setattr(LogjamSession, "decode", spy)
     return calls
 
 
@@ -538,14 +534,14 @@ async def test_a_refused_block_gets_400_in_the_peers_order(
 async def test_an_unexpected_exception_fails_that_message_only(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    original = _Listener.decode
+    original = LogjamSession.decode
 
-    def decode(self: _Listener, kind: Any, frames: Any) -> Any:
+    def decode(self: LogjamSession, frames: Any) -> Any:
         if b"explode" in bytes(frames[-2]):
             raise RuntimeError("a bug nothing anticipated")
-        return original(self, kind, frames)
+        return original(self, frames)
 
-    monkeypatch.setattr(_Listener, "decode", decode)
+    monkeypatch.setattr(LogjamSession, "decode", decode)
     writer = StandInWriter()
     async with logjam_service(tmp_path, writer=writer) as service:
         dealer = client(zmq.DEALER, service.router)

@@ -24,19 +24,15 @@ database (:class:`auth.tokens.TokenStore`) in a worker thread under the
 service's ``auth_threads`` limiter, afresh at every handshake, so a revoked
 token is refused from its next connection on.
 
-Ingest: messages are parsed as they arrive, their rows submitted to the
-writer, and answered strictly in order: ``{"ack": id}`` once the commit that
-holds them succeeded (:meth:`CommitTicket.wait` returned), ``{"error": reason,
-"id": id}`` when the message was refused and nothing of it written (invalid
-JSON, a bad field, too many events, a tag outside the token's prefixes, over
-``max_messages_per_second``, or a block the writer refused with
-:class:`~appliance.lake.errors.BlockRefused`, from ``submit`` or from
-``wait``). A refused message does not end the connection: answers are per
-message, and the next message is independent of it. A message larger than
-``max_message_bytes`` closes the connection with 1009. At most
-``max_pending_acks`` answers wait; then the driver stops reading. An answer
-the client does not read within ``idle_timeout_seconds`` closes the
-connection (1008), so a client that never reads cannot hold its slot.
+Ingest: each message is one unit of the answering loop
+(:mod:`appliance.server.connection`) through the ingest session
+(:mod:`appliance.server.sessions.websocket`, which says how it is answered),
+over :class:`~appliance.server.transports.websocket.WebSocketMessages`. A
+message larger than ``max_message_bytes`` closes the connection with 1009
+(trio-websocket). At most ``max_pending_acks`` answers wait; then the loop
+stops reading. An answer the client does not read within
+``idle_timeout_seconds`` closes the connection (1008), so a client that never
+reads cannot hold its slot; so does a connection idle that long (1000).
 
 Shutdown: the reader stops at the lifecycle's signal, the answers of what was
 read are sent as their tickets resolve (the writer commits everything
@@ -44,12 +40,8 @@ queued), then the connection closes with 1001. When the connection task is
 cancelled, a ticket that has not resolved gets no answer at all: neither an
 ack (nothing says it is stored) nor an error (it may still be); the client
 resends what was not acked and the dedupe window recognises what was stored.
-
-Dedupe scope: a message's batch id is its ``id``, deduplicated per
-``source``: the principal ``token:<name>`` or the certificate subject, not
-the connection, so a resend on a new connection is recognised. Clients that
-share a token must use ids unique across all of them (UUIDs); see
-:mod:`appliance.protocols.websocket_messages`.
+Clients that share a token must use message ids unique across all of them
+(UUIDs); see :mod:`appliance.protocols.websocket_messages`.
 
 Failures: a peer that goes away during the handshake, or while trio-websocket
 answers its protocol error, is logged (``websocket.handshake_failed``,
@@ -58,22 +50,16 @@ exception is a bug: the WebSocket is closed with 1011 ("internal error", so
 the client is not told it was a normal close) and the exception propagates
 to the listener's connection boundary (``TcpService``), which logs
 ``connection.failed`` with its type and closes this connection only. This
-driver has no catch-all of its own, so no bug is hidden here.
+handler has no catch-all of its own, so no bug is hidden here.
 
-Tail: the writer calls :meth:`TailHub.publish` with the blocks of each commit;
-every tail connection has a queue of at most ``tail_queue_events`` events.
-A full queue drops the new events and counts them, so a slow tail client
-never slows a commit; once the client has caught up it gets ``{"dropped": n}``.
+Tail: :mod:`appliance.server.tail` (an ``admin`` token's ``/tail`` connection).
 """
 
 from __future__ import annotations
 
 import math
-import time
-from collections import deque
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
@@ -87,29 +73,30 @@ from trio_websocket import (
 )
 
 from appliance.config import WebSocketListenerConfig
-from appliance.lake.errors import BlockRefused
-from appliance.lake.writer import CommitTicket
 from appliance.logs import get_logger
 from appliance.protocols.websocket_messages import (
     INGEST_PATH,
     TAIL_PATH,
     MessageError,
-    MessageId,
-    MessageRate,
     TailFilter,
-    ack_json,
     bearer_token,
-    dropped_json,
-    error_json,
     header,
     origin_allowed,
-    parse_ingest,
     parse_target,
 )
-from appliance.rows.block import RowBlock
-from appliance.rows.websocket import ingest_block, tail_events_json
+from appliance.server.connection import Cause, Connection, DriverSettings
 from appliance.server.context import ServiceContext
 from appliance.server.listener import ANONYMOUS, ConnectionInfo
+from appliance.server.sessions.websocket import IngestSession
+from appliance.server.tail import TailHub, serve_tail
+from appliance.server.transports.websocket import (
+    CLOSE_ABNORMAL,
+    CLOSE_GOING_AWAY,
+    CLOSE_INTERNAL_ERROR,
+    CLOSE_NORMAL,
+    SHUTTING_DOWN,
+    WebSocketMessages,
+)
 from auth.errors import AuthError
 
 if TYPE_CHECKING:
@@ -117,12 +104,10 @@ if TYPE_CHECKING:
 
 __all__ = [
     "SUBPROTOCOL",
-    "TailHub",
-    "TailSubscription",
     "TokenVerifier",
     "WebSocketHandler",
     "open_token_verifier",
-    "websocket_driver",
+    "websocket_handler",
 ]
 
 log = get_logger("websocket")
@@ -130,20 +115,12 @@ log = get_logger("websocket")
 #: The subprotocol a browser offers beside ``bearer.<token>`` (browsers cannot set headers).
 SUBPROTOCOL: Final = "appliance.v1"
 _BEARER_SUBPROTOCOL: Final = "bearer."
-#: Messages trio-websocket buffers between its reader task and this driver.
+#: Messages trio-websocket buffers between its reader task and the answering loop.
 MESSAGE_QUEUE_MESSAGES: Final = 4
 #: Bytes asked of the TLS stream per read by trio-websocket's reader task.
 RECEIVE_BUFFER_BYTES: Final = 64 * 1024
 #: Seconds a polite close (close frame and its answer) may take.
 CLOSE_TIMEOUT_SECONDS: Final = 2.0
-#: WebSocket close codes (RFC 6455 §7.4.1).
-CLOSE_NORMAL: Final = 1000
-CLOSE_GOING_AWAY: Final = 1001
-CLOSE_ABNORMAL: Final = 1006  # never sent: what a peer that vanished is recorded as
-CLOSE_POLICY: Final = 1008
-CLOSE_INTERNAL_ERROR: Final = 1011
-_SHUTTING_DOWN: Final = "the appliance is shutting down"
-
 #: The token check: token text -> what it allows, or None (blocking; runs in a thread).
 TokenVerifier = Callable[[str], "TokenGrant | None"]
 
@@ -168,95 +145,6 @@ def open_token_verifier(
     return store.verify, store.close
 
 
-def _address(peer: str) -> str:
-    """The IP address of a ``host:port`` or ``[v6]:port`` peer name."""
-    return peer.rsplit(":", 1)[0].strip("[]")
-
-
-# -- the live tail --------------------------------------------------------------------
-
-
-class TailSubscription:
-    """One tail connection's bounded queue of committed rows.
-
-    Args:
-        tail_filter: which rows it wants.
-        max_events: rows that may wait; further ones are dropped and counted.
-    """
-
-    def __init__(self, tail_filter: TailFilter, max_events: int) -> None:
-        self.filter = tail_filter
-        self.max_events = max_events
-        self._queue: deque[tuple[RowBlock, list[int]]] = deque()
-        self._queued = 0
-        #: Rows dropped since the client was last told.
-        self.dropped = 0
-        #: Rows dropped over the connection's life.
-        self.dropped_total = 0
-        self._wake = trio.Event()
-
-    def offer(self, blocks: Sequence[RowBlock]) -> None:
-        """Queue the wanted rows of ``blocks``, dropping what does not fit (never waits)."""
-        added = False
-        for block in blocks:
-            rows = self.filter.rows(block)
-            if not rows:
-                continue
-            if self._queued + len(rows) > self.max_events:
-                self.dropped += len(rows)
-                self.dropped_total += len(rows)
-                added = True
-                continue
-            self._queue.append((block, rows))
-            self._queued += len(rows)
-            added = True
-        if added:
-            self._wake.set()
-
-    async def next(self) -> tuple[list[tuple[RowBlock, list[int]]], int]:
-        """Wait for rows or drops; returns the queued rows and the drops since last time."""
-        while not self._queue and not self.dropped:
-            self._wake = trio.Event()
-            await self._wake.wait()
-        items = list(self._queue)
-        self._queue.clear()
-        self._queued = 0
-        dropped, self.dropped = self.dropped, 0
-        return items, dropped
-
-
-class TailHub:
-    """Fans each commit's blocks out to the tail connections; a writer commit listener."""
-
-    def __init__(self) -> None:
-        self._subscriptions: set[TailSubscription] = set()
-
-    def publish(self, blocks: Sequence[RowBlock]) -> None:
-        """The writer's :data:`~appliance.lake.writer.CommitListener`: never waits."""
-        for subscription in self._subscriptions:
-            subscription.offer(blocks)
-
-    @contextmanager
-    def subscribe(self, tail_filter: TailFilter, max_events: int) -> Iterator[TailSubscription]:
-        """A subscription for the duration of the ``with`` block."""
-        subscription = TailSubscription(tail_filter, max_events)
-        self._subscriptions.add(subscription)
-        try:
-            yield subscription
-        finally:
-            self._subscriptions.discard(subscription)
-
-    @property
-    def subscribers(self) -> int:
-        """Tail connections open now."""
-        return len(self._subscriptions)
-
-    @property
-    def dropped_events(self) -> int:
-        """Events dropped so far by the tail connections open now."""
-        return sum(s.dropped_total for s in self._subscriptions)
-
-
 # -- the handshake ----------------------------------------------------------------------
 
 
@@ -273,23 +161,6 @@ class _Admission:
     grant: TokenGrant | None
     tail_filter: TailFilter
     subprotocol: str | None
-
-
-@dataclass(frozen=True, slots=True)
-class _Answer:
-    message_id: MessageId | None
-    ticket: CommitTicket | None = None
-    error: str | None = None
-    #: trio time the message was received (the ack latency's start).
-    received: float = 0.0
-
-
-@dataclass(slots=True)
-class _Outcome:
-    """How an ingest connection ends, when its answering task decides it."""
-
-    code: int = CLOSE_NORMAL
-    reason: str = ""
 
 
 def _subprotocol_token(offered: Sequence[str]) -> tuple[str | None, str | None]:
@@ -323,7 +194,12 @@ class WebSocketHandler:
         self.tokens = tokens
         self.hub = TailHub()
         context.writer.commit_listeners.append(self.hub.publish)
-        self._limits = settings.limits()
+        # Messages are decoded inline: max_message_bytes bounds each one.
+        loop_settings = DriverSettings.from_listener(settings)
+        self._loop_settings = replace(
+            loop_settings, inline_decode_max_bytes=settings.max_message_bytes
+        )
+        self._decode_threads = trio.CapacityLimiter(1)  # unused while decoding stays inline
 
     async def __call__(self, stream: trio.abc.Stream, info: ConnectionInfo) -> None:
         try:
@@ -407,7 +283,7 @@ class WebSocketHandler:
         finally:
             if code == CLOSE_INTERNAL_ERROR and trio.current_effective_deadline() == -math.inf:
                 # -inf: this task is being cancelled (the service stops), not failing.
-                code, reason = CLOSE_GOING_AWAY, _SHUTTING_DOWN
+                code, reason = CLOSE_GOING_AWAY, SHUTTING_DOWN
             with trio.CancelScope(shield=True), trio.move_on_after(CLOSE_TIMEOUT_SECONDS):
                 await ws.aclose(code, reason or None)
         log.info("websocket.closed", listener=info.listener, peer=info.peer, code=code,
@@ -448,7 +324,7 @@ class WebSocketHandler:
         if verifier is None:
             return _Refusal(401, "bearer tokens are not enabled on this listener")
         limiter = self.context.failure_limiter
-        address = _address(info.peer)
+        address = info.address
         wait = limiter.begin(address)  # counted before the look-up (auth/ratelimit.py)
         if wait > 0:
             info.metrics.auth("token", "throttled")
@@ -474,129 +350,24 @@ class WebSocketHandler:
     async def _ingest(
         self, ws: WebSocketConnection, info: ConnectionInfo, admission: _Admission
     ) -> tuple[int, str]:
-        send, receive = trio.open_memory_channel[_Answer](self.settings.max_pending_acks)
-        outcome = (CLOSE_NORMAL, "")
-        ended = _Outcome()
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._answer, ws, info, receive, nursery.cancel_scope, ended)
-            async with send:
-                outcome = await self._read(ws, info, admission, send)
-        if nursery.cancel_scope.cancelled_caught:
-            # The answering task ended the connection (client gone or not reading).
-            return ended.code, ended.reason
-        return outcome
-
-    async def _read(
-        self,
-        ws: WebSocketConnection,
-        info: ConnectionInfo,
-        admission: _Admission,
-        answers: trio.MemorySendChannel[_Answer],
-    ) -> tuple[int, str]:
         settings = self.settings
-        lifecycle = self.context.lifecycle
-        rate = MessageRate(settings.max_messages_per_second, trio.current_time())
-        with lifecycle.reading():
-            while True:
-                data: str | bytes | None = None
-                with lifecycle.receiving() as stopping:
-                    with trio.move_on_after(settings.idle_timeout_seconds) as idle:
-                        try:
-                            data = await ws.get_message()
-                        except ConnectionClosed as exc:
-                            closed = exc.reason
-                            return (closed.code if closed else CLOSE_NORMAL), ""
-                if stopping.cancelled_caught:
-                    return CLOSE_GOING_AWAY, _SHUTTING_DOWN
-                if idle.cancelled_caught or data is None:
-                    return CLOSE_NORMAL, f"idle for {settings.idle_timeout_seconds}s"
-                received_at_ns = time.time_ns()
-                info.metrics.received_bytes.inc(len(data))
-                answer = await self._message(data, info, admission, rate, received_at_ns)
-                await answers.send(answer)
-
-    async def _message(
-        self,
-        data: str | bytes,
-        info: ConnectionInfo,
-        admission: _Admission,
-        rate: MessageRate,
-        received_at_ns: int,
-    ) -> _Answer:
-        if not rate.allow(trio.current_time()):
-            reason = f"more than {self.settings.max_messages_per_second} messages per second"
-            info.metrics.protocol_error(reason)
-            return self._refused(MessageError(reason), info)
-        try:
-            message = parse_ingest(data, self._limits)
-        except MessageError as exc:
-            info.metrics.protocol_error(exc.reason)
-            return self._refused(exc, info)
-        grant = admission.grant
-        if grant is not None and not grant.allows_tag(message.tag):
-            reason = f"tag {message.tag!r} is outside the token's tag prefixes"
-            info.metrics.protocol_error("tag outside the token's prefixes")
-            return self._refused(MessageError(reason, message.id), info)
-        block = ingest_block(
-            message, source=admission.source, peer=info.peer, received_at_ns=received_at_ns
-        )
-        try:
-            ticket = await self.context.writer.submit(block)
-        except BlockRefused as exc:
-            # Checked before it joined a commit group: no other batch is affected.
-            return self._refused(MessageError(f"not stored: {exc.reason}", message.id), info)
-        info.metrics.requests.inc()
-        info.metrics.events.inc(block.rows)
-        return _Answer(message.id, ticket=ticket, received=trio.current_time())
-
-    @staticmethod
-    def _refused(error: MessageError, info: ConnectionInfo) -> _Answer:
-        log.warning("websocket.message_refused", peer=info.peer, id=error.message_id,
-                    reason=error.reason)  # fmt: skip
-        return _Answer(error.message_id, error=error.reason)
-
-    async def _answer(
-        self,
-        ws: WebSocketConnection,
-        info: ConnectionInfo,
-        answers: trio.MemoryReceiveChannel[_Answer],
-        connection: trio.CancelScope,
-        ended: _Outcome,
-    ) -> None:
-        send_timeout = self.settings.idle_timeout_seconds
-        async with answers:
-            async for answer in answers:
-                acked = False
-                if answer.ticket is not None:
-                    assert answer.message_id is not None
-                    try:
-                        # Returns only once the rows are committed. Cancelled
-                        # here (the service stops): no answer at all for it.
-                        await answer.ticket.wait()
-                    except BlockRefused as exc:
-                        error = MessageError(f"not stored: {exc.reason}", answer.message_id)
-                        self._refused(error, info)  # logs it
-                        text = error_json(error.reason, answer.message_id)
-                    else:
-                        text = ack_json(answer.message_id)
-                        acked = True
-                else:
-                    text = error_json(answer.error or "refused", answer.message_id)
-                with trio.move_on_after(send_timeout) as stalled:
-                    try:
-                        await ws.send_message(text)
-                    except ConnectionClosed:
-                        # The client is gone: stop reading too. Submitted rows
-                        # still commit; a client that resends them is deduplicated.
-                        connection.cancel()
-                        return
-                if stalled.cancelled_caught:
-                    ended.code, ended.reason = CLOSE_POLICY, f"read nothing for {send_timeout}s"
-                    connection.cancel()
-                    return
-                if acked:
-                    info.metrics.acks.inc()
-                    info.metrics.ack_latency.observe(trio.current_time() - answer.received)
+        transport = WebSocketMessages(ws, info, send_timeout=settings.idle_timeout_seconds)
+        session = IngestSession(settings, info, source=admission.source, grant=admission.grant,
+                                now=trio.current_time())  # fmt: skip
+        connection = Connection(
+            transport, session, self.context.writer, self._loop_settings,
+            lifecycle=self.context.lifecycle, log=log, info=info,
+            decode_threads=self._decode_threads,
+        )  # fmt: skip
+        ending = await connection.run()
+        if transport.send_failure is not None:
+            # An answer could not be sent: the client is gone, or reads nothing.
+            return transport.send_failure
+        if ending.cause is Cause.SHUTDOWN:
+            return CLOSE_GOING_AWAY, SHUTTING_DOWN
+        if ending.cause is Cause.PEER_CLOSED:
+            return transport.peer_close_code or CLOSE_NORMAL, ""
+        return CLOSE_NORMAL, ending.reason
 
     # -- tail -----------------------------------------------------------------------
 
@@ -604,49 +375,16 @@ class WebSocketHandler:
         self, ws: WebSocketConnection, info: ConnectionInfo, admission: _Admission
     ) -> tuple[int, str]:
         settings = self.settings
-        outcome = (CLOSE_NORMAL, "")
         with self.hub.subscribe(admission.tail_filter, settings.tail_queue_events) as sub:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._drain, ws, nursery.cancel_scope)
-                outcome = await self._push(ws, sub)
-                nursery.cancel_scope.cancel()
+            outcome = await serve_tail(
+                ws, sub, self.context.lifecycle, settings.idle_timeout_seconds
+            )
         if sub.dropped_total:
             log.info("websocket.tail_dropped", peer=info.peer, events=sub.dropped_total)
         return outcome
 
-    async def _push(self, ws: WebSocketConnection, sub: TailSubscription) -> tuple[int, str]:
-        lifecycle = self.context.lifecycle
-        send_timeout = self.settings.idle_timeout_seconds
-        while True:
-            items: list[tuple[RowBlock, list[int]]] = []
-            dropped = 0
-            with lifecycle.receiving() as stopping:
-                items, dropped = await sub.next()
-            if stopping.cancelled_caught:
-                return CLOSE_GOING_AWAY, _SHUTTING_DOWN
-            texts = [text for block, rows in items for text in tail_events_json(block, rows)]
-            if dropped:
-                texts.append(dropped_json(dropped))
-            with trio.move_on_after(send_timeout) as stalled:
-                try:
-                    for text in texts:
-                        await ws.send_message(text)
-                except ConnectionClosed:
-                    return CLOSE_NORMAL, ""
-            if stalled.cancelled_caught:
-                return CLOSE_POLICY, f"read nothing for {send_timeout}s"
 
-    @staticmethod
-    async def _drain(ws: WebSocketConnection, tail: trio.CancelScope) -> None:
-        """Read (and ignore) what a tail client sends, so its close frame is seen."""
-        try:
-            while True:
-                await ws.get_message()
-        except ConnectionClosed:
-            tail.cancel()
-
-
-def websocket_driver(
+def websocket_handler(
     settings: WebSocketListenerConfig, context: ServiceContext
 ) -> WebSocketHandler:
     """The connection handler of one WebSocket listener (tokens from the service context)."""

@@ -1,0 +1,1 @@
+"""The answering loop's transports: TCP bytes, WebSocket messages, ZeroMQ frames."""

@@ -1,0 +1,145 @@
+"""Byte-stream (TCP, TLS) connections in the answering loop: transport, handler, session base.
+
+Forward, Lumberjack and Log Courier connections are a trio stream read in
+chunks of ``read_size_bytes`` (a chunk is only a chunk: the codec frames
+requests across them) and written with ``send_all`` under
+``send_timeout_seconds``, so a peer that never reads cannot pin a task. The
+listener calls :class:`StreamHandler` once per connection; it runs the
+session in :class:`~appliance.server.connection.Connection` and logs the
+connection's open and close lines.
+"""
+
+from __future__ import annotations
+
+import ssl
+from collections.abc import Callable
+
+import trio
+
+from appliance.logs import StructLogger
+from appliance.protocols.errors import ProtocolViolation
+from appliance.server.connection import (
+    DECODE_THREADS,
+    BatchSink,
+    Close,
+    Connection,
+    DriverSettings,
+    PeerGone,
+    Session,
+    SessionDefaults,
+)
+from appliance.server.lifecycle import Lifecycle
+from appliance.server.listener import ConnectionInfo
+
+__all__ = ["ByteStream", "ByteStreamSession", "StreamHandler", "close_for"]
+
+
+def close_for(violation: ProtocolViolation) -> Close[bytes]:
+    """The loop's :class:`~appliance.server.connection.Close` for a codec's violation."""
+    return Close(violation.reason, violation.reply or None, violation.fault)
+
+
+class ByteStreamSession(SessionDefaults[bytes]):
+    """What every byte-stream session shares: the thread rule counts the bytes held.
+
+    A subclass provides ``receive`` and ``buffered_bytes``, and the greeting
+    or handshake its protocol has.
+    """
+
+    def decode_bytes(self, data: bytes | bytearray) -> int:
+        """The bytes just read plus those held: what the read may complete and decode."""
+        return len(data) + self.buffered_bytes()
+
+
+class ByteStream:
+    """A trio stream as the loop's transport: reads of up to ``read_size`` bytes, timed sends."""
+
+    def __init__(
+        self,
+        stream: trio.abc.Stream,
+        info: ConnectionInfo,
+        log: StructLogger,
+        *,
+        read_size: int,
+        send_timeout: float,
+    ) -> None:
+        self._stream = stream
+        self._info = info
+        self._log = log
+        self._read_size = read_size
+        self._send_timeout = send_timeout
+
+    async def receive(self) -> bytes | bytearray:
+        """The next bytes the peer sent (never empty).
+
+        Raises:
+            PeerGone: the peer closed or the connection broke.
+        """
+        try:
+            data = await self._stream.receive_some(self._read_size)
+        except trio.BrokenResourceError as exc:
+            if isinstance(exc.__cause__, ssl.SSLEOFError):
+                raise PeerGone("peer closed without TLS close_notify") from None
+            raise PeerGone(f"broken: {exc.__cause__ or exc}") from None
+        if not data:
+            raise PeerGone("peer closed")
+        self._info.metrics.received_bytes.inc(len(data))
+        return data
+
+    async def send(self, data: bytes) -> None:
+        """Send ``data`` within the send deadline.
+
+        Raises:
+            PeerGone: the peer is gone or took nothing for ``send_timeout`` seconds.
+        """
+        with trio.move_on_after(self._send_timeout) as scope:
+            try:
+                await self._stream.send_all(data)
+            except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                reason = str(exc) or "closed"
+                self._log.info("send.failed", peer=self._info.peer, reason=reason)
+                raise PeerGone(reason) from exc
+        if scope.cancelled_caught:
+            self._log.warning("send.failed", peer=self._info.peer, reason="peer does not read")
+            raise PeerGone("peer does not read")
+
+
+class StreamHandler:
+    """The connection handler of one byte-stream listener (a listener ``Handler``)."""
+
+    def __init__(
+        self,
+        session_factory: Callable[[ConnectionInfo], Session[bytes | bytearray, bytes]],
+        settings: DriverSettings,
+        sink: BatchSink,
+        lifecycle: Lifecycle,
+        log: StructLogger,
+    ) -> None:
+        self._new_session = session_factory
+        self._settings = settings
+        self._sink = sink
+        self._lifecycle = lifecycle
+        self._log = log
+        self._decode_threads: trio.CapacityLimiter | None = None
+
+    async def __call__(self, stream: trio.abc.Stream, info: ConnectionInfo) -> None:
+        settings = self._settings
+        if self._decode_threads is None:
+            self._decode_threads = trio.CapacityLimiter(DECODE_THREADS)
+        transport = ByteStream(stream, info, self._log, read_size=settings.read_size_bytes,
+                               send_timeout=settings.send_timeout_seconds)  # fmt: skip
+        connection = Connection(
+            transport, self._new_session(info), self._sink, settings,
+            lifecycle=self._lifecycle, log=self._log, info=info,
+            decode_threads=self._decode_threads,
+        )  # fmt: skip
+        self._log.info(
+            "connection.open", listener=info.listener, peer=info.peer, tls=info.tls,
+            source=info.source,
+        )  # fmt: skip
+        ending = await connection.run()
+        tally = connection.tally
+        self._log.info(
+            "connection.closed", listener=info.listener, peer=info.peer, reason=ending.reason,
+            batches=tally.batches, events=tally.events,
+        )  # fmt: skip
