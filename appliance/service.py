@@ -40,10 +40,11 @@ from appliance.config import (
     LogjamListenerConfig,
     WebSocketListenerConfig,
     load_config,
+    settings_from,
 )
 from appliance.lake.maintenance import run_maintenance
 from appliance.lake.table import EventsTable
-from appliance.lake.writer import LakeWriter
+from appliance.lake.writer import LakeWriter, WriterSettings
 from appliance.logs import get_logger
 from appliance.metrics import Metrics
 from appliance.reload_status import ReloadStatus, write_status
@@ -268,7 +269,7 @@ async def _serve_locked(
     writer = LakeWriter(
         EventsTable(config.table_uri, config.lake.storage_options or None),
         node_id(config),
-        config.lake.writer_settings(),
+        settings_from(config.lake, WriterSettings),
         token=writer_token(config),
         metrics=metrics,
     )

@@ -17,6 +17,7 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from appliance import defaults
 from appliance.commands.progress import ProgressReporter
 from appliance.config import RETENTION_PROTOCOLS, Config
 from appliance.console import print_json, print_table
@@ -295,9 +296,7 @@ def _table_vacuum(args: argparse.Namespace, config: Config) -> int:
     )
     allow_short = args.allow_short_retention or config.maintenance.allow_short_vacuum_retention
     try:
-        maintenance.check_retention(
-            hours, allow_short=allow_short, override="--allow-short-retention"
-        )
+        defaults.check_retention(hours, allow_short=allow_short, override="--allow-short-retention")
     except ValueError as exc:
         return _fail(str(exc))
     with _progress(args, "vacuum") as progress:
@@ -570,7 +569,7 @@ def add_parser(
     vacuum.add_argument(
         "--allow-short-retention",
         action="store_true",
-        help=f"allow a retention under {maintenance.MIN_VACUUM_RETENTION_HOURS} h",
+        help=f"allow a retention under {defaults.MIN_VACUUM_RETENTION_HOURS} h",
     )
     vacuum.add_argument("--dry-run", action="store_true", help="list, do not delete")
 

@@ -41,7 +41,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from appliance.config import CourierListenerConfig
+from appliance.config import CourierListenerConfig, settings_from
 from appliance.lake.rows import RowBlock
 from appliance.logs import get_logger
 from appliance.protocols.courier import (
@@ -59,7 +59,7 @@ from appliance.server.connection import Action, DriverSettings, Reply, StreamDri
 from appliance.server.context import ServiceContext
 from appliance.server.listener import ConnectionInfo
 
-__all__ = ["CourierSession", "courier_driver", "limits_of", "payload_block"]
+__all__ = ["CourierSession", "courier_driver", "payload_block"]
 
 log = get_logger("courier")
 
@@ -102,24 +102,13 @@ def payload_block(
     )
 
 
-def limits_of(settings: CourierListenerConfig) -> CourierLimits:
-    """The codec limits of a listener."""
-    return CourierLimits(
-        max_payload_bytes=settings.max_payload_bytes,
-        max_decompressed_bytes=settings.max_decompressed_bytes,
-        max_event_bytes=settings.max_event_bytes,
-        max_events=settings.max_events,
-        max_payload_memory_bytes=settings.max_payload_memory_bytes,
-    )
-
-
 class CourierSession:
     """One Log Courier connection: the codec and what its events become."""
 
     def __init__(self, settings: CourierListenerConfig, info: ConnectionInfo) -> None:
         self._settings = settings
         self._info = info
-        self._codec = CourierServerConnection(limits_of(settings))
+        self._codec = CourierServerConnection(settings_from(settings, CourierLimits))
         self._error: RemoteProtocolError | None = None
 
     def greeting(self) -> bytes | None:

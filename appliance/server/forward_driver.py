@@ -18,13 +18,14 @@ from functools import partial
 
 import trio
 
-from appliance.config import ForwardListenerConfig
+from appliance.config import ForwardListenerConfig, settings_from
 from appliance.lake.rows import ROW_OVERHEAD_BYTES, RowBlock
 from appliance.logs import get_logger
 from appliance.protocols.errors import RemoteProtocolError
 from appliance.protocols.forward import (
     EventsReceived,
     ForwardEvent,
+    ForwardLimits,
     ForwardServerConnection,
     ForwardState,
     PingReceived,
@@ -118,7 +119,9 @@ class ForwardSession:
         if security is not None:
             auth_salt = os.urandom(AUTH_SALT_BYTES) if security.users_required else b""
             helo = Helo(os.urandom(NONCE_BYTES), auth_salt, keepalive=True)
-        self._codec = ForwardServerConnection(settings.limits(), allow_json=True, helo=helo)
+        self._codec = ForwardServerConnection(
+            settings_from(settings, ForwardLimits), allow_json=True, helo=helo
+        )
         self._host: str | None = None
         self._error: RemoteProtocolError | None = None
 

@@ -76,7 +76,7 @@ import zmq
 import zmq.auth
 from zmq.utils import z85
 
-from appliance.config import LogjamListenerConfig
+from appliance.config import LogjamListenerConfig, settings_from
 from appliance.lake.errors import BlockRefused
 from appliance.lake.rows import RowBlock
 from appliance.lake.writer import CommitTicket, LakeWriter
@@ -86,6 +86,7 @@ from appliance.protocols.logjam import (
     MAX_MESSAGE_FRAMES,
     DataMessage,
     FrameData,
+    LogjamLimits,
     LogjamReceiver,
     MalformedMessage,
     Ping,
@@ -496,7 +497,7 @@ class _Listener:
         self.zctx = zctx
         self.keypair = keypair
         self.fqdn = fqdn
-        self.receiver = LogjamReceiver(settings.limits())
+        self.receiver = LogjamReceiver(settings_from(settings, LogjamLimits))
         self.decode_threads = trio.CapacityLimiter(1)
         self.metrics = context.metrics.listener(settings.name, "logjam")
         self.stats = {"messages": 0, "rows": 0, "malformed": 0, "pings": 0, "refused": 0,

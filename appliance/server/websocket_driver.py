@@ -85,7 +85,7 @@ from trio_websocket import (
     wrap_server_stream,
 )
 
-from appliance.config import WebSocketListenerConfig
+from appliance.config import WebSocketListenerConfig, settings_from
 from appliance.lake.errors import BlockRefused
 from appliance.lake.rows import RowBlock
 from appliance.lake.writer import CommitTicket
@@ -95,6 +95,7 @@ from appliance.protocols.websocket_messages import (
     TAIL_PATH,
     MessageError,
     MessageId,
+    MessageLimits,
     MessageRate,
     TailFilter,
     ack_json,
@@ -322,7 +323,7 @@ class WebSocketHandler:
         self.tokens = tokens
         self.hub = TailHub()
         context.writer.commit_listeners.append(self.hub.publish)
-        self._limits = settings.limits()
+        self._limits = settings_from(settings, MessageLimits)
 
     async def __call__(self, stream: trio.abc.Stream, info: ConnectionInfo) -> None:
         try:
