@@ -649,7 +649,7 @@ def default_config() -> Config:
     return Config()
 
 
-# -- loading -------------------------------------------------------------------
+# -- what lower layers take from a section -------------------------------------
 
 
 _Settings = TypeVar("_Settings", bound="DataclassInstance")
@@ -663,7 +663,7 @@ def settings_from(section: object, settings_type: type[_Settings]) -> _Settings:
     settings (``settings_from(config.lake, WriterSettings)``). Config names
     those keys as the fields they fill and takes their defaults from
     :mod:`appliance.defaults`, as the lower layer does, so the two cannot
-    disagree; tests/appliance/server/test_registry.py checks every protocol.
+    disagree (tests/appliance/test_config.py checks every protocol).
 
     Raises:
         AttributeError: ``section`` lacks a field of ``settings_type`` (a bug).
@@ -671,6 +671,9 @@ def settings_from(section: object, settings_type: type[_Settings]) -> _Settings:
     """
     names = [f.name for f in dataclasses.fields(settings_type)]
     return settings_type(**{name: getattr(section, name) for name in names})
+
+
+# -- loading -------------------------------------------------------------------
 
 
 def _bind_problem(value: str) -> str | None:
