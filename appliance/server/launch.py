@@ -26,6 +26,7 @@ from appliance.server.tls_audit import TlsRefusalAudit
 
 __all__ = ["Beside", "BindError", "ListenerSite", "Registrar", "serve_tcp"]
 
+#: The service's logger: these lines were the service's before they moved here.
 log = get_logger("service")
 
 #: Started beside a TCP listener, in its nursery, with the port it bound
