@@ -7,7 +7,15 @@ key, its unit and its default is listed in ``docs/limits.md`` (rendered from
 these dataclasses by :mod:`appliance.config_reference`); ``docs/configuration.md``
 and the protocol pages explain them.
 
-Errors name the key and, when it can be found, the line of the file.
+Errors name the key and, when it can be found, the line of the file
+(:mod:`appliance.toml_binder` builds the dataclasses from the TOML).
+
+This module sits below everything that reads it: it imports only
+:mod:`appliance.defaults` and the binder, never a codec, the lake, trio or
+an auth library, so reading a config loads none of them. A codec's limits
+and the lake writer's settings are taken from a section with
+:func:`settings_from`; both sides take their defaults from
+:mod:`appliance.defaults` (docs/decisions.md, issue 17).
 """
 
 from __future__ import annotations
@@ -15,21 +23,15 @@ from __future__ import annotations
 import dataclasses
 import ipaddress
 import tomllib
-import types
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar
 
-from appliance.lake import diskguard as lake_diskguard
-from appliance.lake import maintenance as lake_maintenance
-from appliance.lake import retention as lake_retention
-from appliance.lake import writer as lake_writer
-from appliance.protocols import courier as courier_codec
-from appliance.protocols import forward as forward_codec
-from appliance.protocols import logjam as logjam_codec
-from appliance.protocols import lumberjack as lumberjack_codec
-from appliance.protocols import websocket_messages as websocket_codec
+from appliance import defaults
+from appliance.toml_binder import Binder, BindError, KeyPath, Tagged
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 __all__ = [
     "AdminConfig",
@@ -50,7 +52,10 @@ __all__ = [
     "TlsConfig",
     "WebSocketListenerConfig",
     "default_config",
+    "is_bind",
     "load_config",
+    "parse_config",
+    "settings_from",
 ]
 
 DEFAULT_STATE_DIR: Final = Path("var")
@@ -110,40 +115,35 @@ class LakeConfig:
     #: deltalake storage options (credentials, region, endpoint).
     storage_options: dict[str, str] = field(default_factory=dict)
     #: Rows that seal a commit group.
-    commit_max_rows: int = lake_writer.DEFAULT_COMMIT_MAX_ROWS
+    commit_max_rows: int = defaults.LAKE_COMMIT_MAX_ROWS
     #: Bytes (strings as copied onto each row, plus a per-row overhead) that seal a commit group.
-    commit_max_bytes: int = lake_writer.DEFAULT_COMMIT_MAX_BYTES
+    commit_max_bytes: int = defaults.LAKE_COMMIT_MAX_BYTES
     #: Seconds a commit group stays open: the floor of ack latency.
-    commit_max_delay_seconds: float = lake_writer.DEFAULT_COMMIT_MAX_DELAY_SECONDS
+    commit_max_delay_seconds: float = defaults.LAKE_COMMIT_MAX_DELAY_SECONDS
     #: Batches waiting between connections and the writer; when full, connections stop reading.
-    queue_blocks: int = lake_writer.DEFAULT_QUEUE_BLOCKS
+    queue_blocks: int = defaults.LAKE_QUEUE_BLOCKS
     #: First wait after a failed commit, in seconds (doubles each time).
-    retry_initial_seconds: float = lake_writer.DEFAULT_RETRY_INITIAL_SECONDS
+    retry_initial_seconds: float = defaults.LAKE_RETRY_INITIAL_SECONDS
     #: Longest wait between retries, in seconds; retries never stop, acks wait.
-    retry_max_seconds: float = lake_writer.DEFAULT_RETRY_MAX_SECONDS
+    retry_max_seconds: float = defaults.LAKE_RETRY_MAX_SECONDS
     #: Seconds committed batch ids are remembered for dedupe (seeded from the table at start).
-    dedupe_window_seconds: float = lake_writer.DEFAULT_DEDUPE_WINDOW_SECONDS
+    dedupe_window_seconds: float = defaults.LAKE_DEDUPE_WINDOW_SECONDS
     #: Most batch ids remembered.
-    dedupe_max_keys: int = lake_writer.DEFAULT_DEDUPE_MAX_KEYS
+    dedupe_max_keys: int = defaults.LAKE_DEDUPE_MAX_KEYS
     #: Seconds this node's claim on its app id lasts without a commit (one writer per app id).
-    lease_seconds: float = lake_writer.DEFAULT_LEASE_SECONDS
+    lease_seconds: float = defaults.LAKE_LEASE_SECONDS
     #: Refuse new batches (no ack, a "disk nearly full" reason) while the table's
     #: filesystem has less free space than min_free_bytes or min_free_percent;
     #: local tables only (object storage has no free-space figure).
     disk_guard: bool = True
     #: Free bytes the table's filesystem keeps; below them, new batches are refused.
-    min_free_bytes: int = lake_diskguard.DEFAULT_MIN_FREE_BYTES
+    min_free_bytes: int = defaults.DISK_MIN_FREE_BYTES
     #: Free share of the table's filesystem, in percent, kept likewise (the larger wins).
-    min_free_percent: float = lake_diskguard.DEFAULT_MIN_FREE_PERCENT
+    min_free_percent: float = defaults.DISK_MIN_FREE_PERCENT
 
     def __post_init__(self) -> None:
         if not 0 <= self.min_free_percent < 100:
             raise ValueError("min_free_percent must be below 100")
-
-    def writer_settings(self) -> lake_writer.WriterSettings:
-        """The writer's settings taken from this section."""
-        names = {f.name for f in dataclasses.fields(lake_writer.WriterSettings)}
-        return lake_writer.WriterSettings(**{n: getattr(self, n) for n in names})
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,18 +152,18 @@ class MaintenanceConfig:
 
     #: Run the schedules at all (``appliance table ...`` works either way).
     enabled: bool = True
-    compact_interval_seconds: float = lake_maintenance.DEFAULT_COMPACT_INTERVAL_SECONDS
-    checkpoint_interval_seconds: float = lake_maintenance.DEFAULT_CHECKPOINT_INTERVAL_SECONDS
-    vacuum_interval_seconds: float = lake_maintenance.DEFAULT_VACUUM_INTERVAL_SECONDS
+    compact_interval_seconds: float = defaults.MAINTENANCE_COMPACT_INTERVAL_SECONDS
+    checkpoint_interval_seconds: float = defaults.MAINTENANCE_CHECKPOINT_INTERVAL_SECONDS
+    vacuum_interval_seconds: float = defaults.MAINTENANCE_VACUUM_INTERVAL_SECONDS
     #: Hours replaced files are kept; at least 168 unless explicitly allowed below.
-    vacuum_retention_hours: int = lake_maintenance.DEFAULT_VACUUM_RETENTION_HOURS
+    vacuum_retention_hours: int = defaults.VACUUM_RETENTION_HOURS
     #: The override for a retention under the 168 h floor.
     allow_short_vacuum_retention: bool = False
     #: Size compaction aims for, per file.
-    target_file_bytes: int = lake_maintenance.DEFAULT_TARGET_FILE_BYTES
+    target_file_bytes: int = defaults.MAINTENANCE_TARGET_FILE_BYTES
 
     def __post_init__(self) -> None:
-        lake_maintenance.check_retention(
+        defaults.check_retention(
             self.vacuum_retention_hours, allow_short=self.allow_short_vacuum_retention
         )
 
@@ -209,7 +209,7 @@ class RetentionConfig:
     #: (``[[retention.rules]]`` with max_age_days, tag_prefix, protocol).
     rules: list[RetentionRule] = field(default_factory=list)
     #: Seconds between retention rounds in the service (with [maintenance] enabled).
-    interval_seconds: float = lake_retention.DEFAULT_RETENTION_INTERVAL_SECONDS
+    interval_seconds: float = defaults.RETENTION_INTERVAL_SECONDS
 
     @property
     def enabled(self) -> bool:
@@ -247,6 +247,16 @@ class SparkConfig:
 DEFAULT_ADMIN_BIND: Final = "127.0.0.1:9880"
 
 
+def is_bind(value: str) -> bool:
+    """Whether ``value`` is ``host:port`` with a port from 0 to 65535.
+
+    Port 0 asks the system for a free port (tests do); the listener reports
+    the port it got (``service.ready`` in the log, ``Running.ports`` of the service).
+    """
+    host, sep, port = value.rpartition(":")
+    return bool(sep and host and port.isdigit() and 0 <= int(port) < 65536)
+
+
 def is_loopback_host(host: str) -> bool:
     """Whether ``host`` (a bind's host part) can only be reached from this machine."""
     if host == "localhost":
@@ -276,8 +286,7 @@ class AdminConfig:
     token_file: Path | None = None
 
     def __post_init__(self) -> None:
-        host, sep, port = self.bind.rpartition(":")
-        if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
+        if not is_bind(self.bind):
             raise ValueError(f"bind must be host:port, not {self.bind!r}")
         if self.enabled and not self.loopback and (not self.tls or self.token_file is None):
             raise ValueError(
@@ -323,7 +332,8 @@ class ListenerConfig:
     protocol: str = ""
     #: Unique name of the listener, used in logs.
     name: str = ""
-    #: host:port to listen on.
+    #: host:port to listen on; port 0 takes any free port (the log's
+    #: service.ready line names it).
     bind: str = ""
     #: TLS is on unless a listener says otherwise (DESIGN §5).
     tls: bool = True
@@ -354,6 +364,10 @@ class ListenerConfig:
         """The port part of ``bind``."""
         return int(self.bind.rsplit(":", 1)[1])
 
+    def sockets(self) -> list[tuple[str, str]]:
+        """``(key, host:port)`` of every socket this listener binds."""
+        return [("bind", self.bind)]
+
 
 @dataclass(frozen=True)
 class ForwardListenerConfig(ListenerConfig):
@@ -380,19 +394,11 @@ class ForwardListenerConfig(ListenerConfig):
     #: Longest wait, in seconds.
     failed_handshake_max_backoff_seconds: float = 600.0
     #: Largest request (one msgpack array or JSON value), in bytes.
-    max_request_bytes: int = forward_codec.DEFAULT_MAX_REQUEST_BYTES
+    max_request_bytes: int = defaults.FORWARD_MAX_REQUEST_BYTES
     #: Largest decompressed entries of a CompressedPackedForward request, in bytes.
-    max_decompressed_bytes: int = forward_codec.DEFAULT_MAX_DECOMPRESSED_BYTES
+    max_decompressed_bytes: int = defaults.FORWARD_MAX_DECOMPRESSED_BYTES
     #: Most events in one request.
-    max_events_per_request: int = forward_codec.DEFAULT_MAX_EVENTS_PER_REQUEST
-
-    def limits(self) -> forward_codec.ForwardLimits:
-        """The codec limits of this listener."""
-        return forward_codec.ForwardLimits(
-            max_request_bytes=self.max_request_bytes,
-            max_decompressed_bytes=self.max_decompressed_bytes,
-            max_events_per_request=self.max_events_per_request,
-        )
+    max_events_per_request: int = defaults.FORWARD_MAX_EVENTS_PER_REQUEST
 
 
 #: Log Courier's own examples listen on 12345; operators' configs carry it.
@@ -411,17 +417,17 @@ class CourierListenerConfig(ListenerConfig):
     name: str = "courier"
     bind: str = DEFAULT_COURIER_BIND
     #: Largest JDAT/EVNT message (compressed), in bytes.
-    max_payload_bytes: int = 10 * 1024 * 1024
+    max_payload_bytes: int = defaults.COURIER_MAX_PAYLOAD_BYTES
     #: Largest decompressed payload, in bytes.
-    max_decompressed_bytes: int = 64 * 1024 * 1024
+    max_decompressed_bytes: int = defaults.COURIER_MAX_DECOMPRESSED_BYTES
     #: Largest single event inside a payload, in bytes. Log Courier's own
     #: "max line bytes" is 1 MiB; JSON escaping and fields go a little over.
-    max_event_bytes: int = 2 * 1024 * 1024
+    max_event_bytes: int = defaults.COURIER_MAX_EVENT_BYTES
     #: Most events one payload may carry.
-    max_events: int = courier_codec.DEFAULT_MAX_EVENTS
+    max_events: int = defaults.COURIER_MAX_EVENTS
     #: Memory one payload's rows may hold as the codec counts it, in bytes
     #: (records, tags and hosts as text, plus a per-row overhead).
-    max_payload_memory_bytes: int = courier_codec.DEFAULT_MAX_PAYLOAD_MEMORY_BYTES
+    max_payload_memory_bytes: int = defaults.COURIER_MAX_PAYLOAD_MEMORY_BYTES
     #: Seconds between partial ACKNs while a payload waits for its commit (spec: at most 5).
     keepalive_seconds: float = DEFAULT_KEEPALIVE_SECONDS
     #: Tag of the events (Log Courier has no tag; a "type" field overrides it when set).
@@ -436,18 +442,18 @@ class LumberjackListenerConfig(ListenerConfig):
     name: str = "lumberjack"
     bind: str = DEFAULT_LUMBERJACK_BIND
     #: Largest window a client may announce, in events.
-    max_window_size: int = 100_000
+    max_window_size: int = defaults.LUMBERJACK_MAX_WINDOW_SIZE
     #: Largest frame, in bytes (a C frame's compressed payload counts).
-    max_frame_bytes: int = 64 * 1024 * 1024
+    max_frame_bytes: int = defaults.LUMBERJACK_MAX_FRAME_BYTES
     #: Largest decompressed C frame, in bytes.
-    max_decompressed_bytes: int = 256 * 1024 * 1024
+    max_decompressed_bytes: int = defaults.LUMBERJACK_MAX_DECOMPRESSED_BYTES
     #: Largest window, in bytes of its data frames after decompression: what an
     #: unfinished window may make the appliance hold.
-    max_window_bytes: int = lumberjack_codec.DEFAULT_MAX_WINDOW_BYTES
+    max_window_bytes: int = defaults.LUMBERJACK_MAX_WINDOW_BYTES
     #: Seconds between keepalive acks while a window waits for its commit.
     keepalive_seconds: float = DEFAULT_KEEPALIVE_SECONDS
     #: Record fields whose value becomes the tag, first present wins (dotted paths).
-    tag_fields: list[str] = field(default_factory=lambda: ["@metadata.beat", "type"])
+    tag_fields: list[str] = field(default_factory=lambda: list(defaults.LUMBERJACK_TAG_FIELDS))
     #: Tag when no tag field is present.
     tag: str = "lumberjack"
 
@@ -482,15 +488,15 @@ class LogjamListenerConfig(ListenerConfig):
     #: false means plain ZMTP, for a trusted network only.
     curve: bool = True
     #: Largest body frame (compressed), in bytes; a larger one gets 400.
-    max_body_bytes: int = logjam_codec.DEFAULT_MAX_BODY_BYTES
+    max_body_bytes: int = defaults.LOGJAM_MAX_BODY_BYTES
     #: Largest decompressed body, in bytes.
-    max_decompressed_bytes: int = logjam_codec.DEFAULT_MAX_DECOMPRESSED_BYTES
+    max_decompressed_bytes: int = defaults.LOGJAM_MAX_DECOMPRESSED_BYTES
     #: Most JSON containers (``{`` and ``[`` bytes) in one body: parsing
     #: ``[{},{},...]`` costs about 24 times its bytes as Python objects.
-    max_json_containers: int = logjam_codec.DEFAULT_MAX_JSON_CONTAINERS
+    max_json_containers: int = defaults.LOGJAM_MAX_JSON_CONTAINERS
     #: ZMQ_MAXMSGSIZE: a frame over this many bytes makes libzmq drop the peer
     #: before the appliance sees it (no reply). At least max_body_bytes.
-    max_message_bytes: int = logjam_codec.DEFAULT_MAX_BODY_BYTES + 64 * 1024
+    max_message_bytes: int = defaults.LOGJAM_MAX_BODY_BYTES + 64 * 1024
     #: ZMQ_RCVHWM: messages libzmq queues per peer while the appliance is not reading.
     rcvhwm: int = 1000
     #: ZMQ_SNDHWM: replies libzmq queues per peer; past it a reply is dropped.
@@ -515,10 +521,9 @@ class LogjamListenerConfig(ListenerConfig):
         if self.pull_bind == "":
             object.__setattr__(self, "pull_bind", None)
         if self.pull_bind is not None:
-            host, sep, port = self.pull_bind.rpartition(":")
-            if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
+            if not is_bind(self.pull_bind):
                 raise ValueError(f'pull_bind must be host:port or "", not {self.pull_bind!r}')
-            if self.pull_bind == self.bind and int(port) != 0:
+            if self.pull_bind == self.bind and not self.pull_bind.endswith(":0"):
                 raise ValueError("pull_bind must differ from bind")
         if self.max_message_bytes < self.max_body_bytes:
             raise ValueError("max_message_bytes must be at least max_body_bytes")
@@ -533,13 +538,10 @@ class LogjamListenerConfig(ListenerConfig):
         """The port part of ``pull_bind`` (None when the PULL socket is off)."""
         return None if self.pull_bind is None else int(self.pull_bind.rsplit(":", 1)[1])
 
-    def limits(self) -> logjam_codec.LogjamLimits:
-        """The codec limits of this listener."""
-        return logjam_codec.LogjamLimits(
-            max_body_bytes=self.max_body_bytes,
-            max_decompressed_bytes=self.max_decompressed_bytes,
-            max_json_containers=self.max_json_containers,
-        )
+    def sockets(self) -> list[tuple[str, str]]:
+        """The ROUTER socket's ``bind`` and, unless off, the PULL socket's ``pull_bind``."""
+        extra = [] if self.pull_bind is None else [("pull_bind", self.pull_bind)]
+        return [*super().sockets(), *extra]
 
 
 #: The WebSocket listener's port (the usual alternative HTTPS port).
@@ -570,24 +572,16 @@ class WebSocketListenerConfig(ListenerConfig):
     allowed_origins: list[str] = field(default_factory=list)
     #: Largest message, in bytes (characters of a text message); a larger one
     #: closes the connection with code 1009.
-    max_message_bytes: int = websocket_codec.DEFAULT_MAX_MESSAGE_BYTES
+    max_message_bytes: int = defaults.WEBSOCKET_MAX_MESSAGE_BYTES
     #: Events in one ingest message.
-    max_events_per_message: int = websocket_codec.DEFAULT_MAX_EVENTS_PER_MESSAGE
+    max_events_per_message: int = defaults.WEBSOCKET_MAX_EVENTS_PER_MESSAGE
     #: JSON objects and arrays in one message (counted as ``{`` and ``[``): parsing
     #: ``[[],[],...]`` costs tens of times its bytes as Python objects.
-    max_containers_per_message: int = websocket_codec.DEFAULT_MAX_CONTAINERS_PER_MESSAGE
+    max_containers_per_message: int = defaults.WEBSOCKET_MAX_CONTAINERS_PER_MESSAGE
     #: Messages per second per ingest connection; more get an error and are not written.
     max_messages_per_second: int = DEFAULT_MAX_MESSAGES_PER_SECOND
     #: Events a tail connection may have waiting; past it events are dropped and counted.
     tail_queue_events: int = DEFAULT_TAIL_QUEUE_EVENTS
-
-    def limits(self) -> websocket_codec.MessageLimits:
-        """The codec limits of this listener."""
-        return websocket_codec.MessageLimits(
-            max_message_bytes=self.max_message_bytes,
-            max_events_per_message=self.max_events_per_message,
-            max_containers_per_message=self.max_containers_per_message,
-        )
 
 
 _LISTENER_TYPES: Final[dict[str, type[Any]]] = {
@@ -655,133 +649,35 @@ def default_config() -> Config:
     return Config()
 
 
+# -- what lower layers take from a section -------------------------------------
+
+
+_Settings = TypeVar("_Settings", bound="DataclassInstance")
+
+
+def settings_from(section: object, settings_type: type[_Settings]) -> _Settings:
+    """``settings_type`` with every field taken from ``section``'s key of the same name.
+
+    The one way a lower layer gets its part of the configuration: a codec its
+    limits (``settings_from(listener, CourierLimits)``), the lake writer its
+    settings (``settings_from(config.lake, WriterSettings)``). Config names
+    those keys as the fields they fill and takes their defaults from
+    :mod:`appliance.defaults`, as the lower layer does, so the two cannot
+    disagree (tests/appliance/test_config.py checks every protocol).
+
+    Raises:
+        AttributeError: ``section`` lacks a field of ``settings_type`` (a bug).
+        ValueError: ``settings_type`` refuses a value.
+    """
+    names = [f.name for f in dataclasses.fields(settings_type)]
+    return settings_type(**{name: getattr(section, name) for name in names})
+
+
 # -- loading -------------------------------------------------------------------
 
 
-def _line_of(text: str, path: tuple[str | int, ...]) -> int | None:
-    """The line that sets ``path`` (section names, array index, key), if found."""
-    *sections, key = path
-    header = ".".join(str(s) for s in sections if isinstance(s, str))
-    index = next((s for s in sections if isinstance(s, int)), 0)
-    seen = -1
-    current = ""
-    for number, raw in enumerate(text.splitlines(), start=1):
-        line = raw.strip()
-        if line.startswith("["):
-            name = line.strip("[] ")
-            current = name
-            if line.startswith("[[") and name == header:
-                seen += 1
-            continue
-        if current != header or (line.startswith("#")):
-            continue
-        if sections and isinstance(sections[-1], int) and seen != index:
-            continue
-        if isinstance(key, str) and line.split("=", 1)[0].strip().strip('"') == key:
-            return number
-    if sections:
-        return _line_of_header(text, header)
-    return None
-
-
-def _line_of_header(text: str, header: str) -> int | None:
-    for number, raw in enumerate(text.splitlines(), start=1):
-        if raw.strip().strip("[] ") == header and raw.strip().startswith("["):
-            return number
-    return None
-
-
-class _Builder:
-    def __init__(self, text: str, source: str) -> None:
-        self.text = text
-        self.source = source
-
-    def error(self, path: tuple[str | int, ...], message: str) -> ConfigError:
-        dotted = ".".join(f"[{p}]" if isinstance(p, int) else p for p in path).replace(".[", "[")
-        line = _line_of(self.text, path) if path else None
-        where = f"{self.source}:{line}" if line else self.source
-        return ConfigError(f"{where}: {dotted}: {message}")
-
-    def build(self, cls: type[Any], data: Any, path: tuple[str | int, ...]) -> Any:
-        if not isinstance(data, dict):
-            raise self.error(path, "must be a table")
-        hints = typing.get_type_hints(cls)
-        fields = {f.name: f for f in dataclasses.fields(cls)}
-        for key in data:
-            if key not in fields:
-                known = ", ".join(sorted(fields))
-                raise self.error((*path, key), f"unknown key (known keys: {known})")
-        values = {key: self.value(hints[key], value, (*path, key)) for key, value in data.items()}
-        try:
-            return cls(**values)
-        except ValueError as exc:
-            raise self.error(path, str(exc)) from None
-
-    def value(self, hint: Any, value: Any, path: tuple[str | int, ...]) -> Any:
-        origin = typing.get_origin(hint)
-        args = typing.get_args(hint)
-        if origin in (types.UnionType, typing.Union):
-            non_none = [a for a in args if a is not type(None)]
-            return self.value(non_none[0], value, path)
-        if origin is Literal:
-            if value not in args:
-                choices = ", ".join(repr(a) for a in args)
-                raise self.error(path, f"must be one of {choices}, not {value!r}")
-            return value
-        if origin is list:
-            if not isinstance(value, list):
-                raise self.error(path, "must be an array")
-            if hint == list[ListenerConfig]:
-                return [self.listener(item, (*path, i)) for i, item in enumerate(value)]
-            return [self.value(args[0], item, (*path, i)) for i, item in enumerate(value)]
-        if origin is dict:
-            if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
-                raise self.error(path, "must be a table of strings")
-            return dict(value)
-        if dataclasses.is_dataclass(hint):
-            return self.build(hint, value, path)  # type: ignore[arg-type]
-        return self.scalar(hint, value, path)
-
-    def scalar(self, hint: Any, value: Any, path: tuple[str | int, ...]) -> Any:
-        if hint is bool:
-            if not isinstance(value, bool):
-                raise self.error(path, "must be true or false")
-            return value
-        if hint is int or hint is float:
-            if isinstance(value, bool) or not isinstance(value, int | float):
-                raise self.error(path, "must be a number")
-            if hint is int and not isinstance(value, int):
-                raise self.error(path, "must be a whole number")
-            if value <= 0:
-                raise self.error(path, "must be greater than 0")
-            return hint(value)
-        if hint is str:
-            if not isinstance(value, str):
-                raise self.error(path, "must be a string")
-            if path[-1] == "bind":
-                self.check_bind(value, path)
-            return value
-        if hint is Path:
-            if not isinstance(value, str) or not value:
-                raise self.error(path, "must be a path")
-            return Path(value)
-        raise self.error(path, f"unsupported setting type {hint}")
-
-    def check_bind(self, value: str, path: tuple[str | int, ...]) -> None:
-        host, sep, port = value.rpartition(":")
-        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise self.error(path, f"must be host:port, not {value!r}")
-
-    def listener(self, item: Any, path: tuple[str | int, ...]) -> ListenerConfig:
-        if not isinstance(item, dict):
-            raise self.error(path, "must be a table")
-        protocol = item.get("protocol", "forward")
-        cls = _LISTENER_TYPES.get(protocol)
-        if cls is None:
-            known = ", ".join(sorted(_LISTENER_TYPES))
-            raise self.error((*path, "protocol"), f"unknown protocol {protocol!r} (known: {known})")
-        built: ListenerConfig = self.build(cls, item, path)
-        return built
+def _bind_problem(value: str) -> str | None:
+    return None if is_bind(value) else f"must be host:port, not {value!r}"
 
 
 def parse_config(text: str, source: str = "<config>") -> Config:
@@ -794,8 +690,16 @@ def parse_config(text: str, source: str = "<config>") -> Config:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{source}: invalid TOML: {exc}") from None
-    builder = _Builder(text, source)
-    config: Config = builder.build(Config, data, ())
+    binder = Binder(
+        text,
+        source,
+        tagged={ListenerConfig: Tagged("protocol", "forward", _LISTENER_TYPES)},
+        checks={"bind": _bind_problem},
+    )
+    try:
+        config: Config = binder.build(Config, data)
+    except BindError as exc:
+        raise ConfigError(str(exc)) from None
     names = [listener.name for listener in config.listeners]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
@@ -803,26 +707,33 @@ def parse_config(text: str, source: str = "<config>") -> Config:
     for index, listener in enumerate(config.listeners):
         if isinstance(listener, CourierListenerConfig) and listener.keepalive_seconds > 5:
             # The protocol wants a partial ACKN at least every 5 s while a payload waits.
-            raise builder.error(("listeners", index, "keepalive_seconds"), "must be at most 5")
+            raise ConfigError(
+                binder.where(("listeners", index, "keepalive_seconds"), "must be at most 5")
+            )
         if listener.client_auth != "off" and not listener.tls:
-            raise builder.error(
-                ("listeners", index, "client_auth"),
-                "needs tls = true (client certificates are TLS)",
+            raise ConfigError(
+                binder.where(
+                    ("listeners", index, "client_auth"),
+                    "needs tls = true (client certificates are TLS)",
+                )
             )
     url = config.auth.database_url
     if url is not None and url.partition(":")[0].partition("+")[0] not in AUTH_DATABASE_SCHEMES:
         # The URL may carry a password: the message never repeats it.
-        raise builder.error(
-            ("auth", "database_url"), "must be a sqlite:///PATH or postgresql+psycopg://... URL"
+        raise ConfigError(
+            binder.where(
+                ("auth", "database_url"), "must be a sqlite:///PATH or postgresql+psycopg://... URL"
+            )
         )
-    _check_binds(builder, config.listeners, data.get("listeners"))
+    _check_binds(binder, config.listeners, data.get("listeners"))
     return config
 
 
-def _check_binds(builder: _Builder, listeners: list[ListenerConfig], raw: Any) -> None:
+def _check_binds(binder: Binder, listeners: list[ListenerConfig], raw: Any) -> None:
     """Two sockets on one address: name both listeners, at the line of the second.
 
-    A wildcard host (``0.0.0.0``, ``::``) takes the port on every address of its family.
+    A wildcard host (``0.0.0.0``, ``::``) takes the port on every address of
+    its family; port 0 (any free port) never collides.
     """
 
     def family(host: str) -> int:  # 0: a name, which may resolve to either family
@@ -842,10 +753,7 @@ def _check_binds(builder: _Builder, listeners: list[ListenerConfig], raw: Any) -
 
     seen: list[tuple[str, str, str]] = []  # host, port, "listener 'a' (bind host:port)"
     for index, listener in enumerate(listeners):
-        sockets = [("bind", listener.bind)]
-        if isinstance(listener, LogjamListenerConfig) and listener.pull_bind is not None:
-            sockets.append(("pull_bind", listener.pull_bind))
-        for key, address in sockets:
+        for key, address in listener.sockets():
             host, _, port = address.rpartition(":")
             host = host.strip("[]")
             this = f"listener {listener.name!r} ({key} {address})"
@@ -855,13 +763,14 @@ def _check_binds(builder: _Builder, listeners: list[ListenerConfig], raw: Any) -
                     explicit = isinstance(raw, list) and key in raw[index]
                     headers = [
                         number
-                        for number, line in enumerate(builder.text.splitlines(), start=1)
+                        for number, line in enumerate(binder.text.splitlines(), start=1)
                         if line.strip().startswith("[[") and line.strip("[] \t") == "listeners"
                     ]
+                    path: KeyPath = ("listeners", index, key)
                     if explicit or index >= len(headers):
-                        raise builder.error(("listeners", index, key), message)
+                        raise ConfigError(binder.where(path, message))
                     # A default bind: point at the listener's own [[listeners]] header.
-                    where = f"{builder.source}:{headers[index]}"
+                    where = f"{binder.source}:{headers[index]}"
                     raise ConfigError(f"{where}: listeners[{index}].{key}: {message}")
             seen.append((host, port, this))
 

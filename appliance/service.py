@@ -18,12 +18,10 @@ resend it and the resend is deduplicated.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import hashlib
 import os
 import secrets
 import signal
-import ssl
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -32,29 +30,20 @@ from typing import Final
 
 import trio
 
-from appliance.config import (
-    Config,
-    ConfigError,
-    ForwardListenerConfig,
-    ListenerConfig,
-    LogjamListenerConfig,
-    WebSocketListenerConfig,
-    load_config,
-)
+from appliance.config import Config, ConfigError, load_config, settings_from
 from appliance.lake.maintenance import run_maintenance
 from appliance.lake.table import EventsTable
-from appliance.lake.writer import LakeWriter
+from appliance.lake.writer import LakeWriter, WriterSettings
 from appliance.logs import get_logger
 from appliance.metrics import Metrics
 from appliance.reload_status import ReloadStatus, write_status
 from appliance.server.admin import Readiness, admin_tls_context, serve_admin
 from appliance.server.context import ServiceContext
 from appliance.server.exposure import unauthenticated_listeners
-from appliance.server.heartbeat import serve_udp_heartbeat
+from appliance.server.launch import ListenerSite
 from appliance.server.lifecycle import Lifecycle
 from appliance.server.listener import ConnectionInfo, TcpService
-from appliance.server.logjam_listener import serve_logjam
-from appliance.server.registry import handler_for
+from appliance.server.registry import handler_for, start_listener, stores_needed
 from appliance.server.reload import FIXED_KEYS as _FIXED_KEYS
 from appliance.server.reload import ReloadPlan, plan_reload
 from appliance.server.sdnotify import Notifier
@@ -91,13 +80,6 @@ class Running:
     metrics: Metrics | None = None
     #: The admin listener's port (None: disabled, or its default address was taken).
     admin_port: int | None = None
-
-
-class BindError(OSError):
-    """A listener cannot bind its address; the message names the listener and address."""
-
-    def __str__(self) -> str:
-        return str(self.strerror)
 
 
 def prepare_state(config: Config) -> None:
@@ -145,11 +127,7 @@ def writer_token(config: Config) -> int:
 
 def _credentials(config: Config) -> CredentialStore | None:
     """The auth database, opened only when a listener runs the forward handshake."""
-    needs = any(
-        isinstance(listener, ForwardListenerConfig) and listener.security != "off"
-        for listener in config.listeners
-    )
-    if not needs:
+    if "credentials" not in stores_needed(config.listeners):
         return None
     from auth.schema import prepare  # SQLAlchemy loads only when needed
     from auth.store import SqlCredentialStore
@@ -188,10 +166,9 @@ def _readiness(
 
     def auth_database_url() -> str | None:
         uses = (
-            context.credentials is not None
-            or context.tokens is not None
+            context.credentials is not None  # also opened by a reload
             or running.tls_audit is not None
-            or any(isinstance(lc, LogjamListenerConfig) and lc.curve for lc in config.listeners)
+            or bool(stores_needed(config.listeners))
         )
         return config.auth_database_url if uses else None
 
@@ -268,7 +245,7 @@ async def _serve_locked(
     writer = LakeWriter(
         EventsTable(config.table_uri, config.lake.storage_options or None),
         node_id(config),
-        config.lake.writer_settings(),
+        settings_from(config.lake, WriterSettings),
         token=writer_token(config),
         metrics=metrics,
     )
@@ -276,7 +253,7 @@ async def _serve_locked(
     lifecycle = Lifecycle()
     context = ServiceContext(writer, lifecycle, credentials=_credentials(config), metrics=metrics)
     close_tokens: Callable[[], None] | None = None
-    if any(isinstance(listener, WebSocketListenerConfig) for listener in config.listeners):
+    if "tokens" in stores_needed(config.listeners):
         # Bearer tokens live in the auth database (only the embedded one upgrades itself).
         context.tokens, close_tokens = await trio.to_thread.run_sync(
             open_token_verifier, config.state_dir, config.auth.database_url
@@ -297,14 +274,9 @@ async def _serve_locked(
             writer_nursery.start_soon(writer.run)
             async with trio.open_nursery() as connections:
                 async with trio.open_nursery() as acceptors:
+                    site = ListenerSite(context, config, tls, acceptors, connections, running)
                     for listener in config.listeners:
-                        if isinstance(listener, LogjamListenerConfig):
-                            await _start_logjam(listener, config, context, connections, running)
-                            continue
-                        await acceptors.start(
-                            _start_listener, listener, tls.context_for(listener), context,
-                            connections, running,
-                        )  # fmt: skip
+                        await start_listener(listener, site)
                     if tls_audit is not None:
                         acceptors.start_soon(tls_audit.run)
                     reloader = _Reloader(config, tls, context, running, acceptors, connections)
@@ -354,78 +326,6 @@ async def _serve_locked(
         log.error("service.stopped", reason="shutdown timeout: in-flight batches left unacked")
     else:
         log.info("service.stopped", commits=writer.commits, rows=writer.rows_committed)
-
-
-async def _start_logjam(
-    listener: LogjamListenerConfig,
-    config: Config,
-    context: ServiceContext,
-    connections: trio.Nursery,
-    running: Running,
-) -> None:
-    """Start a Logjam (ZeroMQ) listener.
-
-    It is no TcpService: it runs in the connections nursery so that its 202
-    replies go out after the writer drains, and it stops reading on
-    ``lifecycle.stop_reading()`` like the stream connections.
-    """
-    ports = await connections.start(
-        functools.partial(
-            serve_logjam,
-            listener,
-            context,
-            config.state_dir,
-            # None: the embedded SQLite database, upgraded in place.
-            auth_database_url=config.auth.database_url,
-        )
-    )
-    running.ports[listener.name] = ports.router
-    if ports.pull is not None:
-        running.ports[f"{listener.name}-pull"] = ports.pull
-
-
-async def _start_listener(
-    listener: ListenerConfig,
-    tls_context: ssl.SSLContext | None,
-    context: ServiceContext,
-    connections: trio.Nursery,
-    running: Running,
-    *,
-    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
-) -> None:
-    handler = handler_for(listener, context)
-    service = TcpService(
-        listener.name,
-        handler,
-        ssl_context=tls_context if listener.tls else None,
-        tls_handshake_timeout=listener.tls_handshake_timeout_seconds,
-        max_connections=listener.max_connections,
-        max_connections_per_address=listener.max_connections_per_address,
-        metrics=context.metrics.listener(listener.name, listener.protocol),
-    )
-    try:
-        sockets = await trio.open_tcp_listeners(listener.port, host=listener.host)
-    except OSError as exc:
-        # Name the listener and its address: "address already in use" alone
-        # does not say which of several listeners failed (issue 20).
-        raise BindError(
-            exc.errno, f"listener {listener.name!r} cannot bind {listener.bind}: {exc.strerror}"
-        ) from exc
-    port = sockets[0].socket.getsockname()[1]
-    running.ports[listener.name] = port
-    running.services[listener.name] = service
-    if running.tls_audit is not None and listener.client_auth != "off":
-        service.on_tls_failure = running.tls_audit.note
-    if not listener.tls:
-        log.warning("listener.plaintext", listener=listener.name, bind=listener.bind)
-    scope = trio.CancelScope()
-    running.accepting[listener.name] = scope
-    with scope:
-        async with trio.open_nursery() as nursery:
-            if isinstance(listener, ForwardListenerConfig) and listener.udp_heartbeat:
-                await nursery.start(serve_udp_heartbeat, listener.host, port)
-            nursery.start_soon(service.serve, sockets, connections)
-            task_status.started()
 
 
 class _Reloader:
@@ -515,9 +415,9 @@ class _Reloader:
                     max_connections_per_address=listener.max_connections_per_address,
                 )
                 log.info("listener.updated", listener=listener.name, trigger="reload")
+        site = ListenerSite(
+            self._context, config, self._tls, self._acceptors, self._connections, running
+        )
         for listener in plan.start + plan.reopen:
-            await self._acceptors.start(
-                _start_listener, listener, self._tls.context_for(listener), self._context,
-                self._connections, running,
-            )  # fmt: skip
+            await start_listener(listener, site)
             log.info("listener.started", listener=listener.name, trigger="reload")

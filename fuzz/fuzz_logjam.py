@@ -47,10 +47,11 @@ def _instrumented() -> Any:
 
 
 with _instrumented():
-    from appliance.config import LogjamListenerConfig
+    from appliance.config import LogjamListenerConfig, settings_from
     from appliance.protocols.logjam import (
         MAX_MESSAGE_FRAMES,
         FrameData,
+        LogjamLimits,
         LogjamReceiver,
         MalformedMessage,
         Ping,
@@ -77,10 +78,18 @@ PEER: Final = "192.0.2.7"
 CURVE_USER: Final = "fuzz-agent"
 FQDN: Final = "appliance.fuzz"
 
-_DEFAULT: Final = LogjamListenerConfig(max_decompressed_bytes=1024 * 1024).limits()
-_SMALL: Final = LogjamListenerConfig(
-    max_body_bytes=128, max_message_bytes=128, max_decompressed_bytes=1024, max_json_containers=8
-).limits()
+_DEFAULT: Final = settings_from(
+    LogjamListenerConfig(max_decompressed_bytes=1024 * 1024), LogjamLimits
+)
+_SMALL: Final = settings_from(
+    LogjamListenerConfig(
+        max_body_bytes=128,
+        max_message_bytes=128,
+        max_decompressed_bytes=1024,
+        max_json_containers=8,
+    ),
+    LogjamLimits,
+)
 
 
 def _frame_list(frames: Sequence[bytes]) -> list[bytes]:

@@ -48,7 +48,7 @@ def _instrumented() -> Any:
 
 
 with _instrumented():
-    from appliance.config import WebSocketListenerConfig
+    from appliance.config import WebSocketListenerConfig, settings_from
     from appliance.protocols.websocket_messages import (
         MessageError,
         MessageLimits,
@@ -85,7 +85,7 @@ MAX_MESSAGES: Final = 8
 SOURCE: Final = "token:fuzz"
 ALLOWED_ORIGINS: Final = ["https://app.example", "https://other.example:8443/"]
 
-_DEFAULT: Final = WebSocketListenerConfig().limits()
+_DEFAULT: Final = settings_from(WebSocketListenerConfig(), MessageLimits)
 _SMALL: Final = MessageLimits(
     max_message_bytes=512, max_events_per_message=4, max_containers_per_message=16
 )

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,10 @@ STARTUP_TIMEOUT_SECONDS = 60
 
 
 def free_port() -> int:
+    """A port that was free a moment ago: for what must be known before the service starts.
+
+    A listener of :func:`start_appliance` binds port 0 instead (no race).
+    """
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
@@ -31,8 +36,9 @@ class ApplianceProcess:
 
     process: subprocess.Popen[str]
     state_dir: Path
-    ports: dict[str, int]
     log_path: Path
+    #: The port each listener bound, by name (a Logjam PULL socket as ``<name>-pull``).
+    ports: dict[str, int] = field(default_factory=dict)
 
     @property
     def ca_file(self) -> Path:
@@ -59,12 +65,20 @@ class ApplianceProcess:
         return self.process.returncode
 
 
+#: The ``service.ready`` log line's ports: ``listeners=name:port,name:port``.
+_READY_PORTS = re.compile(r"event=service\.ready .*?\blisteners=(\S*)")
+
+
 def _wait_ready(app: ApplianceProcess) -> None:
+    """Wait for ``service.ready`` and take the ports the listeners bound from it."""
     deadline = time.monotonic() + STARTUP_TIMEOUT_SECONDS
     while time.monotonic() < deadline:
         if app.process.poll() is not None:
             raise RuntimeError(f"appliance exited with {app.process.returncode}:\n{app.log()}")
-        if "event=service.ready" in app.log():
+        ready = _READY_PORTS.search(app.log())
+        if ready:
+            pairs = (item.rpartition(":") for item in ready.group(1).strip('"').split(","))
+            app.ports = {name: int(port) for name, _, port in pairs if name}
             return
         time.sleep(0.1)
     app.stop()
@@ -76,15 +90,14 @@ def start_appliance(
 ) -> ApplianceProcess:
     """Start ``appliance serve`` with ``listeners`` (name -> TOML body) under ``directory``.
 
-    The config is ``directory/appliance{index}.toml``; every listener gets a free
-    loopback port. ``lake`` adds keys to ``[lake]``.
+    The config is ``directory/appliance{index}.toml``; every listener binds
+    port 0 on loopback, and :attr:`ApplianceProcess.ports` holds the port it
+    got (from the ``service.ready`` log line). ``lake`` adds keys to ``[lake]``.
     """
     state = directory / f"state{index}"
-    ports = {name: free_port() for name in listeners}
     parts = [f'state_dir = "{state}"', extra, "[lake]", "commit_max_delay_seconds = 0.1", lake]
     for name, body in listeners.items():
-        bind = f'bind = "127.0.0.1:{ports[name]}"'
-        parts += ["[[listeners]]", f'name = "{name}"', bind, body]
+        parts += ["[[listeners]]", f'name = "{name}"', 'bind = "127.0.0.1:0"', body]
     config = directory / f"appliance{index}.toml"
     config.write_text("\n".join(parts) + "\n")
     log_path = directory / f"appliance{index}.log"
@@ -96,7 +109,7 @@ def start_appliance(
             text=True,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
-    app = ApplianceProcess(process, state, ports, log_path)
+    app = ApplianceProcess(process, state, log_path)
     _wait_ready(app)
     return app
 

@@ -16,6 +16,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from appliance import defaults
 from appliance.commands.common import (
     Handler,
     Subparsers,
@@ -206,9 +207,7 @@ def _table_vacuum(args: argparse.Namespace, config: Config) -> int:
     )
     allow_short = args.allow_short_retention or config.maintenance.allow_short_vacuum_retention
     try:
-        maintenance.check_retention(
-            hours, allow_short=allow_short, override="--allow-short-retention"
-        )
+        defaults.check_retention(hours, allow_short=allow_short, override="--allow-short-retention")
     except ValueError as exc:
         return fail(str(exc))
     return _maintain(
@@ -406,7 +405,7 @@ def add_parser(commands: Subparsers, common: argparse.ArgumentParser) -> None:
     vacuum.add_argument(
         "--allow-short-retention",
         action="store_true",
-        help=f"allow a retention under {maintenance.MIN_VACUUM_RETENTION_HOURS} h",
+        help=f"allow a retention under {defaults.MIN_VACUUM_RETENTION_HOURS} h",
     )
     vacuum.add_argument("--dry-run", action="store_true", help="list, do not delete")
 

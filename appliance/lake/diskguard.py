@@ -35,8 +35,6 @@ from appliance.logs import get_logger
 
 __all__ = [
     "CHECK_INTERVAL_SECONDS",
-    "DEFAULT_MIN_FREE_BYTES",
-    "DEFAULT_MIN_FREE_PERCENT",
     "DiskGuard",
     "DiskSpace",
     "disk_space",
@@ -45,10 +43,6 @@ __all__ = [
 
 log = get_logger("diskguard")
 
-#: Free bytes the table's filesystem keeps: below it, new batches are refused.
-DEFAULT_MIN_FREE_BYTES: Final = 1024**3
-#: Free share of the filesystem, in percent, it keeps likewise (the larger watermark wins).
-DEFAULT_MIN_FREE_PERCENT: Final = 5.0
 #: Seconds one ``statvfs`` answer is used before the next (checked at most this often).
 CHECK_INTERVAL_SECONDS: Final = 0.25
 

@@ -17,10 +17,11 @@ ingest. The operations here are blocking and run in a worker thread:
 Both hold :class:`MaintenanceLock`, an exclusive advisory lock file in the
 state directory, so maintenance never runs twice at once on one machine.
 
-Vacuum keeps a retention floor of :data:`MIN_VACUUM_RETENTION_HOURS`:
-Spark readers, the derived-table jobs (which read the files a commit added,
-possibly after a compaction removed them) and time travel need the files a
-compaction replaced for that long.
+Vacuum keeps a retention floor of
+:data:`appliance.defaults.MIN_VACUUM_RETENTION_HOURS`: Spark readers, the
+derived-table jobs (which read the files a commit added, possibly after a
+compaction removed them) and time travel need the files a compaction
+replaced for that long.
 """
 
 from __future__ import annotations
@@ -32,12 +33,13 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import trio
 from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError
 
+from appliance import defaults
 from appliance.lake.errors import LakeError
 from appliance.logs import get_logger
 
@@ -46,12 +48,6 @@ if TYPE_CHECKING:
     from appliance.lake.writer import LakeWriter
 
 __all__ = [
-    "DEFAULT_CHECKPOINT_INTERVAL_SECONDS",
-    "DEFAULT_COMPACT_INTERVAL_SECONDS",
-    "DEFAULT_TARGET_FILE_BYTES",
-    "DEFAULT_VACUUM_INTERVAL_SECONDS",
-    "DEFAULT_VACUUM_RETENTION_HOURS",
-    "MIN_VACUUM_RETENTION_HOURS",
     "MaintenanceBusy",
     "MaintenanceLock",
     "MaintenanceResult",
@@ -68,19 +64,6 @@ __all__ = [
 
 log = get_logger("maintenance")
 
-#: Seconds between compactions in the service.
-DEFAULT_COMPACT_INTERVAL_SECONDS: Final = 3600.0
-#: Seconds between explicit checkpoints (plus expired-log cleanup) in the service.
-DEFAULT_CHECKPOINT_INTERVAL_SECONDS: Final = 3600.0
-#: Seconds between vacuums in the service.
-DEFAULT_VACUUM_INTERVAL_SECONDS: Final = 86_400.0
-#: Hours a file replaced by compaction is kept before vacuum may delete it.
-DEFAULT_VACUUM_RETENTION_HOURS: Final = 168
-#: The floor under vacuum retention; lower needs ``allow_short_vacuum_retention``.
-#: It matches Delta's default ``delta.deletedFileRetentionDuration`` (one week).
-MIN_VACUUM_RETENTION_HOURS: Final = 168
-#: Size compaction aims for, per file.
-DEFAULT_TARGET_FILE_BYTES: Final = 128 * 1024 * 1024
 
 Operation = Literal["compact", "checkpoint", "vacuum", "expire", "erase"]
 
@@ -252,7 +235,7 @@ def compact(
     uri: str,
     storage_options: dict[str, str] | None = None,
     *,
-    target_file_bytes: int = DEFAULT_TARGET_FILE_BYTES,
+    target_file_bytes: int = defaults.MAINTENANCE_TARGET_FILE_BYTES,
     progress: Progress = no_progress,
 ) -> MaintenanceResult:
     """Rewrite small files into files of about ``target_file_bytes``.
@@ -297,32 +280,11 @@ def checkpoint(uri: str, storage_options: dict[str, str] | None = None) -> Maint
     )
 
 
-def check_retention(
-    retention_hours: int,
-    *,
-    allow_short: bool = False,
-    override: str = "allow_short_vacuum_retention = true",
-) -> None:
-    """Refuse a vacuum retention under the floor unless explicitly allowed.
-
-    Raises:
-        ValueError: the retention is below :data:`MIN_VACUUM_RETENTION_HOURS`.
-    """
-    if retention_hours < 0:
-        raise ValueError("vacuum retention cannot be negative")
-    if retention_hours < MIN_VACUUM_RETENTION_HOURS and not allow_short:
-        raise ValueError(
-            f"vacuum retention of {retention_hours} h is below the floor of "
-            f"{MIN_VACUUM_RETENTION_HOURS} h: readers, time travel and the derived-table "
-            f"jobs may still need those files (override: {override})"
-        )
-
-
 def vacuum(
     uri: str,
     storage_options: dict[str, str] | None = None,
     *,
-    retention_hours: int = DEFAULT_VACUUM_RETENTION_HOURS,
+    retention_hours: int = defaults.VACUUM_RETENTION_HOURS,
     allow_short_retention: bool = False,
     dry_run: bool = False,
     progress: Progress = no_progress,
@@ -333,7 +295,7 @@ def vacuum(
         ValueError: ``retention_hours`` is below the floor and not allowed.
         LakeError: the storage failed.
     """
-    check_retention(retention_hours, allow_short=allow_short_retention)
+    defaults.check_retention(retention_hours, allow_short=allow_short_retention)
     table = _open(uri, storage_options)
     with _lake_errors("vacuum", uri):
         progress(1, 3, "reading the table's files")

@@ -56,10 +56,10 @@ import trio
 from deltalake import DeltaTable, QueryBuilder
 from deltalake.exceptions import CommitFailedError
 
+from appliance import defaults
 from appliance.lake.diskguard import disk_space, local_path
 from appliance.lake.errors import LakeError
 from appliance.lake.maintenance import (
-    DEFAULT_VACUUM_RETENTION_HOURS,
     MaintenanceBusy,
     MaintenanceLock,
     MaintenanceResult,
@@ -79,7 +79,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "APPEND_ONLY",
-    "DEFAULT_RETENTION_INTERVAL_SECONDS",
     "DELETE_ATTEMPTS",
     "RATE_DAYS",
     "REQUESTS_DIR",
@@ -108,8 +107,6 @@ __all__ = [
 
 log = get_logger("maintenance")
 
-#: Seconds between retention rounds in the service.
-DEFAULT_RETENTION_INTERVAL_SECONDS: Final = 3600.0
 #: Tries of one delete that loses its race with concurrent commits (another process).
 DELETE_ATTEMPTS: Final = 5
 #: The table property that refuses deletes; retention and erasure set it to false.
@@ -444,7 +441,7 @@ def expire(
     policy: RetentionPolicy,
     today: dt.date | None = None,
     dry_run: bool = False,
-    vacuum_retention_hours: int = DEFAULT_VACUUM_RETENTION_HOURS,
+    vacuum_retention_hours: int = defaults.VACUUM_RETENTION_HOURS,
     progress: Progress = no_progress,
 ) -> MaintenanceResult:
     """Remove the events ``policy`` says are too old; with ``dry_run``, only say what.
@@ -518,7 +515,7 @@ def erase(
     *,
     predicate: str,
     dry_run: bool = False,
-    vacuum_retention_hours: int = DEFAULT_VACUUM_RETENTION_HOURS,
+    vacuum_retention_hours: int = defaults.VACUUM_RETENTION_HOURS,
     progress: Progress = no_progress,
 ) -> MaintenanceResult:
     """Delete the rows ``predicate`` matches, rewriting only the files that hold them.
@@ -755,7 +752,7 @@ def _run_request(
     request: dict[str, Any], uri: str, storage_options: dict[str, str] | None, lock: Path
 ) -> MaintenanceResult:
     """Run one decoded request under the maintenance lock (in the writer's worker thread)."""
-    hours = int(request.get("vacuum_retention_hours", DEFAULT_VACUUM_RETENTION_HOURS))
+    hours = int(request.get("vacuum_retention_hours", defaults.VACUUM_RETENTION_HOURS))
     operation = request.get("operation")
     with MaintenanceLock(lock):
         if operation == "erase":

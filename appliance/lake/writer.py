@@ -49,6 +49,7 @@ from typing import Final, TypeVar, TypeVarTuple, Unpack
 import pyarrow as pa
 import trio
 
+from appliance import defaults
 from appliance.lake.blocks import DedupeKey, blocks_to_arrow, check_block, dedupe_key
 from appliance.lake.diskguard import DiskGuard
 from appliance.lake.errors import AppIdInUse, BlockRefused, CommitError
@@ -63,24 +64,6 @@ log = get_logger("lake")
 
 _T = TypeVar("_T")
 _Args = TypeVarTuple("_Args")
-
-#: Rows in one commit before it is sealed.
-DEFAULT_COMMIT_MAX_ROWS: Final = 100_000
-#: Approximate bytes of records in one commit before it is sealed.
-DEFAULT_COMMIT_MAX_BYTES: Final = 64 * 1024 * 1024
-#: Seconds a commit group stays open before it is sealed (the ack latency floor).
-DEFAULT_COMMIT_MAX_DELAY_SECONDS: Final = 0.25
-#: Blocks that may wait between the connections and the collector.
-DEFAULT_QUEUE_BLOCKS: Final = 64
-#: First and largest wait between retries of a failed commit, in seconds.
-DEFAULT_RETRY_INITIAL_SECONDS: Final = 0.5
-DEFAULT_RETRY_MAX_SECONDS: Final = 30.0
-#: How long, and how many, committed batch ids are remembered for dedupe.
-DEFAULT_DEDUPE_WINDOW_SECONDS: Final = 3600.0
-DEFAULT_DEDUPE_MAX_KEYS: Final = 1_000_000
-#: Seconds a writer's claim on its app id lasts without a commit; an idle
-#: writer renews it (a commit of no rows) every third of it.
-DEFAULT_LEASE_SECONDS: Final = 120.0
 
 
 #: Errors that a block's data, not the table's storage, causes while a group
@@ -98,15 +81,15 @@ CommitListener = Callable[[Sequence[RowBlock]], None]
 class WriterSettings:
     """Thresholds and limits of the group-commit writer (config ``[lake]``)."""
 
-    commit_max_rows: int = DEFAULT_COMMIT_MAX_ROWS
-    commit_max_bytes: int = DEFAULT_COMMIT_MAX_BYTES
-    commit_max_delay_seconds: float = DEFAULT_COMMIT_MAX_DELAY_SECONDS
-    queue_blocks: int = DEFAULT_QUEUE_BLOCKS
-    retry_initial_seconds: float = DEFAULT_RETRY_INITIAL_SECONDS
-    retry_max_seconds: float = DEFAULT_RETRY_MAX_SECONDS
-    dedupe_window_seconds: float = DEFAULT_DEDUPE_WINDOW_SECONDS
-    dedupe_max_keys: int = DEFAULT_DEDUPE_MAX_KEYS
-    lease_seconds: float = DEFAULT_LEASE_SECONDS
+    commit_max_rows: int = defaults.LAKE_COMMIT_MAX_ROWS
+    commit_max_bytes: int = defaults.LAKE_COMMIT_MAX_BYTES
+    commit_max_delay_seconds: float = defaults.LAKE_COMMIT_MAX_DELAY_SECONDS
+    queue_blocks: int = defaults.LAKE_QUEUE_BLOCKS
+    retry_initial_seconds: float = defaults.LAKE_RETRY_INITIAL_SECONDS
+    retry_max_seconds: float = defaults.LAKE_RETRY_MAX_SECONDS
+    dedupe_window_seconds: float = defaults.LAKE_DEDUPE_WINDOW_SECONDS
+    dedupe_max_keys: int = defaults.LAKE_DEDUPE_MAX_KEYS
+    lease_seconds: float = defaults.LAKE_LEASE_SECONDS
     #: Refuse new blocks while the table's filesystem is below the watermark
     #: (appliance/lake/diskguard.py); off unless asked for ([lake] turns it on).
     disk_guard: bool = False

@@ -100,7 +100,7 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
-from appliance import __version__
+from appliance import __version__, defaults
 from appliance.protocols.errors import LocalProtocolError, ProtocolViolation, RemoteProtocolError
 from appliance.protocols.limits import require_at_least_one
 from appliance.protocols.text import MAX_HOST_BYTES, MAX_TAG_BYTES, InvalidText, check_text
@@ -109,11 +109,6 @@ from appliance.rows.records import record_json
 from appliance.rows.timefmt import rfc3339_ns
 
 __all__ = [
-    "DEFAULT_MAX_DECOMPRESSED_BYTES",
-    "DEFAULT_MAX_EVENTS",
-    "DEFAULT_MAX_EVENT_BYTES",
-    "DEFAULT_MAX_PAYLOAD_BYTES",
-    "DEFAULT_MAX_PAYLOAD_MEMORY_BYTES",
     "EVENT_OVERHEAD_BYTES",
     "FLAG_SUPPORTS_EVNT",
     "MAX_COMPACT_HELLO_BYTES",
@@ -133,25 +128,6 @@ __all__ = [
     "encode_message",
 ]
 
-#: Largest JDAT body (nonce + compressed events), and largest EVNT nonce +
-#: compressed stream, in bytes. The Go receiver's limit (``protocoljdat.go``).
-DEFAULT_MAX_PAYLOAD_BYTES: Final = 10 * 1024 * 1024
-#: Largest decompressed payload (length prefixes included), in bytes.
-DEFAULT_MAX_DECOMPRESSED_BYTES: Final = 64 * 1024 * 1024
-#: Largest single event, in bytes of JSON.
-DEFAULT_MAX_EVENT_BYTES: Final = 2 * 1024 * 1024
-#: Most events one payload may carry. Log Courier spools 1,024 events by
-#: default; empty events cost 4 bytes of zlib output each, so this bounds the
-#: work and per-event memory of a payload of tiny events, which the byte
-#: limits alone do not (64 MiB of 4-byte events would be 16 million rows).
-DEFAULT_MAX_EVENTS: Final = 250_000
-#: Most memory the kept rows of one payload may hold, in bytes (Python
-#: objects, as counted in :attr:`PayloadReceived.memory_bytes`): twice the
-#: decompressed cap. Real payloads stay near 1.2x their decompressed size (Log
-#: Courier spools at most 10 MiB); this cuts off what a hostile payload makes
-#: of the decompressed cap (JSON escapes that grow when re-encoded, a 4-bytes-
-#: per-character string, millions of tiny events).
-DEFAULT_MAX_PAYLOAD_MEMORY_BYTES: Final = 128 * 1024 * 1024
 #: Memory counted per kept event besides its record text, in bytes: four list
 #: slots (text, type, host, time; 8 bytes each, plus list growth slack) and an
 #: int of epoch nanoseconds (36 bytes). The codec's own count of Python
@@ -210,11 +186,11 @@ def _server_version() -> tuple[int, int, int]:
 class CourierLimits:
     """Limits that guard one connection against abuse (all configurable)."""
 
-    max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
-    max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED_BYTES
-    max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES
-    max_events: int = DEFAULT_MAX_EVENTS
-    max_payload_memory_bytes: int = DEFAULT_MAX_PAYLOAD_MEMORY_BYTES
+    max_payload_bytes: int = defaults.COURIER_MAX_PAYLOAD_BYTES
+    max_decompressed_bytes: int = defaults.COURIER_MAX_DECOMPRESSED_BYTES
+    max_event_bytes: int = defaults.COURIER_MAX_EVENT_BYTES
+    max_events: int = defaults.COURIER_MAX_EVENTS
+    max_payload_memory_bytes: int = defaults.COURIER_MAX_PAYLOAD_MEMORY_BYTES
 
     def __post_init__(self) -> None:
         require_at_least_one(

@@ -87,6 +87,7 @@ from typing import Any, Final, Literal
 
 import msgpack
 
+from appliance import defaults
 from appliance.protocols.compression import (
     GZIP_MAGIC,
     ZSTD_MAGIC,
@@ -118,9 +119,6 @@ from appliance.rows.timefmt import ns_in_range
 
 __all__ = [
     "DECODE_MEMORY_FACTOR",
-    "DEFAULT_MAX_DECOMPRESSED_BYTES",
-    "DEFAULT_MAX_EVENTS_PER_REQUEST",
-    "DEFAULT_MAX_REQUEST_BYTES",
     "MAX_BINARY_CHUNK_BYTES",
     "MAX_PING_BYTES",
     "ZSTD_MAX_EXPANSION",
@@ -137,14 +135,6 @@ __all__ = [
     "unzstd_frames",
 ]
 
-#: Largest request (one msgpack array, or one JSON value) accepted, in bytes.
-#: Fluentd's default buffer chunk is 8 MiB and Fluent Bit's about 2 MiB.
-DEFAULT_MAX_REQUEST_BYTES: Final = 16 * 1024 * 1024
-#: Largest decompressed ``entries`` of a CompressedPackedForward request (gzip
-#: or zstd), in bytes.
-DEFAULT_MAX_DECOMPRESSED_BYTES: Final = 64 * 1024 * 1024
-#: Most events one request may carry.
-DEFAULT_MAX_EVENTS_PER_REQUEST: Final = 250_000
 #: Bytes a connection may send before the handshake's PONG (security on): the
 #: PING, and anything sent after it while it is checked. A PING is six short
 #: strings (a 255-byte hostname, two 128-byte hex digests, a salt and a
@@ -175,9 +165,9 @@ _UNPACKER_KEEP_BYTES: Final = 64 * 1024
 class ForwardLimits:
     """Limits that guard one connection against abuse (all configurable)."""
 
-    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
-    max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED_BYTES
-    max_events_per_request: int = DEFAULT_MAX_EVENTS_PER_REQUEST
+    max_request_bytes: int = defaults.FORWARD_MAX_REQUEST_BYTES
+    max_decompressed_bytes: int = defaults.FORWARD_MAX_DECOMPRESSED_BYTES
+    max_events_per_request: int = defaults.FORWARD_MAX_EVENTS_PER_REQUEST
 
     def __post_init__(self) -> None:
         require_at_least_one(

@@ -100,6 +100,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final, TypeAlias
 
+from appliance import defaults
 from appliance.protocols import compression
 from appliance.protocols.errors import RemoteProtocolError
 from appliance.protocols.limits import require_at_least_one
@@ -115,9 +116,6 @@ from appliance.protocols.text import (
 __all__ = [
     "ACCEPTED",
     "BAD_REQUEST",
-    "DEFAULT_MAX_BODY_BYTES",
-    "DEFAULT_MAX_DECOMPRESSED_BYTES",
-    "DEFAULT_MAX_JSON_CONTAINERS",
     "DEFLATE_MAX_RATIO",
     "MAX_APP_ENV_BYTES",
     "MAX_MESSAGE_FRAMES",
@@ -145,16 +143,6 @@ __all__ = [
     "pong_frames",
 ]
 
-#: Largest body frame accepted, as sent (compressed), in bytes.
-DEFAULT_MAX_BODY_BYTES: Final = 16 * 1024 * 1024
-#: Largest body after decompression, in bytes. logjam-tools gives up at 64 MiB
-#: (``max_buffer_size`` in src/logjam-util.c at HEAD); the appliance's default is
-#: half that, which bounds a decoded message's memory (module docstring).
-DEFAULT_MAX_DECOMPRESSED_BYTES: Final = 32 * 1024 * 1024
-#: Most ``{`` and ``[`` bytes in a decompressed body (a count). Each becomes a
-#: Python dict or list of 56 to 200 bytes from 2 bytes of JSON (``{},``), the
-#: worst amplification of parsing; real requests hold one list per log line.
-DEFAULT_MAX_JSON_CONTAINERS: Final = 256 * 1024
 #: Longest app-env frame, in bytes.
 MAX_APP_ENV_BYTES: Final = 255
 #: Longest topic frame, in bytes (it becomes the row's tag).
@@ -229,9 +217,9 @@ class Compression(enum.IntEnum):
 class LogjamLimits:
     """Limits on one message (configurable per listener)."""
 
-    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
-    max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED_BYTES
-    max_json_containers: int = DEFAULT_MAX_JSON_CONTAINERS
+    max_body_bytes: int = defaults.LOGJAM_MAX_BODY_BYTES
+    max_decompressed_bytes: int = defaults.LOGJAM_MAX_DECOMPRESSED_BYTES
+    max_json_containers: int = defaults.LOGJAM_MAX_JSON_CONTAINERS
 
     def __post_init__(self) -> None:
         require_at_least_one(

@@ -114,6 +114,7 @@ from typing import Any, Final
 
 import orjson
 
+from appliance import defaults
 from appliance.protocols.errors import LocalProtocolError, ProtocolViolation, RemoteProtocolError
 from appliance.protocols.limits import require_at_least_one
 from appliance.protocols.text import MAX_HOST_BYTES, MAX_TAG_BYTES, InvalidText, check_text
@@ -124,11 +125,6 @@ from appliance.rows.timefmt import rfc3339_ns
 __all__ = [
     "C_FRAME_BASE_ITEMS",
     "C_FRAME_ITEMS_PER_BYTE",
-    "DEFAULT_MAX_DECOMPRESSED_BYTES",
-    "DEFAULT_MAX_FRAME_BYTES",
-    "DEFAULT_MAX_WINDOW_BYTES",
-    "DEFAULT_MAX_WINDOW_SIZE",
-    "DEFAULT_TAG_FIELDS",
     "EVENT_OVERHEAD_BYTES",
     "MAX_COMPRESSION_DEPTH",
     "MAX_WINDOWS_PER_C_FRAME",
@@ -141,18 +137,6 @@ __all__ = [
     "Window",
 ]
 
-#: Most events a client may announce in one window.
-DEFAULT_MAX_WINDOW_SIZE: Final = 100_000
-#: Largest frame, in bytes (a ``C`` frame's compressed payload; a ``J`` frame's
-#: JSON; a ``D`` frame whole).
-DEFAULT_MAX_FRAME_BYTES: Final = 64 * 1024 * 1024
-#: Largest decompressed output of one ``C`` frame read off the wire, its nested
-#: ``C`` frames' output included, in bytes.
-DEFAULT_MAX_DECOMPRESSED_BYTES: Final = 256 * 1024 * 1024
-#: Largest window, in bytes of its data frames as parsed (after decompression):
-#: what an unfinished window may make the codec hold (issue 13: 100 KB of
-#: compressed frames held 200 MiB with no such limit).
-DEFAULT_MAX_WINDOW_BYTES: Final = 64 * 1024 * 1024
 #: ``C`` frames inside ``C`` frames, at most this deep.
 MAX_COMPRESSION_DEPTH: Final = 4
 #: ``W`` frames one ``C`` frame may hold, nested ones included (no real client
@@ -174,8 +158,6 @@ EVENT_OVERHEAD_BYTES: Final = 352
 #: per-event overhead: its text at four bytes a character (a ``str`` holding one
 #: character past U+FFFF), and the tag and host copied out of it at four more.
 WINDOW_MEMORY_FACTOR: Final = 8
-#: The record fields whose value is the tag, first non-empty string wins.
-DEFAULT_TAG_FIELDS: Final = ("@metadata.beat", "type")
 
 _VERSIONS: Final = {ord("1"): 1, ord("2"): 2}
 _U32: Final = struct.Struct(">I")
@@ -190,10 +172,10 @@ _MAX_SHARED_STRINGS: Final = 256
 class LumberjackLimits:
     """Limits that guard one connection (all configurable per listener)."""
 
-    max_window_size: int = DEFAULT_MAX_WINDOW_SIZE
-    max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
-    max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED_BYTES
-    max_window_bytes: int = DEFAULT_MAX_WINDOW_BYTES
+    max_window_size: int = defaults.LUMBERJACK_MAX_WINDOW_SIZE
+    max_frame_bytes: int = defaults.LUMBERJACK_MAX_FRAME_BYTES
+    max_decompressed_bytes: int = defaults.LUMBERJACK_MAX_DECOMPRESSED_BYTES
+    max_window_bytes: int = defaults.LUMBERJACK_MAX_WINDOW_BYTES
 
     def __post_init__(self) -> None:
         require_at_least_one(
@@ -299,7 +281,7 @@ class LumberjackServerConnection:
         self,
         limits: LumberjackLimits | None = None,
         *,
-        tag_fields: Sequence[str] = DEFAULT_TAG_FIELDS,
+        tag_fields: Sequence[str] = defaults.LUMBERJACK_TAG_FIELDS,
     ) -> None:
         self.limits = limits or LumberjackLimits()
         self._tag_paths = paths(tag_fields)

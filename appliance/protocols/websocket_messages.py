@@ -78,6 +78,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import orjson
 
+from appliance import defaults
 from appliance.protocols.errors import RemoteProtocolError
 from appliance.protocols.limits import require_at_least_one
 from appliance.protocols.text import MAX_BATCH_ID_BYTES, MAX_TAG_BYTES, InvalidText, check_text
@@ -86,9 +87,6 @@ from appliance.rows.records import record_json
 from appliance.rows.timefmt import ns_in_range, rfc3339_ns
 
 __all__ = [
-    "DEFAULT_MAX_CONTAINERS_PER_MESSAGE",
-    "DEFAULT_MAX_EVENTS_PER_MESSAGE",
-    "DEFAULT_MAX_MESSAGE_BYTES",
     "INGEST_PATH",
     "TAIL_PATH",
     "IngestMessage",
@@ -105,15 +103,6 @@ __all__ = [
     "parse_target",
 ]
 
-#: Largest message, in bytes (characters of a text message).
-DEFAULT_MAX_MESSAGE_BYTES: Final = 1024 * 1024
-#: Events in one message.
-DEFAULT_MAX_EVENTS_PER_MESSAGE: Final = 10_000
-#: JSON objects and arrays in one message (counted as ``{`` and ``[``
-#: characters, strings included). A message of 10,000 events needs 20,002
-#: (the message, its list, each event and record): the rest leaves room for
-#: seven nested objects or arrays in every record of a full message.
-DEFAULT_MAX_CONTAINERS_PER_MESSAGE: Final = 100_000
 #: Longest tail filter value (tag prefix, protocol), in characters.
 MAX_FILTER_CHARS: Final = 1024
 #: The two endpoints.
@@ -138,11 +127,11 @@ class MessageLimits:
     """Limits of one ingest message."""
 
     #: Largest message, in bytes (characters of a text message).
-    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    max_message_bytes: int = defaults.WEBSOCKET_MAX_MESSAGE_BYTES
     #: Events in one message.
-    max_events_per_message: int = DEFAULT_MAX_EVENTS_PER_MESSAGE
+    max_events_per_message: int = defaults.WEBSOCKET_MAX_EVENTS_PER_MESSAGE
     #: JSON objects and arrays in one message (``{`` and ``[`` characters).
-    max_containers_per_message: int = DEFAULT_MAX_CONTAINERS_PER_MESSAGE
+    max_containers_per_message: int = defaults.WEBSOCKET_MAX_CONTAINERS_PER_MESSAGE
 
     def __post_init__(self) -> None:
         require_at_least_one(

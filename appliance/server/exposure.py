@@ -11,13 +11,8 @@ from __future__ import annotations
 
 import ipaddress
 
-from appliance.config import (
-    Config,
-    ForwardListenerConfig,
-    ListenerConfig,
-    LogjamListenerConfig,
-    WebSocketListenerConfig,
-)
+from appliance.config import Config, ListenerConfig
+from appliance.server.registry import kind_of
 
 __all__ = ["is_loopback", "unauthenticated_listeners"]
 
@@ -33,13 +28,10 @@ def is_loopback(host: str) -> bool:
 
 
 def _authenticates(listener: ListenerConfig) -> bool:
-    if isinstance(listener, LogjamListenerConfig):
-        return listener.curve
-    if isinstance(listener, WebSocketListenerConfig):
-        return True  # every ingest connection needs a token or a client certificate
+    """Client certificates are required, or peers are checked against a credential store."""
     if listener.tls and listener.client_auth == "required":
         return True
-    return isinstance(listener, ForwardListenerConfig) and listener.security != "off"
+    return bool(kind_of(listener).stores(listener))
 
 
 def unauthenticated_listeners(config: Config) -> list[ListenerConfig]:

@@ -30,10 +30,10 @@ from typing import TYPE_CHECKING
 import trio
 import zmq
 
-from appliance.config import LogjamListenerConfig
+from appliance.config import LogjamListenerConfig, settings_from
 from appliance.logs import get_logger
 from appliance.metrics import ListenerMetrics
-from appliance.protocols.logjam import LogjamReceiver
+from appliance.protocols.logjam import LogjamLimits, LogjamReceiver
 from appliance.server.connection import Connection, DriverSettings
 from appliance.server.context import ServiceContext
 from appliance.server.listener import ConnectionInfo
@@ -133,7 +133,7 @@ class _SocketFactory:
         self._metrics = metrics
         self._curve = curve
         self._fqdn = fqdn
-        self._receiver = LogjamReceiver(settings.limits())
+        self._receiver = LogjamReceiver(settings_from(settings, LogjamLimits))
         #: One message decodes in a worker thread at a time per listener.
         self._decode_threads = trio.CapacityLimiter(1)
         self._loop = DriverSettings(

@@ -18,7 +18,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from appliance.config import Config, ListenerConfig, LogjamListenerConfig
+from appliance.config import Config, ListenerConfig
+from appliance.server.registry import kind_of
 
 __all__ = ["FIXED_KEYS", "ReloadPlan", "plan_reload"]
 
@@ -86,8 +87,10 @@ def plan_reload(running: Config, new: Config) -> ReloadPlan:
     plan = ReloadPlan(tls_changed=tls_changed)
     for name, listener in new_by_name.items():
         before = old_by_name.get(name)
-        if isinstance(listener, LogjamListenerConfig) or isinstance(before, LogjamListenerConfig):
-            # ZeroMQ sockets, CURVE and the ZAP handler are set up once.
+        if not kind_of(listener).live_reload or (
+            before is not None and not kind_of(before).live_reload
+        ):
+            # Such a listener is set up once (Logjam: ZeroMQ sockets, CURVE, the ZAP handler).
             if before != listener:
                 restart.append(f"listeners.{name}")
             continue
@@ -109,7 +112,7 @@ def plan_reload(running: Config, new: Config) -> ReloadPlan:
             plan.update.append(listener)
     for name, before in old_by_name.items():
         if name not in new_by_name:
-            if isinstance(before, LogjamListenerConfig):
+            if not kind_of(before).live_reload:
                 restart.append(f"listeners.{name}")
             else:
                 plan.stop.append(name)

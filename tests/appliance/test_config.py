@@ -8,7 +8,23 @@ from pathlib import Path
 
 import pytest
 
-from appliance.config import ConfigError, default_config, parse_config
+from appliance.config import (
+    ConfigError,
+    CourierListenerConfig,
+    ForwardListenerConfig,
+    LogjamListenerConfig,
+    LumberjackListenerConfig,
+    WebSocketListenerConfig,
+    default_config,
+    parse_config,
+    settings_from,
+)
+from appliance.lake.writer import WriterSettings
+from appliance.protocols.courier import CourierLimits
+from appliance.protocols.forward import ForwardLimits
+from appliance.protocols.logjam import LogjamLimits
+from appliance.protocols.lumberjack import LumberjackLimits
+from appliance.protocols.websocket_messages import MessageLimits
 
 
 def test_embedded_default_is_one_tls_forward_listener_on_loopback() -> None:
@@ -54,9 +70,9 @@ tls = false
     assert config.log.format == "json"
     assert config.table_uri == "s3://bucket/events"
     assert config.lake.storage_options == {"AWS_REGION": "eu-west-1"}
-    assert config.lake.writer_settings().commit_max_rows == 5000
+    assert settings_from(config.lake, WriterSettings).commit_max_rows == 5000
     assert [(lc.name, lc.tls) for lc in config.listeners] == [("tls", True), ("plain", False)]
-    assert config.listeners[0].limits().max_request_bytes == 1048576
+    assert settings_from(config.listeners[0], ForwardLimits).max_request_bytes == 1048576
 
 
 @pytest.mark.parametrize(
@@ -93,6 +109,68 @@ def test_errors_name_the_line_and_key(text: str, message: str) -> None:
     with pytest.raises(ConfigError) as excinfo:
         parse_config(text, "x.toml")
     assert message in str(excinfo.value)
+
+
+def test_reading_a_config_loads_no_codec_lake_or_event_loop() -> None:
+    """config depends on nothing above it (issue 17): what ``import appliance.config`` loads."""
+    code = (
+        "import sys, appliance.config\n"
+        "appliance.config.parse_config('[[listeners]]\\nprotocol = \"logjam\"\\n')\n"
+        "print('\\n'.join(sorted(sys.modules)))"
+    )
+    loaded = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.split()
+    heavy = {
+        "trio",
+        "deltalake",
+        "pyarrow",
+        "sqlalchemy",
+        "zmq",
+        "msgpack",
+        "orjson",
+        "auth",
+        "pki",
+    }
+    above = ("appliance.protocols", "appliance.lake", "appliance.server", "appliance.commands")
+    above_dotted = tuple(f"{a}." for a in above)
+    found = [
+        m for m in loaded if m.split(".")[0] in heavy or m in above or m.startswith(above_dotted)
+    ]
+    assert found == []
+    assert {"appliance.config", "appliance.defaults", "appliance.toml_binder"} <= set(loaded)
+
+
+@pytest.mark.parametrize(
+    ("section", "limits_type"),
+    [
+        (ForwardListenerConfig, ForwardLimits),
+        (LumberjackListenerConfig, LumberjackLimits),
+        (CourierListenerConfig, CourierLimits),
+        (LogjamListenerConfig, LogjamLimits),
+        (WebSocketListenerConfig, MessageLimits),
+    ],
+)
+def test_a_listener_gives_its_codec_the_codec_defaults(section: type, limits_type: type) -> None:
+    """Every codec limit is a key of its listener section, with the codec's own default."""
+    assert settings_from(section(), limits_type) == limits_type()
+
+
+def test_courier_event_limit_is_two_mebibytes_in_config_and_codec() -> None:
+    assert CourierListenerConfig().max_event_bytes == 2 * 1024 * 1024
+    assert CourierLimits().max_event_bytes == 2 * 1024 * 1024
+
+
+def test_port_zero_binds_any_free_port() -> None:
+    config = parse_config(
+        '[[listeners]]\nbind = "127.0.0.1:0"\n'
+        '[[listeners]]\nname = "b"\nprotocol = "lumberjack"\nbind = "127.0.0.1:0"\n'
+        '[[listeners]]\nname = "z"\nprotocol = "logjam"\nbind = "127.0.0.1:0"\n'
+        'pull_bind = "127.0.0.1:0"\n'
+    )
+    assert [listener.port for listener in config.listeners] == [0, 0, 0]
+    with pytest.raises(ConfigError, match=r"listeners\[0\]\.bind: must be host:port"):
+        parse_config('[[listeners]]\nbind = "127.0.0.1:65536"\n')
 
 
 def test_config_check_command_reports_the_line(tmp_path: Path) -> None:

@@ -83,7 +83,7 @@ from wsproto.events import Message as WsMessage
 
 from appliance.cli import main as cli_main
 from appliance.protocols.logjam import Compression, pack_meta
-from tests.conftest import ApplianceProcess, free_port, start_appliance
+from tests.conftest import ApplianceProcess, start_appliance
 from tests.courier_client import CourierClient
 
 MIB = 1024 * 1024
@@ -129,7 +129,7 @@ _TCP_LIMITS = (
 _TCP_COMMON = "idle_timeout_seconds = 30\n" + _TCP_LIMITS
 
 
-def listener_bodies(logjam_pull_port: int) -> dict[str, str]:
+def listener_bodies() -> dict[str, str]:
     """Every listener of the suite's service (name -> TOML body; ``bind`` is added)."""
     forward_limits = (
         f"udp_heartbeat = false\nmax_request_bytes = {FORWARD_MAX_REQUEST_BYTES}\n"
@@ -152,7 +152,7 @@ def listener_bodies(logjam_pull_port: int) -> dict[str, str]:
         f"max_events = {COURIER_MAX_EVENTS}\nmax_payload_memory_bytes = {16 * MIB}\n"
         f'keepalive_seconds = 1\ntag = "{COURIER_TAG}"\n' + _TCP_COMMON,
         "logjam": 'protocol = "logjam"\ntls = false\n'
-        f'pull_bind = "127.0.0.1:{logjam_pull_port}"\n'
+        'pull_bind = "127.0.0.1:0"\n'
         f"max_body_bytes = {LOGJAM_MAX_BODY_BYTES}\n"
         f"max_decompressed_bytes = {LOGJAM_MAX_DECOMPRESSED_BYTES}\n"
         f"max_message_bytes = {LOGJAM_MAX_BODY_BYTES + 64 * 1024}\n"
@@ -292,7 +292,6 @@ class HostileService:
     def __init__(self, directory: Path) -> None:
         self.directory = directory
         self.starts = 0
-        self.logjam_pull_port = 0
         self.app: ApplianceProcess | None = None
         self.credentials: Credentials | None = None
         #: Why earlier instances died (a test that crashed the service).
@@ -301,8 +300,7 @@ class HostileService:
     def start(self) -> None:
         index = self.starts
         self.starts += 1
-        self.logjam_pull_port = free_port()
-        app = start_appliance(self.directory, listener_bodies(self.logjam_pull_port), index=index)
+        app = start_appliance(self.directory, listener_bodies(), index=index)
         config = self.directory / f"appliance{index}.toml"
         try:
             key = json.loads(_cli(config, "key", "generate", "fleet"))["secret"]
@@ -346,6 +344,11 @@ class HostileService:
 
     def port(self, listener: str) -> int:
         return self.running.ports[listener]
+
+    @property
+    def logjam_pull_port(self) -> int:
+        """The port the Logjam listener's PULL socket bound."""
+        return self.port("logjam-pull")
 
     @property
     def ca_file(self) -> Path:

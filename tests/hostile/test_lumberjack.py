@@ -26,8 +26,8 @@ import struct
 import zlib
 from typing import Any
 
+from appliance import defaults
 from appliance.protocols.lumberjack import (
-    DEFAULT_MAX_WINDOW_BYTES,
     MAX_COMPRESSION_DEPTH,
     MAX_WINDOWS_PER_C_FRAME,
 )
@@ -258,7 +258,9 @@ def test_incomplete_window_past_max_window_bytes_is_refused(service: HostileServ
     frames_per_c = LUMBERJACK_MAX_DECOMPRESSED_BYTES // (per_frame + 64)
     sequence = 0
     data = bytearray(w_frame(LUMBERJACK_MAX_WINDOW_SIZE))
-    while sequence * per_frame < DEFAULT_MAX_WINDOW_BYTES + 4 * per_frame * frames_per_c:
+    while (
+        sequence * per_frame < defaults.LUMBERJACK_MAX_WINDOW_BYTES + 4 * per_frame * frames_per_c
+    ):
         frames = b""
         for _ in range(frames_per_c):
             sequence += 1

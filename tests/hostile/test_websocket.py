@@ -26,11 +26,8 @@ from typing import Any
 
 from wsproto.events import CloseConnection
 
+from appliance import defaults
 from appliance.protocols.text import MAX_BATCH_ID_BYTES, MAX_TAG_BYTES
-from appliance.protocols.websocket_messages import (
-    DEFAULT_MAX_CONTAINERS_PER_MESSAGE,
-    DEFAULT_MAX_EVENTS_PER_MESSAGE,
-)
 from tests.hostile.support import (
     BAD_TIMESTAMPS,
     EXTREME_TIMESTAMPS,
@@ -132,9 +129,11 @@ def test_the_int64_extremes_are_stored_exactly(service: HostileService) -> None:
 
 
 def test_too_many_events_or_containers_are_refused(service: HostileService) -> None:
-    containers = DEFAULT_MAX_CONTAINERS_PER_MESSAGE + 10
+    containers = defaults.WEBSOCKET_MAX_CONTAINERS_PER_MESSAGE + 10
     texts = {
-        "events one over": message("e", [{"record": {}}] * (DEFAULT_MAX_EVENTS_PER_MESSAGE + 1)),
+        "events one over": message(
+            "e", [{"record": {}}] * (defaults.WEBSOCKET_MAX_EVENTS_PER_MESSAGE + 1)
+        ),
         "containers": message("c", [{"record": {"a": [[]] * containers}}]),
         "nested past the parser": '{"id": "n", "tag": "t", "events": [{"record": {"a": '
         + "[" * 100_000

@@ -30,6 +30,7 @@ from trio_websocket import (
 from appliance import service
 from appliance.commands.tail import format_event, stream_tail
 from appliance.config import Config, ForwardListenerConfig, LakeConfig, WebSocketListenerConfig
+from appliance.server import registry
 from appliance.server.websocket_listener import WebSocketHandler
 from auth import schema
 from auth.tokens import TokenStore
@@ -93,7 +94,7 @@ def wire_tokens(monkeypatch: pytest.MonkeyPatch) -> list[WebSocketHandler]:
     The service itself attaches the auth database's token check; this only
     records the handlers so a test can read their counters (the tail hub).
     """
-    original = service.handler_for
+    original = registry.handler_for
     handlers: list[WebSocketHandler] = []
 
     def handler_for(listener: Any, context: Any) -> Any:
@@ -103,7 +104,7 @@ def wire_tokens(monkeypatch: pytest.MonkeyPatch) -> list[WebSocketHandler]:
             handlers.append(handler)
         return handler
 
-    monkeypatch.setattr(service, "handler_for", handler_for)
+    monkeypatch.setattr(registry, "handler_for", handler_for)
     return handlers
 
 

@@ -21,7 +21,7 @@ of an unfinished message.
 
 from __future__ import annotations
 
-from appliance.config import CourierListenerConfig
+from appliance.config import CourierListenerConfig, settings_from
 from appliance.logs import get_logger
 from appliance.protocols.courier import (
     CourierLimits,
@@ -39,20 +39,9 @@ from appliance.server.context import ServiceContext
 from appliance.server.listener import ConnectionInfo
 from appliance.server.transports.stream import ByteStreamSession, StreamHandler, close_for
 
-__all__ = ["CourierSession", "courier_handler", "limits_of"]
+__all__ = ["CourierSession", "courier_handler"]
 
 log = get_logger("courier")
-
-
-def limits_of(settings: CourierListenerConfig) -> CourierLimits:
-    """The codec limits of a listener."""
-    return CourierLimits(
-        max_payload_bytes=settings.max_payload_bytes,
-        max_decompressed_bytes=settings.max_decompressed_bytes,
-        max_event_bytes=settings.max_event_bytes,
-        max_events=settings.max_events,
-        max_payload_memory_bytes=settings.max_payload_memory_bytes,
-    )
 
 
 class CourierSession(ByteStreamSession):
@@ -61,7 +50,7 @@ class CourierSession(ByteStreamSession):
     def __init__(self, settings: CourierListenerConfig, info: ConnectionInfo) -> None:
         self._settings = settings
         self._info = info
-        self._codec = CourierServerConnection(limits_of(settings))
+        self._codec = CourierServerConnection(settings_from(settings, CourierLimits))
 
     # No greeting: the client speaks first (HELO, or a payload from older
     # clients). No handshake: HELO is optional (clients older than it open

@@ -19,12 +19,13 @@ from functools import partial
 
 import trio
 
-from appliance.config import ForwardListenerConfig
+from appliance.config import ForwardListenerConfig, settings_from
 from appliance.logs import get_logger
 from appliance.protocols.errors import ProtocolViolation
 from appliance.protocols.forward import (
     EventsReceived,
     ForwardEvent,
+    ForwardLimits,
     ForwardServerConnection,
     ForwardState,
     PingReceived,
@@ -72,7 +73,9 @@ class ForwardSession(ByteStreamSession):
         if security is not None:
             auth_salt = os.urandom(AUTH_SALT_BYTES) if security.users_required else b""
             helo = Helo(os.urandom(NONCE_BYTES), auth_salt, keepalive=True)
-        self._codec = ForwardServerConnection(settings.limits(), allow_json=True, helo=helo)
+        self._codec = ForwardServerConnection(
+            settings_from(settings, ForwardLimits), allow_json=True, helo=helo
+        )
         self._host: str | None = None
 
     def greeting(self) -> bytes | None:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from functools import partial
 
-from appliance.config import LumberjackListenerConfig
+from appliance.config import LumberjackListenerConfig, settings_from
 from appliance.logs import get_logger
 from appliance.protocols.errors import ProtocolViolation
 from appliance.protocols.lumberjack import (
@@ -45,14 +45,7 @@ class LumberjackSession(ByteStreamSession):
         self._settings = settings
         self._info = info
         self._codec = LumberjackServerConnection(
-            LumberjackLimits(
-                max_window_size=settings.max_window_size,
-                max_frame_bytes=settings.max_frame_bytes,
-                max_decompressed_bytes=settings.max_decompressed_bytes,
-                # Until config.py has the key (the lead wires it), the default.
-                max_window_bytes=settings.max_window_bytes,
-            ),
-            tag_fields=settings.tag_fields,
+            settings_from(settings, LumberjackLimits), tag_fields=settings.tag_fields
         )
         #: Events whose tag / host field held a string that cannot be stored,
         #: over the connection's life (each window's count is logged).

@@ -20,12 +20,13 @@ from __future__ import annotations
 from functools import partial
 from typing import TYPE_CHECKING
 
-from appliance.config import WebSocketListenerConfig
+from appliance.config import WebSocketListenerConfig, settings_from
 from appliance.lake.errors import BlockRefused
 from appliance.logs import get_logger
 from appliance.protocols.websocket_messages import (
     MessageError,
     MessageId,
+    MessageLimits,
     MessageRate,
     ack_json,
     error_json,
@@ -64,7 +65,7 @@ class IngestSession(SessionDefaults[str]):
         now: float,
     ) -> None:
         self._settings = settings
-        self._limits = settings.limits()
+        self._limits = settings_from(settings, MessageLimits)
         self._info = info
         self._source = source
         self._grant = grant

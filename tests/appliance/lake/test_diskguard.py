@@ -15,7 +15,7 @@ import pytest
 import trio
 from deltalake import DeltaTable
 
-from appliance.config import ConfigError, LakeConfig, parse_config
+from appliance.config import ConfigError, LakeConfig, parse_config, settings_from
 from appliance.lake import diskguard
 from appliance.lake.diskguard import DiskGuard, DiskSpace
 from appliance.lake.errors import BlockRefused
@@ -132,7 +132,7 @@ def test_settings_and_config() -> None:
     assert lake.disk_guard is True
     assert lake.min_free_bytes == 1024**3
     assert lake.min_free_percent == 5.0
-    settings = lake.writer_settings()
+    settings = settings_from(lake, WriterSettings)
     assert (settings.disk_guard, settings.min_free_bytes, settings.min_free_percent) == (
         True,
         1024**3,
@@ -145,7 +145,8 @@ def test_settings_and_config() -> None:
     assert config.lake.min_free_percent == 0.5
     with pytest.raises(ConfigError, match="min_free_percent must be below 100"):
         parse_config("[lake]\nmin_free_percent = 100\n")
-    assert parse_config("[lake]\ndisk_guard = false\n").lake.writer_settings().disk_guard is False
+    unguarded = parse_config("[lake]\ndisk_guard = false\n").lake
+    assert settings_from(unguarded, WriterSettings).disk_guard is False
     with pytest.raises(ValueError, match="min_free_percent"):
         DiskGuard("/t", 0, 100.0)
 

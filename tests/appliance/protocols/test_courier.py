@@ -21,8 +21,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from appliance import defaults
 from appliance.protocols.courier import (
-    DEFAULT_MAX_PAYLOAD_BYTES,
     CourierEvent,
     CourierLimits,
     CourierServerConnection,
@@ -403,7 +403,7 @@ def test_unknown_message_body_is_not_buffered() -> None:
 
 
 def test_unknown_message_over_the_payload_limit_is_rejected() -> None:
-    rejects(b"BIGM" + u32(DEFAULT_MAX_PAYLOAD_BYTES + 1), "max_payload_bytes")
+    rejects(b"BIGM" + u32(defaults.COURIER_MAX_PAYLOAD_BYTES + 1), "max_payload_bytes")
 
 
 def test_unknown_streamed_message_is_rejected() -> None:
@@ -451,7 +451,7 @@ def test_jdat_too_short_for_a_nonce_is_rejected() -> None:
 
 def test_jdat_over_the_payload_limit_is_rejected_from_its_header() -> None:
     # Refused on the header alone: nothing of the body is read or buffered.
-    rejects(b"JDAT" + u32(DEFAULT_MAX_PAYLOAD_BYTES + 1), "max_payload_bytes")
+    rejects(b"JDAT" + u32(defaults.COURIER_MAX_PAYLOAD_BYTES + 1), "max_payload_bytes")
     limits = CourierLimits(max_payload_bytes=40)
     rejects(JDAT[:8], "max_payload_bytes=40", limits=limits)
     assert payload(feed(jdat_of(NONCE), limits=limits)).count == 0

@@ -24,10 +24,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from appliance import defaults
 from appliance.protocols import courier as courier_module
 from appliance.protocols.courier import (
-    DEFAULT_MAX_EVENTS,
-    DEFAULT_MAX_PAYLOAD_MEMORY_BYTES,
     EVENT_OVERHEAD_BYTES,
     MAX_HELLO_BYTES,
     CourierEvent,
@@ -497,20 +496,19 @@ def test_memory_limit_stops_the_payload_at_the_event_that_passes_it() -> None:
 def test_events_per_payload_are_bounded_and_so_is_the_work() -> None:
     # 250,001 empty events are 1 MB of zlib output in about 1 KB of zlib: the
     # count stops the payload at the first event over it.
-    data = evnt_of(*[b""] * (DEFAULT_MAX_EVENTS + 1), level=9)
+    data = evnt_of(*[b""] * (defaults.COURIER_MAX_EVENTS + 1), level=9)
     assert len(data) < 4096
     with counting("record_json") as calls:
         reason = outcome(CourierServerConnection(), data)
-    assert (
-        reason == f"payload {NONCE.hex()} carries more than max_events={DEFAULT_MAX_EVENTS} events"
-    )
-    assert calls[0] == DEFAULT_MAX_EVENTS
+    most = defaults.COURIER_MAX_EVENTS
+    assert reason == f"payload {NONCE.hex()} carries more than max_events={most} events"
+    assert calls[0] == defaults.COURIER_MAX_EVENTS
 
 
 def test_default_memory_limit_is_twice_the_decompressed_cap() -> None:
     limits = CourierLimits()
-    assert limits.max_payload_memory_bytes == DEFAULT_MAX_PAYLOAD_MEMORY_BYTES
-    assert limits.max_decompressed_bytes * 2 == DEFAULT_MAX_PAYLOAD_MEMORY_BYTES
+    assert limits.max_payload_memory_bytes == defaults.COURIER_MAX_PAYLOAD_MEMORY_BYTES
+    assert limits.max_decompressed_bytes * 2 == defaults.COURIER_MAX_PAYLOAD_MEMORY_BYTES
     with pytest.raises(ValueError, match="max_payload_memory_bytes"):
         CourierLimits(max_payload_memory_bytes=0)
 

@@ -20,11 +20,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from appliance import defaults
 from appliance.protocols.errors import ProtocolViolation
 from appliance.protocols.lumberjack import (
     C_FRAME_BASE_ITEMS,
     C_FRAME_ITEMS_PER_BYTE,
-    DEFAULT_MAX_WINDOW_BYTES,
     EVENT_OVERHEAD_BYTES,
     MAX_COMPRESSION_DEPTH,
     MAX_WINDOWS_PER_C_FRAME,
@@ -283,7 +283,11 @@ def test_d_frames_without_pairs_count_against_the_window_too() -> None:
 
 
 def test_default_window_byte_limit() -> None:
-    assert LumberjackLimits().max_window_bytes == DEFAULT_MAX_WINDOW_BYTES == 64 * 1024 * 1024
+    assert (
+        LumberjackLimits().max_window_bytes
+        == defaults.LUMBERJACK_MAX_WINDOW_BYTES
+        == 64 * 1024 * 1024
+    )
     with pytest.raises(ValueError, match="max_window_bytes"):
         LumberjackLimits(max_window_bytes=0)
 

@@ -13,13 +13,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from appliance import defaults
 from appliance.lake.blocks import check_block
 from appliance.protocols import websocket_messages
 from appliance.protocols.text import MAX_BATCH_ID_BYTES, MAX_TAG_BYTES
 from appliance.protocols.websocket_messages import (
-    DEFAULT_MAX_CONTAINERS_PER_MESSAGE,
-    DEFAULT_MAX_EVENTS_PER_MESSAGE,
-    DEFAULT_MAX_MESSAGE_BYTES,
     MessageError,
     MessageLimits,
     MessageRate,
@@ -388,10 +386,12 @@ def test_containers_at_the_limit_are_parsed() -> None:
 def test_the_default_limits_admit_the_most_events_with_nested_records() -> None:
     record = {"a": {"b": [1, {"c": [2]}]}, "d": [{}, {}]}  # itself and 7 nested
     event = {"record": record}
-    text = json.dumps({"id": 1, "tag": "t", "events": [event] * DEFAULT_MAX_EVENTS_PER_MESSAGE})
-    assert len(text) <= DEFAULT_MAX_MESSAGE_BYTES
+    text = json.dumps(
+        {"id": 1, "tag": "t", "events": [event] * defaults.WEBSOCKET_MAX_EVENTS_PER_MESSAGE}
+    )
+    assert len(text) <= defaults.WEBSOCKET_MAX_MESSAGE_BYTES
     message = parse_ingest(text, MessageLimits())
-    assert len(message.records) == DEFAULT_MAX_EVENTS_PER_MESSAGE
+    assert len(message.records) == defaults.WEBSOCKET_MAX_EVENTS_PER_MESSAGE
 
 
 def _fill(unit: str, containers: int = 0) -> str:
@@ -401,7 +401,7 @@ def _fill(unit: str, containers: int = 0) -> str:
     """
     head, tail = '{"id":"x","tag":"t","events":[{"record":{"a":[', "]}}]}"
     lists = "[]," * containers
-    count = (DEFAULT_MAX_MESSAGE_BYTES - len(head) - len(lists) - len(tail)) // len(unit)
+    count = (defaults.WEBSOCKET_MAX_MESSAGE_BYTES - len(head) - len(lists) - len(tail)) // len(unit)
     return head + lists + (unit * count)[:-1] + tail
 
 
@@ -419,7 +419,7 @@ RECORDS_FACTOR = 4
         lambda: _fill("1e0,"),  # floats
         lambda: _fill("999,"),  # integers outside the small-int cache
         # As many containers as the cap admits (the message's own four, too).
-        lambda: _fill('"a",', DEFAULT_MAX_CONTAINERS_PER_MESSAGE - 5),
+        lambda: _fill('"a",', defaults.WEBSOCKET_MAX_CONTAINERS_PER_MESSAGE - 5),
     ],
     ids=["strings", "floats", "ints", "containers-at-the-cap"],
 )
@@ -427,7 +427,7 @@ def test_parse_memory_is_a_bounded_factor_of_the_message(
     make: Callable[[], str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     data = make().encode()
-    assert len(data) <= DEFAULT_MAX_MESSAGE_BYTES
+    assert len(data) <= defaults.WEBSOCKET_MAX_MESSAGE_BYTES
     peaks: list[int] = []
 
     def measured(raw: Any) -> Any:

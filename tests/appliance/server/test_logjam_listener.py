@@ -29,13 +29,14 @@ import trio
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from appliance.config import ConfigError, LogjamListenerConfig, parse_config
+from appliance.config import ConfigError, LogjamListenerConfig, parse_config, settings_from
 from appliance.lake.errors import BlockRefused
 from appliance.lake.table import EventsTable
 from appliance.lake.writer import CommitTicket, LakeWriter, WriterSettings
 from appliance.protocols.logjam import (
     MAX_MESSAGE_FRAMES,
     Compression,
+    LogjamLimits,
     pack_meta,
 )
 from appliance.protocols.text import MAX_BATCH_ID_BYTES
@@ -666,7 +667,7 @@ def test_logjam_listener_config_defaults_and_toml() -> None:
     listener = config.listeners[0]
     assert isinstance(listener, LogjamListenerConfig)
     assert (listener.pull_bind, listener.pull_port, listener.curve) == (None, None, False)
-    assert listener.limits().max_body_bytes == 1000
+    assert settings_from(listener, LogjamLimits).max_body_bytes == 1000
 
 
 @pytest.mark.parametrize(

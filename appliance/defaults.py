@@ -1,0 +1,205 @@
+"""The default of every setting config shares with a codec or the lake, named once with its unit.
+
+A codec's limits dataclass, the lake writer's settings and the maintenance
+schedules take their defaults from here, and so do the matching keys of
+:mod:`appliance.config`; neither side retypes a value, so the two cannot
+disagree. This module imports nothing of the appliance: config loads it
+without loading a codec, trio or deltalake (docs/decisions.md, issue 17).
+A config section's keys are named as the fields of the dataclass they fill
+(:func:`appliance.config.settings_from` copies them across).
+
+Defaults only one side knows stay with it: a listener's deadlines and
+``bind`` in config, a codec's wire constants in the codec.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+__all__ = [
+    "COURIER_MAX_DECOMPRESSED_BYTES",
+    "COURIER_MAX_EVENTS",
+    "COURIER_MAX_EVENT_BYTES",
+    "COURIER_MAX_PAYLOAD_BYTES",
+    "COURIER_MAX_PAYLOAD_MEMORY_BYTES",
+    "DISK_MIN_FREE_BYTES",
+    "DISK_MIN_FREE_PERCENT",
+    "FORWARD_MAX_DECOMPRESSED_BYTES",
+    "FORWARD_MAX_EVENTS_PER_REQUEST",
+    "FORWARD_MAX_REQUEST_BYTES",
+    "LAKE_COMMIT_MAX_BYTES",
+    "LAKE_COMMIT_MAX_DELAY_SECONDS",
+    "LAKE_COMMIT_MAX_ROWS",
+    "LAKE_DEDUPE_MAX_KEYS",
+    "LAKE_DEDUPE_WINDOW_SECONDS",
+    "LAKE_LEASE_SECONDS",
+    "LAKE_QUEUE_BLOCKS",
+    "LAKE_RETRY_INITIAL_SECONDS",
+    "LAKE_RETRY_MAX_SECONDS",
+    "LOGJAM_MAX_BODY_BYTES",
+    "LOGJAM_MAX_DECOMPRESSED_BYTES",
+    "LOGJAM_MAX_JSON_CONTAINERS",
+    "LUMBERJACK_MAX_DECOMPRESSED_BYTES",
+    "LUMBERJACK_MAX_FRAME_BYTES",
+    "LUMBERJACK_MAX_WINDOW_BYTES",
+    "LUMBERJACK_MAX_WINDOW_SIZE",
+    "LUMBERJACK_TAG_FIELDS",
+    "MAINTENANCE_CHECKPOINT_INTERVAL_SECONDS",
+    "MAINTENANCE_COMPACT_INTERVAL_SECONDS",
+    "MAINTENANCE_TARGET_FILE_BYTES",
+    "MAINTENANCE_VACUUM_INTERVAL_SECONDS",
+    "MIN_VACUUM_RETENTION_HOURS",
+    "RETENTION_INTERVAL_SECONDS",
+    "VACUUM_RETENTION_HOURS",
+    "WEBSOCKET_MAX_CONTAINERS_PER_MESSAGE",
+    "WEBSOCKET_MAX_EVENTS_PER_MESSAGE",
+    "WEBSOCKET_MAX_MESSAGE_BYTES",
+    "check_retention",
+]
+
+# -- forward (appliance/protocols/forward.py) ------------------------------------------
+
+#: Largest request (one msgpack array, or one JSON value) accepted, in bytes.
+#: Fluentd's default buffer chunk is 8 MiB and Fluent Bit's about 2 MiB.
+FORWARD_MAX_REQUEST_BYTES: Final = 16 * 1024 * 1024
+#: Largest decompressed ``entries`` of a CompressedPackedForward request (gzip
+#: or zstd), in bytes.
+FORWARD_MAX_DECOMPRESSED_BYTES: Final = 64 * 1024 * 1024
+#: Most events one request may carry.
+FORWARD_MAX_EVENTS_PER_REQUEST: Final = 250_000
+
+# -- Lumberjack (appliance/protocols/lumberjack.py) -------------------------------------
+
+#: Most events a client may announce in one window.
+LUMBERJACK_MAX_WINDOW_SIZE: Final = 100_000
+#: Largest frame, in bytes (a ``C`` frame's compressed payload; a ``J`` frame's
+#: JSON; a ``D`` frame whole).
+LUMBERJACK_MAX_FRAME_BYTES: Final = 64 * 1024 * 1024
+#: Largest decompressed output of one ``C`` frame read off the wire, its nested
+#: ``C`` frames' output included, in bytes.
+LUMBERJACK_MAX_DECOMPRESSED_BYTES: Final = 256 * 1024 * 1024
+#: Largest window, in bytes of its data frames as parsed (after decompression):
+#: what an unfinished window may make the codec hold (issue 13: 100 KB of
+#: compressed frames held 200 MiB with no such limit).
+LUMBERJACK_MAX_WINDOW_BYTES: Final = 64 * 1024 * 1024
+#: The record fields whose value is the tag, first non-empty string wins.
+LUMBERJACK_TAG_FIELDS: Final = ("@metadata.beat", "type")
+
+# -- Log Courier (appliance/protocols/courier.py) ---------------------------------------
+
+#: Largest JDAT body (nonce + compressed events), and largest EVNT nonce +
+#: compressed stream, in bytes. The Go receiver's limit (``protocoljdat.go``).
+COURIER_MAX_PAYLOAD_BYTES: Final = 10 * 1024 * 1024
+#: Largest decompressed payload (length prefixes included), in bytes.
+COURIER_MAX_DECOMPRESSED_BYTES: Final = 64 * 1024 * 1024
+#: Largest single event, in bytes of JSON. Log Courier's own "max line bytes"
+#: is 1 MiB; JSON escaping and fields go a little over.
+COURIER_MAX_EVENT_BYTES: Final = 2 * 1024 * 1024
+#: Most events one payload may carry. Log Courier spools 1,024 events by
+#: default; empty events cost 4 bytes of zlib output each, so this bounds the
+#: work and per-event memory of a payload of tiny events, which the byte
+#: limits alone do not (64 MiB of 4-byte events would be 16 million rows).
+COURIER_MAX_EVENTS: Final = 250_000
+#: Most memory the kept rows of one payload may hold, in bytes (Python
+#: objects, as the codec counts them in ``PayloadReceived.memory_bytes``):
+#: twice the decompressed cap. Real payloads stay near 1.2x their decompressed
+#: size (Log Courier spools at most 10 MiB); this cuts off what a hostile
+#: payload makes of the decompressed cap (JSON escapes that grow when
+#: re-encoded, a 4-bytes-per-character string, millions of tiny events).
+COURIER_MAX_PAYLOAD_MEMORY_BYTES: Final = 128 * 1024 * 1024
+
+# -- Logjam (appliance/protocols/logjam.py) ---------------------------------------------
+
+#: Largest body frame accepted, as sent (compressed), in bytes.
+LOGJAM_MAX_BODY_BYTES: Final = 16 * 1024 * 1024
+#: Largest body after decompression, in bytes. logjam-tools gives up at 64 MiB
+#: (``max_buffer_size`` in src/logjam-util.c at HEAD); the appliance's default is
+#: half that, which bounds a decoded message's memory (the codec's docstring).
+LOGJAM_MAX_DECOMPRESSED_BYTES: Final = 32 * 1024 * 1024
+#: Most ``{`` and ``[`` bytes in a decompressed body (a count). Each becomes a
+#: Python dict or list of 56 to 200 bytes from 2 bytes of JSON (``{},``), the
+#: worst amplification of parsing; real requests hold one list per log line.
+LOGJAM_MAX_JSON_CONTAINERS: Final = 256 * 1024
+
+# -- WebSocket ingest (appliance/protocols/websocket_messages.py) ---------------------
+
+#: Largest message, in bytes (characters of a text message).
+WEBSOCKET_MAX_MESSAGE_BYTES: Final = 1024 * 1024
+#: Events in one message.
+WEBSOCKET_MAX_EVENTS_PER_MESSAGE: Final = 10_000
+#: JSON objects and arrays in one message (counted as ``{`` and ``[``
+#: characters, strings included). A message of 10,000 events needs 20,002
+#: (the message, its list, each event and record): the rest leaves room for
+#: seven nested objects or arrays in every record of a full message.
+WEBSOCKET_MAX_CONTAINERS_PER_MESSAGE: Final = 100_000
+
+# -- the lake writer (appliance/lake/writer.py) -----------------------------------------
+
+#: Rows in one commit before it is sealed.
+LAKE_COMMIT_MAX_ROWS: Final = 100_000
+#: Approximate bytes of records in one commit before it is sealed.
+LAKE_COMMIT_MAX_BYTES: Final = 64 * 1024 * 1024
+#: Seconds a commit group stays open before it is sealed (the ack latency floor).
+LAKE_COMMIT_MAX_DELAY_SECONDS: Final = 0.25
+#: Blocks that may wait between the connections and the collector.
+LAKE_QUEUE_BLOCKS: Final = 64
+#: First and largest wait between retries of a failed commit, in seconds.
+LAKE_RETRY_INITIAL_SECONDS: Final = 0.5
+LAKE_RETRY_MAX_SECONDS: Final = 30.0
+#: How long, and how many, committed batch ids are remembered for dedupe.
+LAKE_DEDUPE_WINDOW_SECONDS: Final = 3600.0
+LAKE_DEDUPE_MAX_KEYS: Final = 1_000_000
+#: Seconds a writer's claim on its app id lasts without a commit; an idle
+#: writer renews it (a commit of no rows) every third of it.
+LAKE_LEASE_SECONDS: Final = 120.0
+
+# -- the disk guard (appliance/lake/diskguard.py) ---------------------------------------
+
+#: Free bytes the table's filesystem keeps: below it, new batches are refused.
+DISK_MIN_FREE_BYTES: Final = 1024**3
+#: Free share of the filesystem, in percent, it keeps likewise (the larger watermark wins).
+DISK_MIN_FREE_PERCENT: Final = 5.0
+
+# -- maintenance and retention (appliance/lake/maintenance.py, retention.py) -----------
+
+#: Seconds between compactions in the service.
+MAINTENANCE_COMPACT_INTERVAL_SECONDS: Final = 3600.0
+#: Seconds between explicit checkpoints (plus expired-log cleanup) in the service.
+MAINTENANCE_CHECKPOINT_INTERVAL_SECONDS: Final = 3600.0
+#: Seconds between vacuums in the service.
+MAINTENANCE_VACUUM_INTERVAL_SECONDS: Final = 86_400.0
+#: Size compaction aims for, per file, in bytes.
+MAINTENANCE_TARGET_FILE_BYTES: Final = 128 * 1024 * 1024
+#: Hours a file replaced by compaction is kept before vacuum may delete it.
+VACUUM_RETENTION_HOURS: Final = 168
+#: The floor under vacuum retention, in hours; lower needs an explicit override.
+#: It matches Delta's default ``delta.deletedFileRetentionDuration`` (one week).
+MIN_VACUUM_RETENTION_HOURS: Final = 168
+#: Seconds between retention rounds in the service.
+RETENTION_INTERVAL_SECONDS: Final = 3600.0
+
+
+def check_retention(
+    retention_hours: int,
+    *,
+    allow_short: bool = False,
+    override: str = "allow_short_vacuum_retention = true",
+) -> None:
+    """Refuse a vacuum retention under the floor unless explicitly allowed.
+
+    Config checks ``[maintenance]`` with it, and vacuum and ``appliance
+    table vacuum`` check their argument: one rule, one message.
+
+    Raises:
+        ValueError: the retention is negative, or below
+            :data:`MIN_VACUUM_RETENTION_HOURS` without ``allow_short``
+            (the message names ``override``).
+    """
+    if retention_hours < 0:
+        raise ValueError("vacuum retention cannot be negative")
+    if retention_hours < MIN_VACUUM_RETENTION_HOURS and not allow_short:
+        raise ValueError(
+            f"vacuum retention of {retention_hours} h is below the floor of "
+            f"{MIN_VACUUM_RETENTION_HOURS} h: readers, time travel and the derived-table "
+            f"jobs may still need those files (override: {override})"
+        )

@@ -1,0 +1,121 @@
+"""Opening a listener: what the service hands every listener's start, and the start of a TCP one.
+
+:mod:`appliance.server.registry` says which start a protocol's listener
+takes; this module holds the parts that know no protocol. A start records
+what it opened in the service's :class:`Registrar` (the ports it really
+bound, so a ``bind`` with port 0 reports the port it got), and runs its
+accept loop in the acceptors nursery, where a stop or a reload cancels it;
+connections run in the connections nursery, which outlives the accept loops
+so that in-flight batches are still acknowledged after a stop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import trio
+
+from appliance.config import Config, ListenerConfig
+from appliance.logs import get_logger
+from appliance.server.context import ServiceContext
+from appliance.server.listener import Handler, TcpService
+from appliance.server.tls import TlsManager
+from appliance.server.tls_audit import TlsRefusalAudit
+
+__all__ = ["Beside", "BindError", "ListenerSite", "Registrar", "serve_tcp"]
+
+#: The service's logger: these lines were the service's before they moved here.
+log = get_logger("service")
+
+#: Started beside a TCP listener, in its nursery, with the port it bound
+#: (forward: the UDP heartbeat on the same port). Returns once started.
+Beside = Callable[[Any, int, trio.Nursery], Awaitable[None]]
+
+
+class BindError(OSError):
+    """A listener cannot bind its address; the message names the listener and address."""
+
+    def __str__(self) -> str:
+        return str(self.strerror)
+
+
+class Registrar(Protocol):
+    """Where a start records what it opened (the service's ``Running``)."""
+
+    #: The port each listener bound, by name (a Logjam PULL socket as ``<name>-pull``).
+    ports: dict[str, int]
+    #: The TCP services, by listener name (a TLS reload hands them new contexts).
+    services: dict[str, TcpService]
+    #: What stops a listener's accept loop, by name (a reload that removes it).
+    accepting: dict[str, trio.CancelScope]
+    #: Certificates refused at the handshake, into the audit log (mutual TLS only).
+    tls_audit: TlsRefusalAudit | None
+
+
+@dataclass(frozen=True, slots=True)
+class ListenerSite:
+    """What the service hands a listener's start: its parts, nurseries and records."""
+
+    context: ServiceContext
+    #: The configuration the listener comes from (the state directory, the auth database).
+    config: Config
+    tls: TlsManager
+    #: Accept loops: cancelled first at a stop.
+    acceptors: trio.Nursery
+    #: Connections (and the Logjam listener, which replies after the writer drains).
+    connections: trio.Nursery
+    running: Registrar
+
+
+async def serve_tcp(
+    listener: ListenerConfig,
+    handler: Handler,
+    site: ListenerSite,
+    beside: Beside | None = None,
+    *,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Bind ``listener``'s TCP sockets and accept connections for ``handler`` until cancelled.
+
+    Run it with ``site.acceptors.start``: it reports started once the
+    sockets are bound and recorded in ``site.running``.
+
+    Raises:
+        BindError: the address cannot be bound (the message names the listener).
+    """
+    context = site.context
+    service = TcpService(
+        listener.name,
+        handler,
+        ssl_context=site.tls.context_for(listener) if listener.tls else None,
+        tls_handshake_timeout=listener.tls_handshake_timeout_seconds,
+        max_connections=listener.max_connections,
+        max_connections_per_address=listener.max_connections_per_address,
+        metrics=context.metrics.listener(listener.name, listener.protocol),
+    )
+    try:
+        sockets = await trio.open_tcp_listeners(listener.port, host=listener.host)
+    except OSError as exc:
+        # Name the listener and its address: "address already in use" alone
+        # does not say which of several listeners failed (issue 20).
+        raise BindError(
+            exc.errno, f"listener {listener.name!r} cannot bind {listener.bind}: {exc.strerror}"
+        ) from exc
+    port = sockets[0].socket.getsockname()[1]
+    running = site.running
+    running.ports[listener.name] = port
+    running.services[listener.name] = service
+    if running.tls_audit is not None and listener.client_auth != "off":
+        service.on_tls_failure = running.tls_audit.note
+    if not listener.tls:
+        log.warning("listener.plaintext", listener=listener.name, bind=listener.bind, port=port)
+    scope = trio.CancelScope()
+    running.accepting[listener.name] = scope
+    with scope:
+        async with trio.open_nursery() as nursery:
+            if beside is not None:
+                await beside(listener, port, nursery)
+            nursery.start_soon(service.serve, sockets, site.connections)
+            task_status.started()
