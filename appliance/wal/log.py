@@ -473,7 +473,7 @@ class WriteAheadLog:
             WalCorrupt: bytes recovery verified no longer verify.
         """
         return await trio.to_thread.run_sync(
-            self._segments.read, after, max_bytes, limiter=self._read_limiter
+            self._segments.read, after, max_bytes, self._durable_end, limiter=self._read_limiter
         )
 
 

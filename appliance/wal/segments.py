@@ -518,14 +518,16 @@ class SegmentStore:
 
     # -- reading -------------------------------------------------------------
 
-    def _snapshot(self, after: int) -> list[_Segment]:
+    def _snapshot(self, after: int, until: int | None = None) -> list[_Segment]:
+        """The segments holding records from ``after`` on, cut at ``until`` (a durable position)."""
         with self._lock:
-            if after > self._end:
-                raise ValueError(f"position {after} is past the durable end {self._end}")
+            end = self._end if until is None else min(until, self._end)
+            if after > end:
+                raise ValueError(f"position {after} is past the durable end {end}")
             return [
-                _Segment(s.base, s.path, s.valid_bytes, s.file_bytes)
+                _Segment(s.base, s.path, min(s.valid_bytes, end - s.base), s.file_bytes)
                 for s in self._segments
-                if s.end > after
+                if s.end > after and s.base < end
             ]
 
     def _frames(self, segment: _Segment, start: int) -> Iterator[Frame]:
@@ -551,12 +553,14 @@ class SegmentStore:
                 f"{segment.path.name} no longer verifies at position {end.damage_at}: {end.reason}"
             )
 
-    def read(self, after: int, max_bytes: int) -> list[Frame]:
+    def read(self, after: int, max_bytes: int, until: int | None = None) -> list[Frame]:
         """Durable records from the boundary ``after`` on, about ``max_bytes`` of them.
 
         Returns at least one record when there is any, and stops once the
-        records returned reach ``max_bytes``. ``after`` must be a record
-        boundary (a record's LSN or end, or a segment's base).
+        records returned reach ``max_bytes``, or at ``until`` (a record
+        boundary: the durable end the caller knows of, since a write may have
+        become durable in its thread before its appenders were told).
+        ``after`` must be a record boundary (a record's LSN or end, or a segment's base).
 
         Raises:
             ValueError: ``after`` is past the durable end, or not a boundary.
@@ -564,7 +568,7 @@ class SegmentStore:
         """
         out: list[Frame] = []
         total = 0
-        for segment in self._snapshot(after):
+        for segment in self._snapshot(after, until):
             start = max(after, segment.base)
             try:
                 for frame in self._frames(segment, start):
