@@ -153,14 +153,10 @@ def frame_header(lsn: int, kind: int, key_section: bytes, rows: int, body: bytes
 
 
 @dataclass(frozen=True, slots=True)
-class Frame:
-    """One verified record."""
+class _Extent:
+    """Where a record lies in the log."""
 
     lsn: int
-    kind: int
-    rows: int
-    key: DedupeKey | None
-    body: bytes
     #: Bytes the record takes on disk (header, key section and body).
     size: int
 
@@ -171,17 +167,20 @@ class Frame:
 
 
 @dataclass(frozen=True, slots=True)
-class SkippedRecord:
+class Frame(_Extent):
+    """One verified record."""
+
+    kind: int
+    rows: int
+    key: DedupeKey | None
+    body: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class SkippedRecord(_Extent):
     """A record whose header verified but whose body did not: its length is trusted, it is lost."""
 
-    lsn: int
-    size: int
     reason: str
-
-    @property
-    def end(self) -> int:
-        """The position just past the record."""
-        return self.lsn + self.size
 
 
 @dataclass(frozen=True, slots=True)
@@ -363,7 +362,7 @@ class FrameScanner:
                     item = SkippedRecord(header.lsn, size, BAD_KEY)
                 else:
                     body = bytes(body_view)
-                    item = Frame(header.lsn, header.kind, header.rows, key, body, size)
+                    item = Frame(header.lsn, size, header.kind, header.rows, key, body)
             key_view.release()
             body_view.release()
         self._offset += size

@@ -31,7 +31,7 @@ wholly before it and frees room under the cap.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -439,16 +439,19 @@ class WriteAheadLog:
 
     # -- waiting and reading -------------------------------------------------
 
+    async def _wait_for(self, done: Callable[[], bool], signal: _Signal, what: str) -> None:
+        while not done():
+            if self._stopped:
+                raise WalClosed(f"the write-ahead log stopped before {what}")
+            await signal.wait()
+
     async def wait_durable(self, after: int) -> None:
         """Wait until a durable record ends past position ``after`` (new records to read).
 
         Raises:
             WalClosed: the log stopped first.
         """
-        while self._durable_end <= after:
-            if self._stopped:
-                raise WalClosed("the write-ahead log stopped")
-            await self._durable.wait()
+        await self._wait_for(lambda: self._durable_end > after, self._durable, "new records")
 
     async def wait_committed(self, lsn: int) -> None:
         """Wait until the record at ``lsn`` is committed to the table (``ack = "commit"``).
@@ -456,10 +459,7 @@ class WriteAheadLog:
         Raises:
             WalClosed: the log stopped first.
         """
-        while self._committed <= lsn:
-            if self._stopped:
-                raise WalClosed("the write-ahead log stopped before the commit")
-            await self._committed_signal.wait()
+        await self._wait_for(lambda: self._committed > lsn, self._committed_signal, "the commit")
 
     async def read(self, after: int, max_bytes: int) -> list[Frame]:
         """Durable records from the boundary ``after`` on (worker thread), about ``max_bytes``.

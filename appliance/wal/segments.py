@@ -120,6 +120,11 @@ class SegmentInfo:
         """Position just past the segment's last verified record."""
         return self.base + self.valid_bytes
 
+    @property
+    def name(self) -> str:
+        """The segment's file name."""
+        return segment_name(self.base)
+
 
 @dataclass(slots=True)
 class Recovery:
@@ -139,18 +144,6 @@ class Recovery:
     #: Uncommitted records lost to damage: skipped records, and position ranges unreadable.
     damaged_records: int = 0
     lost_ranges: list[tuple[int, int]] = field(default_factory=list)
-
-
-@dataclass(slots=True)
-class _Segment:
-    base: int
-    path: Path
-    valid_bytes: int
-    file_bytes: int
-
-    @property
-    def end(self) -> int:
-        return self.base + self.valid_bytes
 
 
 def _pwrite_all(fd: int, data: bytes, offset: int) -> None:
@@ -186,7 +179,7 @@ class SegmentStore:
     def __init__(self, directory: Path, segment_bytes: int) -> None:
         self.directory = directory
         self._segment_bytes = segment_bytes
-        self._segments: list[_Segment] = []
+        self._segments: list[SegmentInfo] = []
         self._lock = threading.Lock()
         self._fd = -1
         #: The active segment could not be cut back after a failed write: start a new one.
@@ -250,7 +243,7 @@ class SegmentStore:
                 self._segments.clear()
             self._segments.append(self._create(recovery.committed))
         else:
-            self._fd = os.open(last.path, os.O_RDWR | os.O_CLOEXEC)
+            self._fd = os.open(self._path(last), os.O_RDWR | os.O_CLOEXEC)
         self._end = self._segments[-1].end
         recovery.durable_end = self._end
         log.info(
@@ -285,7 +278,7 @@ class SegmentStore:
                 yield from scanner.feed(chunk)
         yield scanner.finish()
 
-    def _recover_segment(self, base: int, limit: int | None, recovery: Recovery) -> _Segment:
+    def _recover_segment(self, base: int, limit: int | None, recovery: Recovery) -> SegmentInfo:
         path = self.directory / segment_name(base)
         file_bytes = path.stat().st_size
         end = ScanEnd(base, base, None)
@@ -304,7 +297,7 @@ class SegmentStore:
             valid_bytes = self._handle_damage(path, base, limit, end, file_bytes, recovery)
         elif limit is not None and base + valid_bytes < limit:
             self._lost(path, base + valid_bytes, limit, "segment ends before the next", recovery)
-        return _Segment(base, path, valid_bytes, path.stat().st_size)
+        return SegmentInfo(base, valid_bytes, path.stat().st_size)
 
     def _note_frame(self, frame: Frame, recovery: Recovery) -> None:
         if frame.end <= recovery.committed:
@@ -366,7 +359,15 @@ class SegmentStore:
         self._lost(path, end.damage_at, limit, end.reason, recovery)
         return offset
 
-    def _create(self, base: int) -> _Segment:
+    def _path(self, segment: SegmentInfo) -> Path:
+        return self.directory / segment.name
+
+    def _set_active(self, segment: SegmentInfo) -> None:
+        """Replace the active segment's record (sizes change; it is frozen for readers)."""
+        with self._lock:
+            self._segments[-1] = segment
+
+    def _create(self, base: int) -> SegmentInfo:
         """A new, empty segment at ``base``, its directory entry durable; it becomes active."""
         path = self.directory / segment_name(base)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, _FILE_MODE)
@@ -379,7 +380,7 @@ class SegmentStore:
             os.close(self._fd)
         self._fd = fd
         self._abandoned = False
-        return _Segment(base, path, 0, 0)
+        return SegmentInfo(base, 0, 0)
 
     def _unlink(self, base: int) -> None:
         with contextlib.suppress(FileNotFoundError):
@@ -401,9 +402,9 @@ class SegmentStore:
     def segments(self) -> list[SegmentInfo]:
         """The segments, oldest first (the last one is active)."""
         with self._lock:
-            return [SegmentInfo(s.base, s.valid_bytes, s.file_bytes) for s in self._segments]
+            return list(self._segments)
 
-    def _rotate(self) -> _Segment:
+    def _rotate(self) -> SegmentInfo:
         """Close the active segment and start one at the durable end.
 
         An abandoned segment holding nothing durable has the durable end as
@@ -412,13 +413,13 @@ class SegmentStore:
         """
         active = self._segments[-1]
         if active.valid_bytes == 0 and active.base == self._end:
-            fd = os.open(active.path, os.O_RDWR | os.O_TRUNC | os.O_CLOEXEC)
+            fd = os.open(self._path(active), os.O_RDWR | os.O_TRUNC | os.O_CLOEXEC)
             os.close(self._fd)
             self._fd = fd
             self._abandoned = False
-            with self._lock:
-                active.file_bytes = 0
-            return active
+            emptied = SegmentInfo(active.base, 0, 0)
+            self._set_active(emptied)
+            return emptied
         segment = self._create(self._end)
         with self._lock:
             self._segments.append(segment)
@@ -470,28 +471,26 @@ class SegmentStore:
         except OSError as exc:
             self._cut_back(active, len(data), exc)
             raise WalWriteError(f"append failed: {_os_reason(exc)}", exc.errno) from exc
+        valid_bytes = active.valid_bytes + len(data)
         with self._lock:
-            active.valid_bytes += len(data)
-            active.file_bytes = active.valid_bytes
+            self._segments[-1] = SegmentInfo(active.base, valid_bytes, valid_bytes)
             self._end = position
         return Written(lsns, position, self.total_bytes)
 
-    def _cut_back(self, active: _Segment, attempted: int, cause: OSError) -> None:
+    def _cut_back(self, active: SegmentInfo, attempted: int, cause: OSError) -> None:
         """After a failed write: remove its bytes, so the log ends at its last durable record."""
         try:
             os.ftruncate(self._fd, active.valid_bytes)
             os.fdatasync(self._fd)
         except OSError as exc:
             self._abandoned = True
-            with self._lock:
-                active.file_bytes = active.valid_bytes + attempted
+            self._set_active(SegmentInfo(active.base, active.valid_bytes, active.end + attempted))
             log.error(
-                "wal.cut_back_failed", segment=active.path.name, offset=active.valid_bytes,
+                "wal.cut_back_failed", segment=active.name, offset=active.valid_bytes,
                 reason=_os_reason(exc), cause=_os_reason(cause),
             )  # fmt: skip
             return
-        with self._lock:
-            active.file_bytes = active.valid_bytes
+        self._set_active(SegmentInfo(active.base, active.valid_bytes, active.valid_bytes))
 
     # -- committed segments --------------------------------------------------
 
@@ -505,42 +504,42 @@ class SegmentStore:
             victims = [s for s in self._segments[:-1] if s.end <= committed]
         for segment in victims:
             try:
-                os.unlink(segment.path)
+                os.unlink(self._path(segment))
             except FileNotFoundError:
                 pass
             except OSError as exc:
-                log.warning("wal.delete_failed", segment=segment.path.name, reason=_os_reason(exc))
+                log.warning("wal.delete_failed", segment=segment.name, reason=_os_reason(exc))
                 continue
             with self._lock:
                 self._segments.remove(segment)
-            log.debug("wal.segment_deleted", segment=segment.path.name)
+            log.debug("wal.segment_deleted", segment=segment.name)
         return self.total_bytes
 
     # -- reading -------------------------------------------------------------
 
-    def _snapshot(self, after: int, until: int | None = None) -> list[_Segment]:
+    def _snapshot(self, after: int, until: int | None = None) -> list[SegmentInfo]:
         """The segments holding records from ``after`` on, cut at ``until`` (a durable position)."""
         with self._lock:
             end = self._end if until is None else min(until, self._end)
             if after > end:
                 raise ValueError(f"position {after} is past the durable end {end}")
             return [
-                _Segment(s.base, s.path, min(s.valid_bytes, end - s.base), s.file_bytes)
+                SegmentInfo(s.base, min(s.valid_bytes, end - s.base), s.file_bytes)
                 for s in self._segments
                 if s.end > after and s.base < end
             ]
 
-    def _frames(self, segment: _Segment, start: int) -> Iterator[Frame]:
+    def _frames(self, segment: SegmentInfo, start: int) -> Iterator[Frame]:
         """The verified records of ``segment`` from the boundary ``start`` to its verified end."""
         scanner = FrameScanner(start, limit=segment.end)
         offset = start - segment.base
-        with segment.path.open("rb", buffering=0) as file:
+        with self._path(segment).open("rb", buffering=0) as file:
             while offset < segment.valid_bytes:
                 chunk = os.pread(
                     file.fileno(), min(READ_CHUNK_BYTES, segment.valid_bytes - offset), offset
                 )
                 if not chunk:
-                    raise WalCorrupt(f"{segment.path.name} is shorter than its verified records")
+                    raise WalCorrupt(f"{segment.name} is shorter than its verified records")
                 offset += len(chunk)
                 for item in scanner.feed(chunk):
                     if isinstance(item, Frame):
@@ -550,7 +549,7 @@ class SegmentStore:
         end = scanner.finish()
         if end.reason is not None:
             raise WalCorrupt(
-                f"{segment.path.name} no longer verifies at position {end.damage_at}: {end.reason}"
+                f"{segment.name} no longer verifies at position {end.damage_at}: {end.reason}"
             )
 
     def read(self, after: int, max_bytes: int, until: int | None = None) -> list[Frame]:

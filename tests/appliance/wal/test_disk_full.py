@@ -14,8 +14,6 @@ full; then:
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -26,6 +24,7 @@ from appliance.wal.errors import WalWriteError
 from appliance.wal.log import open_wal
 from appliance.wal.segments import SegmentStore
 from appliance.wal.settings import WalSettings
+from tests.faults import small_tmpfs
 
 from .walsupport import segment_files
 
@@ -39,26 +38,8 @@ SETTINGS = WalSettings(
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
     """A 1 MiB tmpfs at ``tmp_path/disk``, unmounted afterwards."""
-    if os.geteuid() != 0 or shutil.which("mount") is None:
-        reason = "mounting a tmpfs needs root and mount(8)"
-        print(f"skipped: {reason}")
-        pytest.skip(reason)
-    mountpoint = tmp_path / "disk"
-    mountpoint.mkdir()
-    mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={TMPFS_BYTES}", "tmpfs", str(mountpoint)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if mounted.returncode != 0:
-        reason = f"cannot mount a tmpfs here: {mounted.stderr.strip()}"
-        print(f"skipped: {reason}")
-        pytest.skip(reason)
-    try:
+    with small_tmpfs(tmp_path / "disk", TMPFS_BYTES) as mountpoint:
         yield mountpoint
-    finally:
-        subprocess.run(["umount", "-l", str(mountpoint)], check=False)
 
 
 @pytest.mark.trio

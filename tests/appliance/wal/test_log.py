@@ -5,6 +5,8 @@ from __future__ import annotations
 import errno
 import os
 import threading
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from functools import partial
 from pathlib import Path
 
@@ -124,15 +126,30 @@ async def make_busy(wal: WriteAheadLog, gate: threading.Event, records: int) -> 
     assert wal.stats.last_group == records
 
 
+@asynccontextmanager
+async def busy_wal(
+    tmp_path: Path,
+    clock: trio.testing.MockClock,
+    monkeypatch: pytest.MonkeyPatch,
+    settings: WalSettings,
+) -> AsyncIterator[WriteAheadLog]:
+    """A log whose last group had four records, under a clock that moves only
+    when every task has waited a whole real second (so a flush that waited
+    for its delay shows as a jump, and one that did not leaves the clock still)."""
+    clock.autojump_threshold = 1.0
+    gate = gate_writes(monkeypatch)
+    async with open_wal(tmp_path, 0, settings) as wal:
+        await make_busy(wal, gate, 4)
+        yield wal
+
+
 @pytest.mark.trio
 async def test_under_load_a_group_waits_at_most_the_delay(
     tmp_path: Path, mock_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    mock_clock.autojump_threshold = 1.0
-    gate = gate_writes(monkeypatch)
     delay = 0.01
-    async with open_wal(tmp_path, 0, WalSettings(flush_delay_seconds=delay)) as wal:
-        await make_busy(wal, gate, 4)
+    settings = WalSettings(flush_delay_seconds=delay)
+    async with busy_wal(tmp_path, mock_clock, monkeypatch, settings) as wal:
         start = trio.current_time()
         # Appends keep coming: the next group waits for four records, or the delay.
         await wal.append(b"y")
@@ -149,11 +166,8 @@ async def test_under_load_a_group_waits_at_most_the_delay(
 async def test_pending_bytes_flush_without_waiting(
     tmp_path: Path, mock_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    mock_clock.autojump_threshold = 1.0
-    gate = gate_writes(monkeypatch)
     settings = WalSettings(flush_delay_seconds=0.01, flush_bytes=1000)
-    async with open_wal(tmp_path, 0, settings) as wal:
-        await make_busy(wal, gate, 4)
+    async with busy_wal(tmp_path, mock_clock, monkeypatch, settings) as wal:
         start = trio.current_time()
         await wal.append(b"y" * 1000)
         assert trio.current_time() == start
@@ -163,10 +177,8 @@ async def test_pending_bytes_flush_without_waiting(
 async def test_cancelled_append_makes_no_claim(
     tmp_path: Path, mock_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    mock_clock.autojump_threshold = 1.0
-    gate = gate_writes(monkeypatch)
-    async with open_wal(tmp_path, 0, WalSettings(flush_delay_seconds=0.01)) as wal:
-        await make_busy(wal, gate, 4)
+    settings = WalSettings(flush_delay_seconds=0.01)
+    async with busy_wal(tmp_path, mock_clock, monkeypatch, settings) as wal:
         result: list[int] = []
         with trio.CancelScope() as scope:
             scope.cancel()  # cancelled at its first wait: after it joined the pending group
