@@ -30,6 +30,10 @@ import msgpack
 if not __package__:  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from appliance.lake.blocks import dedupe_key
+from appliance.rows.block import RowBlock
+from appliance.wal.blocks import encode_block
+from appliance.wal.frame import KIND_ROW_BLOCK, encode_key, frame_header
 from fuzz.fuzz_forward import (
     ACCEPT_ANY_PING,
     ALLOW_ANONYMOUS_USER,
@@ -41,8 +45,9 @@ from fuzz.fuzz_forward import (
     USERS,
 )
 from fuzz.fuzz_logjam import CURVE, MEMORYVIEW, ROUTER
+from fuzz.fuzz_wal import RECOVER
 from fuzz.fuzz_websocket import BINARY, HANDSHAKE
-from fuzz.harness import BYTEARRAY, BYTEWISE, FRAME_SEPARATOR, SMALL_LIMITS
+from fuzz.harness import BYTEARRAY, BYTEWISE, FRAME_SEPARATOR, RECEIVED_AT_NS, SMALL_LIMITS
 
 CORPUS: Final = Path(__file__).resolve().parent / "corpus"
 
@@ -498,12 +503,101 @@ def websocket_seeds() -> Iterable[Seed]:
     yield seed("handshake-long-filter", b"/tail?tag=" + b"a" * 1100, HANDSHAKE)
 
 
+def _wal_record(lsn: int, body: bytes, key: tuple[str, str, str] | None, rows: int) -> bytes:
+    section = encode_key(key)
+    return frame_header(lsn, KIND_ROW_BLOCK, section, rows, body) + section + body
+
+
+def _wal_blocks() -> list[RowBlock]:
+    records = ['{"message":"GET / 200"}', '{"n":1,"s":"\u00fc"}', "{}"]
+    forward = RowBlock(
+        protocol="forward", source="fuzz", peer="192.0.2.7:40000",
+        received_at_ns=RECEIVED_AT_NS, batch_id="Y2h1bmstMQ==", tag="app.access",
+        host="client.fuzz", times_ns=[RECEIVED_AT_NS, None, RECEIVED_AT_NS + 1],
+        records=records,
+    )  # fmt: skip
+    lumberjack = RowBlock(
+        protocol="lumberjack", source="anonymous", peer="192.0.2.7:40001",
+        received_at_ns=RECEIVED_AT_NS, batch_id=None, tag=["beat", "lumberjack"],
+        host=["web-1", None], times_ns=[None, None], records=records[:2],
+    )  # fmt: skip
+    empty = RowBlock(
+        protocol="websocket", source="token", peer="[2001:db8::1]:443",
+        received_at_ns=RECEIVED_AT_NS, batch_id="m-7", tag="browser", host=None,
+        times_ns=[], records=[],
+    )  # fmt: skip
+    return [forward, lumberjack, empty]
+
+
+def _wal_segment(bodies: list[tuple[bytes, tuple[str, str, str] | None, int]]) -> bytes:
+    out = b""
+    for body, key, rows in bodies:
+        out += _wal_record(len(out), body, key, rows)
+    return out
+
+
+def wal_seeds() -> Iterable[Seed]:
+    blocks = _wal_blocks()
+    entries = [(encode_block(b), dedupe_key(b), b.rows) for b in blocks]
+    log = _wal_segment(entries)
+    first = len(_wal_record(0, *entries[0]))
+    second = first + len(_wal_record(first, *entries[1]))
+    yield from split_variants("segment", log)
+    yield seed("segment-recover", log, RECOVER)
+    yield seed("empty", b"")
+    # Torn tails: a cut header, a cut body, zeros where the next record would be.
+    yield seed("torn-header.recover", log[: second + 20], RECOVER)
+    yield seed("torn-body.recover", log[: second + 50], RECOVER)
+    yield seed("zero-tail.recover", log + bytes(64), RECOVER)
+    # A flipped bit in a body (skipped, the rest kept) and in a header (the scan stops).
+    flipped = bytearray(log)
+    flipped[first + 40] ^= 0x04
+    yield seed("body-flip.recover", bytes(flipped), RECOVER)
+    flipped = bytearray(log)
+    flipped[first + 9] ^= 0x01
+    yield seed("header-flip", bytes(flipped))
+    # Headers that verify but must not be trusted: another version, a wrong
+    # position, a length past the format's limit.
+    raw = _wal_record(0, b"\x93\x01\x02\x03", None, 1)
+    for name, index, value in (("version-2", 4, 2), ("kind-7", 5, 7)):
+        changed = bytearray(raw[:28])
+        changed[index] = value
+        head = bytes(changed)
+        yield seed(name, head + zlib.crc32(head).to_bytes(4, "big") + raw[32:])
+    yield seed("wrong-position", _wal_record(4096, entries[0][0], None, 3))
+    huge = bytearray(raw[:28])
+    huge[16:20] = (0x7FFFFFFF).to_bytes(4, "big")
+    yield seed("huge-length.recover", bytes(huge) + zlib.crc32(huge).to_bytes(4, "big"), RECOVER)
+    # Bodies under a valid CRC that are not blocks: the codec refuses them.
+    fields: list[Any] = [1, "forward", "s", "p", 1, None, "t", None, [None], ["{}"], 0]
+
+    def varied(index: int, value: Any) -> bytes:
+        packed: bytes = msgpack.packb([*fields[:index], value, *fields[index + 1 :]])
+        return packed
+
+    not_blocks = [
+        (b"", None, 0),
+        (b"\xc1", None, 1),
+        (varied(9, [b"x"]), None, 1),  # a record that is bin, not str
+        (varied(8, [True]), None, 1),  # a bool for a time
+        (varied(4, 2**63), None, 1),  # a receive time no int64 holds
+        (varied(6, ["a", "b"]), None, 1),  # two tags for one row
+        (msgpack.packb([*fields[:8], [None] * 500, ["{}"] * 500, 0]), None, 9),
+        (entries[0][0], ("forward", "fuzz", "Y2h1bmstMQ=="), 3),  # a real block
+    ]
+    yield from split_variants("not-blocks", _wal_segment(not_blocks))
+    key_section = b"\x00\x01\xff\x00\x00\x00\x00"
+    bad_key = frame_header(0, KIND_ROW_BLOCK, key_section, 1, b"{}") + key_section + b"{}"
+    yield seed("bad-key.recover", bad_key + _wal_record(len(bad_key), b"x", None, 0), RECOVER)
+
+
 TARGETS: Final = {
     "forward": forward_seeds,
     "lumberjack": lumberjack_seeds,
     "courier": courier_seeds,
     "logjam": logjam_seeds,
     "websocket": websocket_seeds,
+    "wal": wal_seeds,
 }
 
 

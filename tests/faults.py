@@ -1,9 +1,12 @@
-"""Real storage faults for tests: make a directory refuse writes, then heal it.
+"""Real storage faults for tests: a directory that refuses writes, a small filesystem that fills.
 
 As root, permissions do not stop writes, so the directory is made immutable
 with ``chattr +i`` (root cannot create files in it either). As another user,
 ``chmod 0555`` does the same. Where neither works (a filesystem without
 immutable attributes, no chattr), the caller skips with the printed reason.
+
+A disk that fills up for real is a small tmpfs (:func:`small_tmpfs`): mounting
+one needs root; elsewhere the caller skips, saying why.
 """
 
 from __future__ import annotations
@@ -64,3 +67,31 @@ def read_only_dir(path: Path) -> Iterator[ReadOnlyDir]:
         yield fault
     finally:
         fault.heal()
+
+
+@contextlib.contextmanager
+def small_tmpfs(mountpoint: Path, size_bytes: int) -> Iterator[Path]:
+    """A tmpfs of ``size_bytes`` mounted at ``mountpoint`` (created), lazily unmounted on exit.
+
+    Skips the test, printing why, when it cannot be mounted (not root, no
+    mount(8), a sandbox that refuses).
+    """
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        reason = "mounting a tmpfs needs root and mount(8)"
+        print(f"skipped: {reason}")
+        pytest.skip(reason)
+    mountpoint.mkdir(parents=True, exist_ok=True)
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size_bytes}", "tmpfs", str(mountpoint)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if mounted.returncode != 0:
+        reason = f"cannot mount a tmpfs here: {mounted.stderr.strip()}"
+        print(f"skipped: {reason}")
+        pytest.skip(reason)
+    try:
+        yield mountpoint
+    finally:
+        subprocess.run(["umount", "-l", str(mountpoint)], check=False)

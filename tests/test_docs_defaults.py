@@ -65,6 +65,7 @@ from appliance.config import (
     TlsConfig,
     WebSocketListenerConfig,
 )
+from appliance.wal.settings import WalSettings
 
 DOCS: Final = Path(__file__).parents[1] / "docs"
 #: Generated from the code and checked by tests/appliance/test_config_reference.py.
@@ -159,6 +160,8 @@ TABLES: Final[dict[tuple[str, str, int], Section]] = {
         complete="limits",
         omitted=frozenset({"read_size_bytes", "request_timeout_seconds"}),
     ),
+    # The write-ahead log's settings (issue 14), before a [wal] config section wires them.
+    ("wal.md", "Limits", 0): Section(WalSettings),
 }
 
 #: Tables whose rows are protocols: default ``bind`` and the protocol's own keys.

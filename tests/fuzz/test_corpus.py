@@ -22,7 +22,7 @@ from appliance.server.connection import Action, Arrival, Close
 from appliance.server.transports.stream import ByteStreamSession
 
 FUZZ_DIR = Path(__file__).resolve().parents[2] / "fuzz"
-TARGETS = ("forward", "lumberjack", "courier", "logjam", "websocket")
+TARGETS = ("forward", "lumberjack", "courier", "logjam", "websocket", "wal")
 
 
 def target(name: str) -> ModuleType:
@@ -86,6 +86,13 @@ def rows_stored(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
         ("logjam", "router-ping", 0),
         ("websocket", "ingest", 3),
         ("websocket", "issue13-time-superscript", 0),
+        # The write-ahead log: blocks decoded from records; a flipped body
+        # loses its record only; bodies that are not blocks are refused.
+        ("wal", "segment", 5),
+        ("wal", "segment.split", 5),
+        ("wal", "body-flip.recover", 3),
+        ("wal", "header-flip", 3),
+        ("wal", "not-blocks", 3),
     ],
 )
 def test_seeds_reach_the_rows(name: str, seed: str, rows: int, rows_stored: dict[str, int]) -> None:

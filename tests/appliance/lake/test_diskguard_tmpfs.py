@@ -18,9 +18,7 @@ from __future__ import annotations
 import base64
 import logging
 import os
-import shutil
 import ssl
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -38,6 +36,7 @@ from appliance.config import Config, ForwardListenerConfig, LakeConfig, WebSocke
 from appliance.lake import diskguard
 from auth import schema
 from auth.tokens import TokenStore
+from tests.faults import small_tmpfs
 
 MIB = 1024**2
 #: The filesystem, the watermark and the room left above it when ingest starts.
@@ -55,22 +54,8 @@ WAIT_SECONDS = 30
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
     """A 48 MiB tmpfs at ``tmp_path/disk``, unmounted afterwards."""
-    if os.geteuid() != 0 or shutil.which("mount") is None:
-        pytest.skip("mounting a tmpfs needs root")
-    mountpoint = tmp_path / "disk"
-    mountpoint.mkdir()
-    mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={TMPFS_BYTES}", "tmpfs", str(mountpoint)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
-    try:
+    with small_tmpfs(tmp_path / "disk", TMPFS_BYTES) as mountpoint:
         yield mountpoint
-    finally:
-        subprocess.run(["umount", "-l", str(mountpoint)], check=False)
 
 
 @pytest.fixture

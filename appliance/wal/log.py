@@ -1,0 +1,502 @@
+"""The write-ahead log for trio tasks: group commit, adaptive flush delay, cap, committed position.
+
+Tasks and bounds::
+
+    append() x N --(reserve room under max_bytes / max_keys: wait, or WalFull)-->
+        pending list --flusher task: gather (adaptive delay) --> worker thread:
+        pwrite + fdatasync of the group (SegmentStore.write_group) --> each append returns its LSN
+
+An append returns only once its record is durable. The flusher writes one
+group at a time; while it runs, new appends gather for the next group, so
+under load a group is whatever arrived during one fdatasync. The delay
+adapts (docs/wal.md, "Group commit"): a group is written at once when the
+log was idle (nothing appended within one delay of the last flush) or when
+``flush_bytes`` are pending; otherwise the flusher waits, at most
+``flush_delay_seconds`` after the group's first append, for as many records
+as the last group had.
+
+A caller cancelled while it waits gets no LSN and must not ack: its record
+may still become durable and be committed (at-least-once; a resend with the
+same batch id is deduplicated by the writer). An append that fails
+(:class:`~appliance.wal.errors.WalWriteError`: disk full, I/O error) fails
+with every other record of its group; the log stays valid and later appends
+try again.
+
+The writer owns the committed position: it commits what :meth:`read`
+returns to the table, records the last record's ``end`` in the commit's app
+transaction, then calls :meth:`mark_committed`, which deletes the segments
+wholly before it and frees room under the cap.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import trio
+
+from appliance.lake.blocks import DedupeKey, dedupe_key
+from appliance.logs import get_logger
+from appliance.rows.block import RowBlock
+from appliance.wal.blocks import encode_block
+from appliance.wal.errors import RecordTooLarge, WalClosed, WalError, WalFull, WalWriteError
+from appliance.wal.frame import KIND_ROW_BLOCK, Frame, encode_key
+from appliance.wal.segments import Entry, Recovery, SegmentInfo, SegmentStore, Written
+from appliance.wal.settings import WalSettings
+
+__all__ = ["WalStats", "WriteAheadLog", "open_wal"]
+
+log = get_logger("wal")
+
+
+@dataclass(slots=True)
+class _Pending:
+    entry: Entry
+    key: DedupeKey | None
+    done: trio.Event = field(default_factory=trio.Event)
+    lsn: int | None = None
+    error: WalError | None = None
+
+    @property
+    def size(self) -> int:
+        return self.entry.size
+
+
+class _Signal:
+    """Wakes every task waiting on it; a waiter re-checks its condition after each wake."""
+
+    __slots__ = ("_event",)
+
+    def __init__(self) -> None:
+        self._event = trio.Event()
+
+    def wake(self) -> None:
+        self._event.set()
+        self._event = trio.Event()
+
+    async def wait(self) -> None:
+        await self._event.wait()
+
+
+@dataclass(slots=True)
+class WalStats:
+    """Counters of one log since it opened (for logs, tests and benchmarks)."""
+
+    appends: int = 0
+    #: Groups written, each with one fdatasync.
+    groups: int = 0
+    bytes_written: int = 0
+    failed_groups: int = 0
+    #: Appends that waited for room under the cap, and those that gave up (WalFull).
+    cap_waits: int = 0
+    cap_refusals: int = 0
+    #: Records in the last group written.
+    last_group: int = 0
+
+
+class WriteAheadLog:
+    """One node's write-ahead log in ``directory`` (``<state_dir>/wal``).
+
+    Use :func:`open_wal`, or :meth:`open`, then :meth:`run` in a nursery and
+    :meth:`close` at shutdown.
+    """
+
+    def __init__(self, directory: Path, settings: WalSettings | None = None) -> None:
+        self.directory = directory
+        self.settings = settings or WalSettings()
+        self._store: SegmentStore | None = None
+        #: Writes and deletions, one at a time; reads have their own thread.
+        self._io_limiter = trio.CapacityLimiter(1)
+        self._read_limiter = trio.CapacityLimiter(1)
+        self._pending: deque[_Pending] = deque()
+        self._pending_bytes = 0
+        self._pending_since = 0.0
+        #: Bytes of records appended but not yet written (pending or being written).
+        self._reserved = 0
+        self._reserved_keys = 0
+        #: Wakes the flusher (an append arrived, or close), waiters for room
+        #: under the cap, for new durable records, for a new committed position.
+        self._work = _Signal()
+        self._space = _Signal()
+        self._durable = _Signal()
+        self._committed_signal = _Signal()
+        self._closing = False
+        self._stopped = False
+        self._last_group = 0
+        self._last_flush_end = -float("inf")
+        self._committed = 0
+        self._durable_end = 0
+        #: Dedupe keys of durable, uncommitted records: key -> LSN, and (LSN, key) in log order.
+        self._keys: dict[DedupeKey, int] = {}
+        self._key_order: deque[tuple[int, DedupeKey]] = deque()
+        self.stats = WalStats()
+
+    @property
+    def _segments(self) -> SegmentStore:
+        if self._store is None:
+            raise WalClosed("the write-ahead log is not open")
+        return self._store
+
+    # -- life cycle ----------------------------------------------------------
+
+    async def open(self, committed: int) -> Recovery:
+        """Open and recover the log (in a worker thread); ``committed`` is the table's position.
+
+        Returns:
+            What recovery found: the committed position used (a record
+            boundary), the durable end, the uncommitted keys, what was
+            truncated or lost.
+
+        Raises:
+            OSError: the directory cannot be created or read.
+        """
+        store, recovery = await trio.to_thread.run_sync(
+            SegmentStore.open, self.directory, committed, self.settings.segment_bytes,
+            limiter=self._io_limiter,
+        )  # fmt: skip
+        self._store = store
+        self._committed = recovery.committed
+        self._durable_end = recovery.durable_end
+        for lsn, key in recovery.keys:
+            self._keys[key] = lsn
+            self._key_order.append((lsn, key))
+        return recovery
+
+    async def run(self) -> None:
+        """The flusher: write groups until :meth:`close` and the last pending append are done."""
+        try:
+            while True:
+                if not self._pending:
+                    if self._closing:
+                        return
+                    await self._work.wait()
+                    continue
+                await self._gather()
+                await self._flush()
+        finally:
+            self._stopped = True
+            self._fail_pending(WalClosed("the write-ahead log stopped"))
+            self._wake_all()
+
+    async def close(self) -> None:
+        """Take no more appends; :meth:`run` writes what is pending and returns."""
+        self._closing = True
+        self._work.wake()
+        self._wake_all()
+        await trio.lowlevel.checkpoint()
+
+    def close_files(self) -> None:
+        """Close the active segment's file (after :meth:`run` returned)."""
+        if self._store is not None:
+            self._store.close()
+            self._store = None
+
+    # -- appending -----------------------------------------------------------
+
+    async def append(
+        self,
+        body: bytes,
+        *,
+        key: DedupeKey | None = None,
+        rows: int = 0,
+        kind: int = KIND_ROW_BLOCK,
+    ) -> int:
+        """Append one record and wait until it is durable; returns its LSN.
+
+        Args:
+            body: the record's body (for a block: :func:`~appliance.wal.blocks.encode_block`).
+            key: the batch's dedupe key, if it has one (reported by
+                :meth:`uncommitted_lsn` until committed).
+            rows: rows the body holds (kept in the header).
+            kind: the record kind.
+
+        Raises:
+            RecordTooLarge: the record is over ``max_record_bytes``.
+            WalFull: no room under ``max_bytes`` / ``max_keys`` within ``full_wait_seconds``.
+            WalWriteError: the write or its fdatasync failed (disk full, I/O error).
+            WalClosed: the log is closed or stopped before the record was durable.
+        """
+        if self._closing or self._stopped:
+            raise WalClosed("the write-ahead log is closed")
+        entry = Entry(kind, encode_key(key), rows, body)
+        if entry.size > self.settings.max_record_bytes:
+            raise RecordTooLarge(
+                f"a record of {entry.size} bytes is over the limit of "
+                f"{self.settings.max_record_bytes}"
+            )
+        await self._reserve(entry.size, keyed=key is not None)
+        item = _Pending(entry, key)
+        if not self._pending:
+            self._pending_since = trio.current_time()
+        self._pending.append(item)
+        self._pending_bytes += item.size
+        self.stats.appends += 1
+        self._work.wake()
+        # Cancelled here: no LSN, no ack; the record may still be written.
+        await item.done.wait()
+        if item.error is not None:
+            raise item.error
+        assert item.lsn is not None
+        return item.lsn
+
+    async def append_block(self, block: RowBlock) -> int:
+        """Append a checked RowBlock (encoded on the calling task) and wait until it is durable.
+
+        Raises: as :meth:`append`.
+        """
+        return await self.append(encode_block(block), key=dedupe_key(block), rows=block.rows)
+
+    def _has_room(self, size: int, keyed: bool) -> bool:
+        used = self._segments.total_bytes + self._reserved
+        if used + size > self.settings.max_bytes:
+            return False
+        return not keyed or len(self._key_order) + self._reserved_keys < self.settings.max_keys
+
+    async def _reserve(self, size: int, keyed: bool) -> None:
+        if not self._has_room(size, keyed):
+            self.stats.cap_waits += 1
+            log.debug("wal.cap_wait", bytes=size, used=self._segments.total_bytes)
+            with trio.move_on_after(self.settings.full_wait_seconds):
+                while not self._has_room(size, keyed):
+                    if self._closing or self._stopped:
+                        raise WalClosed("the write-ahead log is closed")
+                    await self._space.wait()
+            if not self._has_room(size, keyed):
+                self.stats.cap_refusals += 1
+                raise WalFull(
+                    f"the write-ahead log is at its cap ({self.settings.max_bytes} bytes, "
+                    f"{self.settings.max_keys} keys) and the table did not catch up within "
+                    f"{self.settings.full_wait_seconds:g}s"
+                )
+        self._reserved += size
+        self._reserved_keys += keyed
+
+    # -- the flusher ---------------------------------------------------------
+
+    def _expected_group(self) -> int:
+        """Records worth waiting for: the last group's size while appends keep coming, else 1."""
+        if self._pending_since - self._last_flush_end <= self.settings.flush_delay_seconds:
+            return max(1, self._last_group)
+        return 1
+
+    def _group_ready(self, expected: int) -> bool:
+        return (
+            self._closing
+            or len(self._pending) >= expected
+            or self._pending_bytes >= self.settings.flush_bytes
+        )
+
+    async def _gather(self) -> None:
+        """Wait, at most the flush delay after the first pending append, for the group to fill."""
+        expected = self._expected_group()
+        deadline = self._pending_since + self.settings.flush_delay_seconds
+        while not self._group_ready(expected) and trio.current_time() < deadline:
+            with trio.move_on_at(deadline):
+                await self._work.wait()
+
+    def _take_group(self) -> list[_Pending]:
+        group: list[_Pending] = []
+        nbytes = 0
+        limit = self.settings.group_max_bytes
+        while self._pending and (not group or nbytes + self._pending[0].size <= limit):
+            item = self._pending.popleft()
+            group.append(item)
+            nbytes += item.size
+        self._pending_bytes -= nbytes
+        return group
+
+    def _put_back(self, items: list[_Pending]) -> None:
+        """Return items not written to the front of the pending list, in order."""
+        if not items:
+            return
+        if not self._pending:
+            self._pending_since = trio.current_time()
+        self._pending.extendleft(reversed(items))
+        self._pending_bytes += sum(item.size for item in items)
+
+    async def _flush(self) -> None:
+        group = self._take_group()
+        written: Written | None = None
+        failed = False
+        try:
+            written = await trio.to_thread.run_sync(
+                self._segments.write_group, [item.entry for item in group],
+                limiter=self._io_limiter,
+            )  # fmt: skip
+        except WalWriteError as exc:
+            failed = True
+            self._fail(group, exc)
+        finally:
+            if written is None and not failed:
+                # Cancelled before the thread started: nothing was written.
+                self._put_back(group)
+        if written is None:
+            return
+        count = len(written.lsns)
+        for item, lsn in zip(group, written.lsns, strict=False):
+            item.lsn = lsn
+            if item.key is not None:
+                self._keys[item.key] = lsn
+                self._key_order.append((lsn, item.key))
+                self._reserved_keys -= 1
+            self._reserved -= item.size
+            self.stats.bytes_written += item.size
+            item.done.set()
+        self._put_back(group[count:])
+        self._durable_end = written.end
+        self._last_group = count
+        self._last_flush_end = trio.current_time()
+        self.stats.groups += 1
+        self.stats.last_group = count
+        self._durable.wake()
+
+    def _fail(self, group: list[_Pending], error: WalWriteError) -> None:
+        self.stats.failed_groups += 1
+        log.error(
+            "wal.append_failed", records=len(group), bytes=sum(i.size for i in group),
+            reason=error.reason, errno=error.errno, disk_full=error.disk_full,
+        )  # fmt: skip
+        for item in group:
+            self._release(item, error)
+        self._space.wake()
+
+    def _release(self, item: _Pending, error: WalError) -> None:
+        self._reserved -= item.size
+        self._reserved_keys -= item.key is not None
+        item.error = error
+        item.done.set()
+
+    def _fail_pending(self, error: WalError) -> None:
+        while self._pending:
+            self._release(self._pending.popleft(), error)
+        self._pending_bytes = 0
+
+    def _wake_all(self) -> None:
+        self._space.wake()
+        self._durable.wake()
+        self._committed_signal.wake()
+
+    # -- the committed position ---------------------------------------------
+
+    @property
+    def committed(self) -> int:
+        """Position up to which the table holds the log: replay starts here."""
+        return self._committed
+
+    @property
+    def durable_end(self) -> int:
+        """Position just past the last durable record."""
+        return self._durable_end
+
+    @property
+    def uncommitted_bytes(self) -> int:
+        """Bytes of durable records not yet committed to the table."""
+        return self._durable_end - self._committed
+
+    @property
+    def total_bytes(self) -> int:
+        """Bytes of the log's segment files (what the cap counts, with pending appends)."""
+        return self._segments.total_bytes
+
+    def segments(self) -> list[SegmentInfo]:
+        """The segment files, oldest first."""
+        return self._segments.segments()
+
+    async def mark_committed(self, position: int) -> None:
+        """Record that the table holds every record before ``position`` (a record's ``end``).
+
+        Deletes the segments wholly before it (not the active one) and frees
+        their room under the cap. A position at or before the current one is
+        ignored.
+
+        Raises:
+            ValueError: ``position`` is past the durable end.
+        """
+        if position > self._durable_end:
+            raise ValueError(f"position {position} is past the durable end {self._durable_end}")
+        if position <= self._committed:
+            return
+        self._committed = position
+        while self._key_order and self._key_order[0][0] < position:
+            lsn, key = self._key_order.popleft()
+            if self._keys.get(key) == lsn:
+                del self._keys[key]
+        self._committed_signal.wake()
+        await trio.to_thread.run_sync(
+            self._segments.delete_committed, position, limiter=self._io_limiter
+        )
+        self._space.wake()
+
+    def uncommitted_lsn(self, key: DedupeKey) -> int | None:
+        """The LSN of a durable, uncommitted record with dedupe key ``key``, if there is one."""
+        return self._keys.get(key)
+
+    def uncommitted_keys(self) -> frozenset[DedupeKey]:
+        """Dedupe keys of durable records not yet committed (from headers: no body decoded)."""
+        return frozenset(self._keys)
+
+    # -- waiting and reading -------------------------------------------------
+
+    async def _wait_for(self, done: Callable[[], bool], signal: _Signal, what: str) -> None:
+        while not done():
+            if self._stopped:
+                raise WalClosed(f"the write-ahead log stopped before {what}")
+            await signal.wait()
+
+    async def wait_durable(self, after: int) -> None:
+        """Wait until a durable record ends past position ``after`` (new records to read).
+
+        Raises:
+            WalClosed: the log stopped first.
+        """
+        await self._wait_for(lambda: self._durable_end > after, self._durable, "new records")
+
+    async def wait_committed(self, lsn: int) -> None:
+        """Wait until the record at ``lsn`` is committed to the table (``ack = "commit"``).
+
+        Raises:
+            WalClosed: the log stopped first.
+        """
+        await self._wait_for(lambda: self._committed > lsn, self._committed_signal, "the commit")
+
+    async def read(self, after: int, max_bytes: int) -> list[Frame]:
+        """Durable records from the boundary ``after`` on (worker thread), about ``max_bytes``.
+
+        At least one record when there is one. The writer reads from its
+        committed position, commits, and calls :meth:`mark_committed` with
+        the last record's ``end``.
+
+        Raises:
+            ValueError: ``after`` is past the durable end or not a record boundary.
+            WalCorrupt: bytes recovery verified no longer verify.
+        """
+        return await trio.to_thread.run_sync(
+            self._segments.read, after, max_bytes, self._durable_end, limiter=self._read_limiter
+        )
+
+
+@asynccontextmanager
+async def open_wal(
+    directory: Path, committed: int, settings: WalSettings | None = None
+) -> AsyncIterator[WriteAheadLog]:
+    """Open and recover the log, run its flusher, and on exit write what is pending and close.
+
+    Args:
+        directory: the log's directory (``<state_dir>/wal``).
+        committed: the position the table's app transaction records (0 for a new table).
+        settings: limits and timings.
+    """
+    wal = WriteAheadLog(directory, settings)
+    await wal.open(committed)
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(wal.run)
+            try:
+                yield wal
+            finally:
+                await wal.close()
+    finally:
+        wal.close_files()
