@@ -79,6 +79,15 @@ def with_crc(header: bytes) -> bytes:
 #: (name, header bytes, expected header fields: version, command, family,
 #: transport, source, destination).
 Expected = tuple[int, Command, Family, Transport, Endpoint | None, Endpoint | None]
+
+
+def unmapped(family: Family, transport: Transport, command: Command = Command.PROXY) -> Expected:
+    """A v2 header whose addresses the reader does not map to a client."""
+    return 2, command, family, transport, None, None
+
+
+V1_UNKNOWN: Expected = (1, Command.PROXY, Family.UNSPEC, Transport.UNSPEC, None, None)
+
 # fmt: off
 VALID: list[tuple[str, bytes, Expected]] = [
     # §2.1: the example line before an HTTP request.
@@ -117,22 +126,14 @@ VALID: list[tuple[str, bytes, Expected]] = [
          ep("2001:db8::1", 40000), ep("::ffff:127.0.0.1", 24224)),
     ),
     # §2.1: UNKNOWN, short form (15 chars) and worst case (107 chars, ignored).
-    (
-        "v1-unknown-short",
-        b"PROXY UNKNOWN\r\n",
-        (1, Command.PROXY, Family.UNSPEC, Transport.UNSPEC, None, None),
-    ),
+    ("v1-unknown-short", b"PROXY UNKNOWN\r\n", V1_UNKNOWN),
     (
         "v1-unknown-worst-case",
         b"PROXY UNKNOWN ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff "
         b"ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff 65535 65535\r\n",
-        (1, Command.PROXY, Family.UNSPEC, Transport.UNSPEC, None, None),
+        V1_UNKNOWN,
     ),
-    (
-        "v1-unknown-anything",
-        b"PROXY UNKNOWN whatever \x00\xff follows\r\n",
-        (1, Command.PROXY, Family.UNSPEC, Transport.UNSPEC, None, None),
-    ),
+    ("v1-unknown-anything", b"PROXY UNKNOWN whatever \x00\xff follows\r\n", V1_UNKNOWN),
     # §2.2: each family/protocol byte the spec lists, with the PROXY command.
     (
         "v2-tcp4",
@@ -147,42 +148,18 @@ VALID: list[tuple[str, bytes, Expected]] = [
          ep("2001:db8::1", 40000), ep("2001:db8::2", 24224)),
     ),
     # UDP, UNIX and UNSPEC are valid but not mapped: the connection's address stands.
-    (
-        "v2-udp4",
-        v2(0x21, 0x12, IPV4_BLOCK),
-        (2, Command.PROXY, Family.INET, Transport.DGRAM, None, None),
-    ),
-    (
-        "v2-udp6",
-        v2(0x21, 0x22, IPV6_BLOCK),
-        (2, Command.PROXY, Family.INET6, Transport.DGRAM, None, None),
-    ),
-    (
-        "v2-unix-stream",
-        v2(0x21, 0x31, UNIX_BLOCK),
-        (2, Command.PROXY, Family.UNIX, Transport.STREAM, None, None),
-    ),
-    (
-        "v2-unix-dgram",
-        v2(0x21, 0x32, UNIX_BLOCK),
-        (2, Command.PROXY, Family.UNIX, Transport.DGRAM, None, None),
-    ),
-    (
-        "v2-proxy-unspec",
-        v2(0x21, 0x00, b""),
-        (2, Command.PROXY, Family.UNSPEC, Transport.UNSPEC, None, None),
-    ),
+    ("v2-udp4", v2(0x21, 0x12, IPV4_BLOCK), unmapped(Family.INET, Transport.DGRAM)),
+    ("v2-udp6", v2(0x21, 0x22, IPV6_BLOCK), unmapped(Family.INET6, Transport.DGRAM)),
+    ("v2-unix-stream", v2(0x21, 0x31, UNIX_BLOCK), unmapped(Family.UNIX, Transport.STREAM)),
+    ("v2-unix-dgram", v2(0x21, 0x32, UNIX_BLOCK), unmapped(Family.UNIX, Transport.DGRAM)),
+    ("v2-proxy-unspec", v2(0x21, 0x00, b""), unmapped(Family.UNSPEC, Transport.UNSPEC)),
     # LOCAL (a health check): the block is skipped whatever it holds (§2.2:
     # "must not assume zero is presented for LOCAL connections").
-    (
-        "v2-local",
-        v2(0x20, 0x00, b""),
-        (2, Command.LOCAL, Family.UNSPEC, Transport.UNSPEC, None, None),
-    ),
+    ("v2-local", v2(0x20, 0x00, b""), unmapped(Family.UNSPEC, Transport.UNSPEC, Command.LOCAL)),
     (
         "v2-local-with-addresses",
         v2(0x20, 0x11, IPV4_BLOCK + b"\x99\x99"),
-        (2, Command.LOCAL, Family.INET, Transport.STREAM, None, None),
+        unmapped(Family.INET, Transport.STREAM, Command.LOCAL),
     ),
     # TLVs after the addresses: skipped, the CRC32c checked.
     (
