@@ -23,7 +23,7 @@ from appliance.lake.rows import RowBlock
 from appliance.protocols.websocket_messages import MessageError, parse_target
 
 FUZZ_DIR = Path(__file__).resolve().parents[2] / "fuzz"
-TARGETS = ("forward", "lumberjack", "courier", "logjam", "websocket")
+TARGETS = ("forward", "lumberjack", "courier", "logjam", "websocket", "proxy")
 
 #: Issue 13's inputs: (target, seed) -> rows stored.
 ISSUE13: dict[tuple[str, str], int] = {
