@@ -22,6 +22,7 @@ import struct
 import sys
 import zlib
 from collections.abc import Iterable
+from ipaddress import ip_address
 from pathlib import Path
 from typing import Any, Final
 
@@ -31,6 +32,7 @@ if not __package__:  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from appliance.lake.blocks import dedupe_key
+from appliance.protocols.proxy import V2_SIGNATURE, Endpoint, encode_v1, encode_v2
 from appliance.rows.block import RowBlock
 from appliance.wal.blocks import encode_block
 from appliance.wal.frame import KIND_ROW_BLOCK, encode_key, frame_header
@@ -591,6 +593,79 @@ def wal_seeds() -> Iterable[Seed]:
     yield seed("bad-key.recover", bad_key + _wal_record(len(bad_key), b"x", None, 0), RECOVER)
 
 
+# -- proxy -------------------------------------------------------------------------
+
+
+def _pp2(ver_cmd: int, fam: int, body: bytes, length: int | None = None) -> bytes:
+    size = len(body) if length is None else length
+    return V2_SIGNATURE + bytes([ver_cmd, fam]) + struct.pack(">H", size) + body
+
+
+def _tlv(kind: int, value: bytes) -> bytes:
+    return bytes([kind]) + struct.pack(">H", len(value)) + value
+
+
+def proxy_seeds() -> Iterable[Seed]:
+    """Every header form doc/proxy-protocol.txt shows, then what follows; and hostile ones."""
+    four = (Endpoint(ip_address("192.168.0.1"), 56324), Endpoint(ip_address("192.168.0.11"), 443))
+    six = (
+        Endpoint(ip_address("2001:db8::1"), 40000),
+        Endpoint(ip_address("::ffff:1.2.3.4"), 24224),
+    )
+    ipv4_block = bytes([192, 168, 0, 1, 192, 168, 0, 11]) + struct.pack(">HH", 56324, 443)
+    unix_block = b"/run/a.sock".ljust(108, b"\0") + b"/run/b.sock".ljust(108, b"\0")
+    ssl = _tlv(0x20, b"\x07\0\0\0\0" + _tlv(0x21, b"TLSv1.3") + _tlv(0x22, b"client.example"))
+    after = b"\x16\x03\x01\x00\x05hello"  # the start of a TLS record
+    valid = {
+        "v1-spec-example": b"PROXY TCP4 192.168.0.1 192.168.0.11 56324 443\r\nGET / HTTP/1.1\r\n",
+        "v1-tcp4-longest": b"PROXY TCP4 255.255.255.255 255.255.255.255 65535 65535\r\n" + after,
+        "v1-tcp6": encode_v1(*six) + after,
+        "v1-tcp6-longest": b"PROXY TCP6 ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff "
+        b"ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff 65535 65535\r\n" + after,
+        "v1-unknown": b"PROXY UNKNOWN\r\n" + after,
+        "v1-unknown-worst-case": b"PROXY UNKNOWN ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff "
+        b"ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff 65535 65535\r\n" + after,
+        "v2-tcp4": encode_v2(*four) + after,
+        "v2-tcp6": encode_v2(*six) + after,
+        "v2-local": encode_v2(None, None) + after,
+        "v2-local-addresses": _pp2(0x20, 0x11, ipv4_block) + after,
+        "v2-udp4": _pp2(0x21, 0x12, ipv4_block) + after,
+        "v2-unix": _pp2(0x21, 0x31, unix_block) + after,
+        "v2-unspec": _pp2(0x21, 0x00, b"") + after,
+        "v2-tlvs": encode_v2(
+            *four, tlvs=((0x01, b"h2"), (0x02, b"logs.example"), (0x04, b""), (0x05, bytes(16)),
+                         (ssl[0], ssl[3:]), (0xE0, b"custom"))
+        ) + after,
+        "v2-crc32c": encode_v2(*six, tlvs=((0x04, b"pad"),), checksum=True) + after,
+    }  # fmt: skip
+    for name, payload in valid.items():
+        yield from split_variants(name, payload)
+    yield seed("small-limits-v2-tlvs", valid["v2-tlvs"], SMALL_LIMITS)
+    yield seed("small-limits-v2-tcp6", valid["v2-tcp6"], SMALL_LIMITS)
+    hostile = {
+        "tls-first": after,
+        "v1-leading-zero-port": b"PROXY TCP4 1.2.3.4 5.6.7.8 080 443\r\n",
+        "v1-leading-zero-octet": b"PROXY TCP4 192.168.01.1 5.6.7.8 1 2\r\n",
+        "v1-port-over": b"PROXY TCP4 1.2.3.4 5.6.7.8 65536 2\r\n",
+        "v1-family-mismatch": b"PROXY TCP4 ::1 ::1 1 2\r\n",
+        "v1-bare-lf": b"PROXY TCP4 1.2.3.4 5.6.7.8 1 2\n",
+        "v1-bare-cr": b"PROXY UNKNOWN a\rb\r\n",
+        "v1-no-crlf": b"PROXY UNKNOWN " + b"x" * 200,
+        "v1-zone-index": b"PROXY TCP6 fe80::1%eth0 ::1 1 2\r\n",
+        "v2-version-1": V2_SIGNATURE + b"\x11\x11\x00\x0c" + ipv4_block,
+        "v2-command-2": V2_SIGNATURE + b"\x22\x11\x00\x0c" + ipv4_block,
+        "v2-family-0x13": V2_SIGNATURE + b"\x21\x13\x00\x0c" + ipv4_block,
+        "v2-huge-length": _pp2(0x21, 0x11, ipv4_block, length=0xFFFF),
+        "v2-short-addresses": _pp2(0x21, 0x21, ipv4_block),
+        "v2-tlv-past-end": _pp2(0x21, 0x11, ipv4_block + b"\x04\x00\x09abc"),
+        "v2-tlv-leftover": _pp2(0x21, 0x11, ipv4_block + b"\x04\x00"),
+        "v2-crc32c-wrong": _pp2(0x21, 0x11, ipv4_block + _tlv(0x03, b"\xde\xad\xbe\xef")),
+    }
+    for name, payload in hostile.items():
+        yield seed(name, payload)
+    yield seed("v2-truncated", valid["v2-tcp6"][:30], BYTEWISE)
+
+
 TARGETS: Final = {
     "forward": forward_seeds,
     "lumberjack": lumberjack_seeds,
@@ -598,6 +673,7 @@ TARGETS: Final = {
     "logjam": logjam_seeds,
     "websocket": websocket_seeds,
     "wal": wal_seeds,
+    "proxy": proxy_seeds,
 }
 
 

@@ -17,12 +17,14 @@ from types import ModuleType
 import pytest
 
 import fuzz.harness as harness
+from appliance.protocols.errors import RemoteProtocolError
+from appliance.protocols.proxy import MAX_V2_PAYLOAD_BYTES, ProxyHeaderReader
 from appliance.rows.block import RowBlock
 from appliance.server.connection import Action, Arrival, Close
 from appliance.server.transports.stream import ByteStreamSession
 
 FUZZ_DIR = Path(__file__).resolve().parents[2] / "fuzz"
-TARGETS = ("forward", "lumberjack", "courier", "logjam", "websocket", "wal")
+TARGETS = ("forward", "lumberjack", "courier", "logjam", "websocket", "wal", "proxy")
 
 
 def target(name: str) -> ModuleType:
@@ -133,3 +135,36 @@ def test_check_rows_refuses_a_block_the_writer_would_refuse() -> None:
         times_ns=[None], records=["{}"],
     )  # fmt: skip
     assert harness.check_rows(block) is False
+
+
+@pytest.mark.parametrize(
+    ("seed", "client"),
+    [
+        ("v1-spec-example", "192.168.0.1:56324"),
+        ("v1-tcp6.bytewise", "[2001:db8::1]:40000"),
+        ("v2-tcp4.split", "192.168.0.1:56324"),
+        ("v2-crc32c", "[2001:db8::1]:40000"),
+        ("v2-tlvs", "192.168.0.1:56324"),
+        ("v2-local", None),
+        ("v1-unknown", None),
+        ("v1-leading-zero-port", "error"),
+        ("v2-crc32c-wrong", "error"),
+        ("small-limits-v2-tlvs", "error"),
+        ("v2-truncated", "incomplete"),
+    ],
+)
+def test_proxy_seeds_reach_a_header(seed: str, client: str | None) -> None:
+    """The PROXY target is not vacuous: valid seeds name their client, hostile ones fail."""
+    fuzz = harness.FuzzInput.parse((FUZZ_DIR / "corpus" / "proxy" / seed).read_bytes())
+    small = fuzz.has(harness.SMALL_LIMITS)
+    limit = target("proxy").SMALL_V2_PAYLOAD_BYTES if small else MAX_V2_PAYLOAD_BYTES
+    reader = ProxyHeaderReader(max_v2_payload_bytes=limit)
+    try:
+        header = next((h for h in map(reader.receive, fuzz.reads()) if h is not None), None)
+    except RemoteProtocolError:
+        assert client == "error"
+        return
+    if header is None:
+        assert client == "incomplete"
+        return
+    assert (str(header.source) if header.source else None) == client
