@@ -20,7 +20,7 @@ import threading
 import zlib
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -33,6 +33,7 @@ from appliance.config import ConfigError, LogjamListenerConfig, parse_config, se
 from appliance.lake.errors import BlockRefused
 from appliance.lake.table import EventsTable
 from appliance.lake.writer import CommitTicket, LakeWriter, WriterSettings
+from appliance.metrics import Metrics
 from appliance.protocols.logjam import (
     MAX_MESSAGE_FRAMES,
     Compression,
@@ -125,7 +126,12 @@ class Harness:
 
 @asynccontextmanager
 async def logjam_service(
-    tmp_path: Path, *, writer: Any = None, curve: bool = False, **settings: Any
+    tmp_path: Path,
+    *,
+    writer: Any = None,
+    curve: bool = False,
+    metrics: Metrics | None = None,
+    **settings: Any,
 ) -> AsyncIterator[Harness]:
     """Run :func:`serve_logjam` (and a real writer unless one is given) until the block ends.
 
@@ -148,6 +154,8 @@ async def logjam_service(
     config = LogjamListenerConfig(curve=curve, **settings)
     lifecycle = Lifecycle()
     context = ServiceContext(writer, lifecycle)
+    if metrics is not None:
+        context = replace(context, metrics=metrics)
     async with trio.open_nursery() as nursery:
         if real:
             nursery.start_soon(writer.run)
@@ -251,6 +259,25 @@ async def test_202_goes_out_only_after_the_commit(tmp_path: Path) -> None:
         writer.commit(0)
         assert await in_thread(receive, dealer) == [APP_ENV, b"202 Accepted"]
         dealer.close()
+
+
+@pytest.mark.trio
+async def test_a_202_counts_as_an_ack_and_a_400_or_a_pong_does_not(tmp_path: Path) -> None:
+    # Issue 15: Logjam's 202s are its acks, in acks_sent and ack_latency.
+    writer, metrics = StandInWriter(), Metrics(process=False)
+    async with logjam_service(tmp_path, writer=writer, metrics=metrics) as service:
+        dealer = client(zmq.DEALER, service.router)
+        await in_thread(send, dealer, [b"", *message(1)])
+        await in_thread(send, dealer, [b"", b"ping", APP_ENV, b"{}", meta()])
+        await in_thread(send, dealer, [b"", APP_ENV, b"bad topic", body(), meta(3)])
+        await writer.wait_blocks(1)
+        writer.commit(0)
+        for _ in range(3):
+            await in_thread(receive, dealer)
+        dealer.close()
+    text = metrics.exposition()[0].decode()
+    assert 'appliance_acks_sent_total{listener="logjam",protocol="logjam"} 1.0' in text
+    assert 'appliance_ack_latency_seconds_count{listener="logjam",protocol="logjam"} 1.0' in text
 
 
 @pytest.mark.trio
