@@ -13,26 +13,15 @@ default); with ``SMALL_LIMITS`` 512-byte payloads, 2 KiB decompressed,
 from __future__ import annotations
 
 import sys
-from contextlib import nullcontext
 from pathlib import Path
-from typing import Any, Final
+from typing import Final
 
 if not __package__:  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-try:
-    import atheris
-except ImportError:  # run_one works without it
-    atheris = None
+from fuzz.instrument import instrumented
 
-
-def _instrumented() -> Any:
-    if atheris is None or __name__ != "__main__":
-        return nullcontext()
-    return atheris.instrument_imports(include=["appliance", "fuzz"])
-
-
-with _instrumented():
+with instrumented(__name__):
     from appliance.config import CourierListenerConfig
     from appliance.server.sessions.courier import CourierSession
     from fuzz.harness import SMALL_LIMITS, FuzzInput, connection_info, drive, fuzz_main

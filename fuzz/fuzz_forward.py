@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import SimpleNamespace
@@ -43,19 +43,9 @@ from typing import Any, Final
 if not __package__:  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-try:
-    import atheris
-except ImportError:  # run_one works without it
-    atheris = None
+from fuzz.instrument import instrumented
 
-
-def _instrumented() -> Any:
-    if atheris is None or __name__ != "__main__":
-        return nullcontext()
-    return atheris.instrument_imports(include=["appliance", "auth", "fuzz"])
-
-
-with _instrumented():
+with instrumented(__name__):
     from appliance.config import ForwardListenerConfig
     from appliance.protocols.forward_handshake import Verdict
     from appliance.server.sessions import forward as forward_session

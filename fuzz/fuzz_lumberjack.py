@@ -12,26 +12,15 @@ a window of 4 events, 512-byte frames, 2 KiB decompressed, 1 KiB per window.
 from __future__ import annotations
 
 import sys
-from contextlib import nullcontext
 from pathlib import Path
-from typing import Any, Final
+from typing import Final
 
 if not __package__:  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-try:
-    import atheris
-except ImportError:  # run_one works without it
-    atheris = None
+from fuzz.instrument import instrumented
 
-
-def _instrumented() -> Any:
-    if atheris is None or __name__ != "__main__":
-        return nullcontext()
-    return atheris.instrument_imports(include=["appliance", "fuzz"])
-
-
-with _instrumented():
+with instrumented(__name__):
     from appliance.config import LumberjackListenerConfig
     from appliance.server.sessions.lumberjack import LumberjackSession
     from fuzz.harness import SMALL_LIMITS, FuzzInput, connection_info, drive, fuzz_main

@@ -19,12 +19,12 @@ __all__ = ["instrumented"]
 
 
 def instrumented(module_name: str) -> AbstractContextManager[object]:
-    """Atheris' import instrumentation for ``appliance`` and ``fuzz`` when
+    """Atheris' import instrumentation for ``appliance``, ``auth`` and ``fuzz`` when
     ``module_name`` is ``"__main__"`` (the target runs as a script) and atheris
     is installed; otherwise a context that does nothing."""
     if atheris is None or module_name != "__main__":
         return nullcontext()
     context: AbstractContextManager[object] = atheris.instrument_imports(
-        include=["appliance", "fuzz"]
+        include=["appliance", "auth", "fuzz"]
     )
     return context
