@@ -5,11 +5,8 @@ The end-to-end test on a real small filesystem is test_diskguard_tmpfs.py.
 
 from __future__ import annotations
 
-import logging
 import time
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import trio
@@ -22,6 +19,7 @@ from appliance.lake.errors import BlockRefused
 from appliance.lake.table import EventsTable
 from appliance.lake.writer import LakeWriter, WriterSettings
 from appliance.rows.block import RowBlock
+from tests.appliance.lake.logcapture import logged
 
 MIB = 1024**2
 PATIENCE_SECONDS = 60
@@ -44,18 +42,8 @@ class Disk:
         return self.now
 
 
-@pytest.fixture
-def guard_log(caplog: pytest.LogCaptureFixture) -> Iterator[pytest.LogCaptureFixture]:
-    with caplog.at_level(logging.INFO):
-        yield caplog
-
-
-def _events(caplog: pytest.LogCaptureFixture, name: str) -> list[dict[str, Any]]:
-    return [getattr(r, "fields", {}) for r in caplog.records if r.getMessage() == name]
-
-
 def test_below_the_watermark_refuses_and_above_it_resumes(
-    guard_log: pytest.LogCaptureFixture,
+    info_log: pytest.LogCaptureFixture,
 ) -> None:
     disk = Disk(total=1000 * MIB, free=500 * MIB)
     guard = DiskGuard("/t", 100 * MIB, 5.0, clock=disk.clock, measure=disk.measure)
@@ -74,8 +62,8 @@ def test_below_the_watermark_refuses_and_above_it_resumes(
     guard.check()
     assert guard.reason is None
     # One line when entering the state, one when leaving it.
-    assert len(_events(guard_log, "disk_guard.refusing")) == 1
-    resumed = _events(guard_log, "disk_guard.resumed")
+    assert len(logged(info_log, "disk_guard.refusing")) == 1
+    resumed = logged(info_log, "disk_guard.resumed")
     assert len(resumed) == 1
     assert resumed[0]["refused_batches"] == 1
 
@@ -111,9 +99,9 @@ def test_a_failing_statvfs_does_not_refuse() -> None:
     assert guard.refusal() is None
 
 
-def test_object_storage_has_no_guard(guard_log: pytest.LogCaptureFixture) -> None:
+def test_object_storage_has_no_guard(info_log: pytest.LogCaptureFixture) -> None:
     assert DiskGuard.for_table("s3://bucket/events", MIB, 5.0) is None
-    assert _events(guard_log, "disk_guard.off")[0]["table"] == "s3://bucket/events"
+    assert logged(info_log, "disk_guard.off")[0]["table"] == "s3://bucket/events"
     assert diskguard.local_path("file:///var/lake/events") == "/var/lake/events"
     assert diskguard.local_path("/var/lake/events") == "/var/lake/events"
     assert diskguard.local_path("gs://b/events") is None

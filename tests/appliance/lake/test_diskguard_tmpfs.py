@@ -16,7 +16,6 @@ until the filesystem is below the watermark; then:
 from __future__ import annotations
 
 import base64
-import logging
 import os
 import ssl
 import time
@@ -36,6 +35,7 @@ from appliance.config import Config, ForwardListenerConfig, LakeConfig, WebSocke
 from appliance.lake import diskguard
 from auth import schema
 from auth.tokens import TokenStore
+from tests.appliance.lake.logcapture import logged
 from tests.faults import small_tmpfs
 
 MIB = 1024**2
@@ -56,16 +56,6 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
     """A 48 MiB tmpfs at ``tmp_path/disk``, unmounted afterwards."""
     with small_tmpfs(tmp_path / "disk", TMPFS_BYTES) as mountpoint:
         yield mountpoint
-
-
-@pytest.fixture
-def guard_log(caplog: pytest.LogCaptureFixture) -> Iterator[pytest.LogCaptureFixture]:
-    with caplog.at_level(logging.INFO):
-        yield caplog
-
-
-def _events(caplog: pytest.LogCaptureFixture, name: str) -> list[dict[str, Any]]:
-    return [getattr(r, "fields", {}) for r in caplog.records if r.getMessage() == name]
 
 
 def forward_batch(chunk: str) -> bytes:
@@ -127,7 +117,7 @@ async def websocket_send(running: service.Running, token: str, msg_id: str) -> d
 
 @pytest.mark.trio
 async def test_a_full_disk_refuses_new_batches_loses_nothing_acked_and_recovers(
-    tmp_path: Path, small_disk: Path, guard_log: pytest.LogCaptureFixture
+    tmp_path: Path, small_disk: Path, info_log: pytest.LogCaptureFixture
 ) -> None:
     table_uri = str(small_disk / "events")
     config = Config(
@@ -203,7 +193,7 @@ async def test_a_full_disk_refuses_new_batches_loses_nothing_acked_and_recovers(
             assert set(acked) <= set(batches)
             assert refused_chunk not in batches
             assert "ws-2" not in batches
-            refusing = _events(guard_log, "disk_guard.refusing")
+            refusing = logged(info_log, "disk_guard.refusing")
             assert len(refusing) == 1
             assert refusing[0]["watermark_bytes"] == watermark
 
@@ -214,7 +204,7 @@ async def test_a_full_disk_refuses_new_batches_loses_nothing_acked_and_recovers(
                 "ack": refused_chunk
             }
             assert (await websocket_send(running, token, "ws-2")) == {"ack": "ws-2"}
-            assert len(_events(guard_log, "disk_guard.resumed")) == 1
+            assert len(logged(info_log, "disk_guard.resumed")) == 1
         finally:
             stop.set()
     rows = DeltaTable(table_uri).to_pyarrow_table().to_pylist()

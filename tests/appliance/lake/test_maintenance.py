@@ -6,13 +6,11 @@ threads). Nothing asserts a duration: waits are bounded only to fail a hung test
 
 from __future__ import annotations
 
-import logging
 import os
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -28,6 +26,7 @@ from appliance.lake.errors import LakeError
 from appliance.lake.table import EventsTable
 from appliance.lake.writer import LakeWriter, WriterSettings
 from appliance.rows.block import RowBlock
+from tests.appliance.lake.logcapture import logged
 
 FAST = WriterSettings(
     commit_max_delay_seconds=0.01, retry_initial_seconds=0.05, retry_max_seconds=0.2
@@ -232,19 +231,9 @@ async def test_compaction_through_the_writer_while_ingest_continues(tmp_path: Pa
     assert len({r["batch_id"] for r in table.to_pyarrow_table().to_pylist()}) == 40
 
 
-@pytest.fixture
-def maintenance_log(caplog: pytest.LogCaptureFixture) -> Iterator[pytest.LogCaptureFixture]:
-    with caplog.at_level(logging.INFO):
-        yield caplog
-
-
-def _events(caplog: pytest.LogCaptureFixture, name: str) -> list[dict[str, Any]]:
-    return [getattr(r, "fields", {}) for r in caplog.records if r.getMessage() == name]
-
-
 @pytest.mark.trio
 async def test_the_schedule_runs_every_operation_and_skips_while_locked(
-    tmp_path: Path, maintenance_log: pytest.LogCaptureFixture
+    tmp_path: Path, info_log: pytest.LogCaptureFixture
 ) -> None:
     uri = str(tmp_path / "events")
     config = Config(
@@ -266,12 +255,12 @@ async def test_the_schedule_runs_every_operation_and_skips_while_locked(
         with maintenance.MaintenanceLock(maintenance.lock_path(tmp_path)):
             nursery.start_soon(maintenance.run_maintenance, writer, config)
             with trio.fail_after(PATIENCE_SECONDS):
-                while not _events(maintenance_log, "maintenance.skipped"):
+                while not logged(info_log, "maintenance.skipped"):
                     await trio.sleep(0.01)
             # Version 0 creates the table, 1 is the writer's claim on its app id.
             assert DeltaTable(uri).version() == 7
         with trio.fail_after(PATIENCE_SECONDS):
-            while {e.get("operation") for e in _events(maintenance_log, "maintenance.done")} != {
+            while {e.get("operation") for e in logged(info_log, "maintenance.done")} != {
                 "compact",
                 "checkpoint",
                 "vacuum",
@@ -280,7 +269,7 @@ async def test_the_schedule_runs_every_operation_and_skips_while_locked(
         nursery.cancel_scope.cancel()
     assert maintenance.table_stats(uri).files == 1
     assert (Path(uri) / "_delta_log" / "_last_checkpoint").exists()
-    assert not _events(maintenance_log, "maintenance.failed")
+    assert not logged(info_log, "maintenance.failed")
 
 
 @pytest.mark.trio

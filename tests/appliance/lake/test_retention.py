@@ -10,13 +10,11 @@ import contextlib
 import datetime as dt
 import io
 import json
-import logging
 import os
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -42,6 +40,7 @@ from appliance.lake.table import EventsTable
 from appliance.lake.writer import LakeWriter, WriterSettings
 from appliance.rows.block import RowBlock
 from appliance.state_lock import StateLock
+from tests.appliance.lake.logcapture import logged
 
 FAST = WriterSettings(
     commit_max_delay_seconds=0.01, retry_initial_seconds=0.05, retry_max_seconds=0.2
@@ -589,19 +588,9 @@ def test_a_delete_that_loses_a_race_runs_again(
 # -- the service's schedule and the CLI ------------------------------------------------
 
 
-@pytest.fixture
-def maintenance_log(caplog: pytest.LogCaptureFixture) -> Iterator[pytest.LogCaptureFixture]:
-    with caplog.at_level(logging.INFO):
-        yield caplog
-
-
-def _events(caplog: pytest.LogCaptureFixture, name: str) -> list[dict[str, Any]]:
-    return [getattr(r, "fields", {}) for r in caplog.records if r.getMessage() == name]
-
-
 @pytest.mark.trio
 async def test_the_service_expires_on_its_schedule(
-    tmp_path: Path, maintenance_log: pytest.LogCaptureFixture
+    tmp_path: Path, info_log: pytest.LogCaptureFixture
 ) -> None:
     uri = str(tmp_path / "events")
     config = Config(
@@ -622,18 +611,18 @@ async def test_the_service_expires_on_its_schedule(
                 await ticket.wait()
         nursery.start_soon(maintenance.run_maintenance, writer, config)
         with trio.fail_after(PATIENCE_SECONDS):
-            while not _events(maintenance_log, "maintenance.done"):
+            while not logged(info_log, "maintenance.done"):
                 await trio.sleep(0.01)
             # Ingest goes on after it.
             ticket = await writer.submit(make_block(99, 0))
             await ticket.wait()
         nursery.cancel_scope.cancel()
-    done = _events(maintenance_log, "maintenance.done")[0]
+    done = logged(info_log, "maintenance.done")[0]
     assert done["operation"] == "expire"
     assert done["partitions_removed"] == 2
     assert done["rows_removed"] == 2 * ROWS_PER_BLOCK
     assert {r["batch_id"] for r in rows(uri)} == {"b-0", "b-1", "b-99"}
-    assert not _events(maintenance_log, "maintenance.failed")
+    assert not logged(info_log, "maintenance.failed")
 
 
 def cli(config: Path, *args: str) -> subprocess.CompletedProcess[str]:
