@@ -30,6 +30,7 @@ from appliance.protocols import forward as forward_codec
 from appliance.protocols import logjam as logjam_codec
 from appliance.protocols import lumberjack as lumberjack_codec
 from appliance.protocols import websocket_messages as websocket_codec
+from auth.settings import AuthSettings
 
 __all__ = [
     "AdminConfig",
@@ -638,16 +639,19 @@ class Config:
         return self.state_dir / "pki"
 
     @property
+    def auth_settings(self) -> AuthSettings:
+        """How to open the auth database (:func:`auth.database.open_database` takes it)."""
+        return AuthSettings.under(self.state_dir, self.auth.database_url, self.auth.secret_key_file)
+
+    @property
     def auth_database_url(self) -> str:
         """The credential database's SQLAlchemy URL (SQLite under the state dir by default)."""
-        if self.auth.database_url is not None:
-            return self.auth.database_url
-        return f"sqlite:///{self.state_dir / 'auth' / 'auth.db'}"
+        return self.auth_settings.url
 
     @property
     def auth_secret_key_file(self) -> Path:
         """The key file that encrypts the credential database's secrets."""
-        return self.auth.secret_key_file or self.state_dir / "auth" / "secret.key"
+        return self.auth_settings.secret_key_file
 
 
 def default_config() -> Config:

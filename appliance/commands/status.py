@@ -35,7 +35,7 @@ from typing import Any, Final
 
 import orjson
 
-from appliance.commands.auth import Subparsers
+from appliance.commands.auth_common import Subparsers
 from appliance.config import Config
 
 __all__ = [

@@ -25,7 +25,7 @@ from urllib.parse import urlencode, urlsplit
 
 import orjson
 
-from appliance.commands.auth import Subparsers
+from appliance.commands.auth_common import Subparsers
 from appliance.config import Config, WebSocketListenerConfig
 
 __all__ = ["TOKEN_ENV", "add_parser", "default_url", "format_event", "stream_tail"]
