@@ -33,6 +33,8 @@ from appliance.toml_binder import Binder, BindError, KeyPath, Tagged
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
 
+    from auth.settings import AuthSettings
+
 __all__ = [
     "AdminConfig",
     "AuthConfig",
@@ -632,16 +634,22 @@ class Config:
         return self.state_dir / "pki"
 
     @property
+    def auth_settings(self) -> AuthSettings:
+        """How to open the auth database (:func:`auth.database.open_database` takes it)."""
+        # Imported here: reading a config loads nothing of auth (tests/appliance/test_config.py).
+        from auth.settings import AuthSettings
+
+        return AuthSettings.under(self.state_dir, self.auth.database_url, self.auth.secret_key_file)
+
+    @property
     def auth_database_url(self) -> str:
         """The credential database's SQLAlchemy URL (SQLite under the state dir by default)."""
-        if self.auth.database_url is not None:
-            return self.auth.database_url
-        return f"sqlite:///{self.state_dir / 'auth' / 'auth.db'}"
+        return self.auth_settings.url
 
     @property
     def auth_secret_key_file(self) -> Path:
         """The key file that encrypts the credential database's secrets."""
-        return self.auth.secret_key_file or self.state_dir / "auth" / "secret.key"
+        return self.auth_settings.secret_key_file
 
 
 def default_config() -> Config:

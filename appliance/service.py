@@ -129,26 +129,18 @@ def _credentials(config: Config) -> CredentialStore | None:
     """The auth database, opened only when a listener runs the forward handshake."""
     if "credentials" not in stores_needed(config.listeners):
         return None
-    from auth.schema import prepare  # SQLAlchemy loads only when needed
-    from auth.store import SqlCredentialStore
+    from auth.database import open_database  # SQLAlchemy loads only when needed
 
-    url = config.auth_database_url
-    # The embedded default (SQLite under the state dir) upgrades itself; a
-    # configured database must be upgraded by the operator (appliance db upgrade).
-    prepare(url, upgrade_in_place=config.auth.database_url is None)
-    return SqlCredentialStore(url, config.auth_secret_key_file)
+    return open_database(config.auth_settings).credentials
 
 
 def _tls_audit(config: Config, context: ServiceContext) -> TlsRefusalAudit | None:
     """The audit of refused client certificates, when any listener asks for them."""
     if not any(listener.tls and listener.client_auth != "off" for listener in config.listeners):
         return None
-    from auth.schema import prepare
-    from auth.store import SqlCredentialStore
+    from auth.database import open_database
 
-    url = config.auth_database_url
-    prepare(url, upgrade_in_place=config.auth.database_url is None)
-    store = SqlCredentialStore(url, config.auth_secret_key_file)
+    store = open_database(config.auth_settings).audit
 
     def write(info: ConnectionInfo, reason: str) -> None:
         store.record_audit(
@@ -256,7 +248,7 @@ async def _serve_locked(
     if "tokens" in stores_needed(config.listeners):
         # Bearer tokens live in the auth database (only the embedded one upgrades itself).
         context.tokens, close_tokens = await trio.to_thread.run_sync(
-            open_token_verifier, config.state_dir, config.auth.database_url
+            open_token_verifier, config.auth_settings
         )
     for exposed in unauthenticated_listeners(config):
         log.warning(

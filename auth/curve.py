@@ -24,7 +24,7 @@ import datetime as dt
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import Final
 
 import zmq
 import zmq.auth
@@ -32,14 +32,14 @@ from sqlalchemy import String, select
 from sqlalchemy.orm import Mapped, mapped_column
 from zmq.utils import z85
 
-from auth.errors import ConflictError, InvalidValueError, NotFoundError
+from auth.errors import ConflictError, InvalidValueError
 from auth.models import NAME_LENGTH, Base, UtcDateTime, utc_now
-from auth.tablestore import TableStore
+from auth.records import CurveKeyInfo
+from auth.tablestore import TableStore, check_name
 
 __all__ = [
     "Z85_KEY_LENGTH",
     "CurveKey",
-    "CurveKeyInfo",
     "CurveKeyStore",
     "ServerKeypair",
     "check_public_key",
@@ -74,33 +74,6 @@ class CurveKey(Base):
     revoked_at: Mapped[dt.datetime | None] = mapped_column(UtcDateTime)
 
 
-@dataclass(frozen=True, slots=True)
-class CurveKeyInfo:
-    """A CURVE key as the CLI shows it."""
-
-    name: str
-    public_key: str
-    created_at: dt.datetime
-    revoked_at: dt.datetime | None
-
-    @property
-    def status(self) -> str:
-        """``active`` or ``revoked``."""
-        return "revoked" if self.revoked_at is not None else "active"
-
-    def to_json(self) -> dict[str, Any]:
-        """The JSON form of ``--json``."""
-        return {
-            "name": self.name,
-            "public_key": self.public_key,
-            "status": self.status,
-            "created_at": self.created_at.isoformat(timespec="seconds"),
-            "revoked_at": (
-                self.revoked_at.isoformat(timespec="seconds") if self.revoked_at else None
-            ),
-        }
-
-
 def _info(key: CurveKey) -> CurveKeyInfo:
     return CurveKeyInfo(key.name, key.public_key, key.created_at, key.revoked_at)
 
@@ -122,14 +95,6 @@ def check_public_key(text: str) -> str:
     except ValueError:
         raise InvalidValueError("the CURVE public key is not valid Z85") from None
     return key
-
-
-def _check_name(name: str) -> str:
-    if not name or len(name) > NAME_LENGTH:
-        raise InvalidValueError(f"a CURVE key name needs 1 to {NAME_LENGTH} characters")
-    if any(c.isspace() or not c.isprintable() for c in name):
-        raise InvalidValueError("a CURVE key name cannot hold spaces or control characters")
-    return name
 
 
 def generate_keypair() -> tuple[str, str]:
@@ -154,7 +119,7 @@ class CurveKeyStore(TableStore):
             InvalidValueError: a bad name or key.
             ConflictError: the name or the key is already there (revoked ones too).
         """
-        name = _check_name(name)
+        name = check_name("CURVE key", name)
         key = check_public_key(public_key)
         with self._write() as session:
             taken = session.scalar(
@@ -168,7 +133,7 @@ class CurveKeyStore(TableStore):
                 )
             row = CurveKey(name=name, public_key=key, created_at=utc_now())
             session.add(row)
-            self._audit(session, "curve.add", name, actor, detail=f"public key {key}")
+            self._audit(session, "curve.add", name, actor=actor, detail=f"public key {key}")
             session.flush()
             return _info(row)
 
@@ -186,14 +151,10 @@ class CurveKeyStore(TableStore):
         """
         with self._write() as session:
             row = session.scalar(select(CurveKey).where(CurveKey.name == name))
-            if row is None:
-                raise NotFoundError(f"no CURVE key named {name!r}")
-            if row.revoked_at is not None:
-                raise ConflictError(f"CURVE key {name!r} is revoked already")
-            row.revoked_at = utc_now()
-            self._audit(session, "curve.revoke", name, actor)
-            session.flush()
-            return _info(row)
+            revoked = self._revoke(
+                session, row, what="CURVE key", name=name, action="curve.revoke", actor=actor
+            )
+            return _info(revoked)
 
     def active_name(self, public_key: str) -> str | None:
         """The name of the active key ``public_key`` (Z85), or None: the ZAP handler's question."""

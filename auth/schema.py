@@ -1,9 +1,12 @@
 """The auth database's schema: Alembic run from code, no ``alembic.ini`` on disk.
 
-At start, :func:`prepare`: the embedded default (SQLite under the state
+At start, :func:`prepare` (run by :func:`auth.database.open_database` on
+the process's engine): the embedded default (SQLite under the state
 directory) is upgraded in place (:func:`upgrade`); a configured database is
 only checked (:func:`check_schema`), because an operator upgrades a shared
-database on purpose, once, with ``appliance db upgrade``.
+database on purpose, once, with ``appliance db upgrade``. Every function
+takes the database as a URL (a short-lived engine of its own, for the ``db``
+commands and tests) or as an open engine.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ import fcntl
 import io
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -22,15 +25,16 @@ from alembic.config import Config as AlembicConfig
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from alembic.util import CommandError
-from sqlalchemy import Connection, text
+from sqlalchemy import URL, Connection, Engine, text
 from sqlalchemy.exc import SQLAlchemyError
 
 import migrations
-from auth.db import IMMEDIATE, display_url, make_engine, normalize_url
-from auth.errors import DatabaseError, SchemaError
+from auth.engine import IMMEDIATE, database_error, display_url, make_engine, normalize_url
+from auth.errors import SchemaError
 
 __all__ = [
     "UPGRADE_ADVICE",
+    "Database",
     "SchemaStatus",
     "alembic_config",
     "check_schema",
@@ -43,6 +47,8 @@ __all__ = [
     "upgrade_sql",
 ]
 
+#: The database a function works on: its URL, or the process's open engine.
+Database = str | Engine
 #: What every "behind" message tells the operator to run.
 UPGRADE_ADVICE: Final = "run 'appliance db upgrade'"
 #: PostgreSQL advisory lock held by a migration, so two nodes never migrate at once.
@@ -102,38 +108,50 @@ class SchemaStatus:
             return False
 
 
+def _url(database: Database) -> URL:
+    return database.url if isinstance(database, Engine) else normalize_url(database)
+
+
 @contextmanager
-def _database_errors(url: str) -> Iterator[None]:
+def _engine(database: Database) -> Iterator[Engine]:
+    """``database``'s engine; a URL gets one of its own, disposed after the block.
+
+    Every SQLAlchemy error in the block leaves as a :class:`DatabaseError`
+    that names the database without its password.
+    """
+    if isinstance(database, Engine):
+        engine, owned = database, False
+    else:
+        engine, owned = make_engine(database, pool_size=1), True
+    try:
+        with _database_errors(engine):
+            yield engine
+    finally:
+        if owned:
+            engine.dispose()
+
+
+@contextmanager
+def _database_errors(engine: Engine) -> Iterator[None]:
     try:
         yield
     except SQLAlchemyError as exc:
-        raise DatabaseError(_describe(url, exc)) from None
+        raise database_error(engine.url, exc) from None
 
 
-def _describe(url: str, exc: SQLAlchemyError) -> str:
-    # The driver's own message, first line: no SQL parameters, no URL password.
-    cause = getattr(exc, "orig", None) or exc
-    first = str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
-    return f"auth database {display_url(url)}: {first}"
-
-
-def status(url: str) -> SchemaStatus:
+def status(database: Database) -> SchemaStatus:
     """The database's current revisions and the head revision."""
-    engine = make_engine(url, pool_size=1)
-    try:
-        with _database_errors(url), engine.connect() as connection:
-            current = MigrationContext.configure(connection).get_current_heads()
-    finally:
-        engine.dispose()
+    with _engine(database) as engine, engine.connect() as connection:
+        current = MigrationContext.configure(connection).get_current_heads()
     return SchemaStatus(current=tuple(current), head=head_revision())
 
 
-def check_schema(url: str) -> None:
-    """Raise :class:`SchemaError` unless the database at ``url`` is at the head revision."""
-    found = status(url)
+def check_schema(database: Database) -> None:
+    """Raise :class:`SchemaError` unless ``database`` is at the head revision."""
+    found = status(database)
     if found.up_to_date:
         return
-    where = display_url(url)
+    where = display_url(_url(database))
     if not found.current:
         raise SchemaError(
             f"the auth database {where} has no schema (this appliance needs revision "
@@ -152,7 +170,7 @@ def check_schema(url: str) -> None:
 
 
 @contextmanager
-def _sqlite_file_lock(url: str) -> Iterator[None]:
+def _sqlite_file_lock(engine: Engine) -> Iterator[None]:
     """Serialize migrations of one SQLite file across processes.
 
     SQLite answers "database is locked" at once, whatever the busy timeout,
@@ -160,8 +178,8 @@ def _sqlite_file_lock(url: str) -> Iterator[None]:
     together would race. An advisory lock beside the file orders them, as
     pg_advisory_xact_lock does for PostgreSQL.
     """
-    database = normalize_url(url).database
-    if not database or database == ":memory:":
+    database = engine.url.database
+    if engine.url.get_backend_name() != "sqlite" or not database or database == ":memory:":
         yield
         return
     lock_path = Path(database).with_name(Path(database).name + ".migrate-lock")
@@ -174,43 +192,38 @@ def _sqlite_file_lock(url: str) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def _migrate(url: str, revision: str, *, up: bool) -> SchemaStatus:
-    engine = make_engine(url, pool_size=1)
-    is_sqlite = normalize_url(url).get_backend_name() == "sqlite"
-    try:
-        with (
-            _ALEMBIC_LOCK,
-            _sqlite_file_lock(url) if is_sqlite else nullcontext(),
-            _database_errors(url),
-            engine.connect() as connection,
-        ):
-            connection = connection.execution_options(**{IMMEDIATE: True})
-            with connection.begin():
-                if connection.dialect.name == "postgresql":
-                    connection.execute(
-                        text("SELECT pg_advisory_xact_lock(:key)"), {"key": _MIGRATION_LOCK_KEY}
-                    )
-                config = alembic_config(url, connection)
-                try:
-                    if up:
-                        command.upgrade(config, revision)
-                    else:
-                        command.downgrade(config, revision)
-                except CommandError as exc:
-                    raise SchemaError(f"cannot migrate to {revision!r}: {exc}") from None
-    finally:
-        engine.dispose()
-    return status(url)
+def _migrate(database: Database, revision: str, *, up: bool) -> SchemaStatus:
+    with (
+        _ALEMBIC_LOCK,
+        _engine(database) as engine,
+        _sqlite_file_lock(engine),
+        engine.connect() as connection,
+    ):
+        connection = connection.execution_options(**{IMMEDIATE: True})
+        with connection.begin():
+            if connection.dialect.name == "postgresql":
+                connection.execute(
+                    text("SELECT pg_advisory_xact_lock(:key)"), {"key": _MIGRATION_LOCK_KEY}
+                )
+            config = alembic_config(connection=connection)
+            try:
+                if up:
+                    command.upgrade(config, revision)
+                else:
+                    command.downgrade(config, revision)
+            except CommandError as exc:
+                raise SchemaError(f"cannot migrate to {revision!r}: {exc}") from None
+    return status(database)
 
 
-def upgrade(url: str, revision: str = "head") -> SchemaStatus:
-    """Upgrade the database at ``url`` to ``revision`` in one transaction."""
-    return _migrate(url, revision, up=True)
+def upgrade(database: Database, revision: str = "head") -> SchemaStatus:
+    """Upgrade ``database`` to ``revision`` in one transaction."""
+    return _migrate(database, revision, up=True)
 
 
-def downgrade(url: str, revision: str) -> SchemaStatus:
-    """Downgrade the database at ``url`` to ``revision`` (``base``: drop everything)."""
-    return _migrate(url, revision, up=False)
+def downgrade(database: Database, revision: str) -> SchemaStatus:
+    """Downgrade ``database`` to ``revision`` (``base``: drop everything)."""
+    return _migrate(database, revision, up=False)
 
 
 def upgrade_sql(url: str, revision: str = "head", start: str | None = None) -> str:
@@ -228,7 +241,7 @@ def upgrade_sql(url: str, revision: str = "head", start: str | None = None) -> s
     return buffer.getvalue()
 
 
-def prepare(url: str, *, upgrade_in_place: bool | None = None) -> None:
+def prepare(database: Database, *, upgrade_in_place: bool | None = None) -> None:
     """At start (service or CLI): upgrade the embedded database in place, check any other.
 
     Args:
@@ -242,7 +255,7 @@ def prepare(url: str, *, upgrade_in_place: bool | None = None) -> None:
         DatabaseError: the database cannot be reached.
     """
     if upgrade_in_place is None:
-        upgrade_in_place = normalize_url(url).get_backend_name() == "sqlite"
+        upgrade_in_place = _url(database).get_backend_name() == "sqlite"
     if upgrade_in_place:
-        upgrade(url)
-    check_schema(url)
+        upgrade(database)
+    check_schema(database)

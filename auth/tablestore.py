@@ -1,57 +1,72 @@
-"""The plumbing every auth-database store shares: engine, sessions, errors, audit.
+"""The plumbing every auth-database store shares: transactions, errors, names and the audit path.
 
-:class:`TableStore` owns a small connection pool; ``_read`` and ``_write``
-open a transaction (writes with SQLite's BEGIN IMMEDIATE, so concurrent
-writers queue instead of failing), and every SQLAlchemy error leaves as an
-:class:`~auth.errors.AuthError` that names the database without its password.
+:class:`TableStore` works on the process's engine (:mod:`auth.database`);
+``_read`` and ``_write`` open a transaction (writes with SQLite's BEGIN
+IMMEDIATE, so concurrent writers queue instead of failing), and every
+SQLAlchemy error leaves as an :class:`~auth.errors.AuthError` that names the
+database without its password. ``_audit`` is the one way an audit entry is
+written: every text it stores is sanitised (control characters escaped,
+cut to the column's size).
 """
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Self
+from typing import Final, Protocol, TypeVar
 
 from sqlalchemy import Engine
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session
 
-from auth.db import DEFAULT_POOL_SIZE, IMMEDIATE, display_url, make_engine
-from auth.errors import ConflictError, DatabaseError
-from auth.models import NAME_LENGTH, AuditEntry, utc_now
+from auth.engine import IMMEDIATE, database_error, first_line
+from auth.errors import ConflictError, InvalidValueError, NotFoundError
+from auth.models import ADDRESS_LENGTH, NAME_LENGTH, AuditEntry, utc_now
 
-__all__ = ["TableStore", "first_line"]
+__all__ = ["MAX_DETAIL_CHARS", "TableStore", "check_name", "clean"]
+
+#: Longest audit detail kept, in characters (a failure reason comes from the wire).
+MAX_DETAIL_CHARS: Final = 1000
 
 
-def first_line(exc: SQLAlchemyError) -> str:
-    """The first line of a database error, for messages (never a URL with a password)."""
-    cause = getattr(exc, "orig", None) or exc
-    text = str(cause).strip()
-    return text.splitlines()[0] if text else type(cause).__name__
+def check_name(what: str, name: str) -> str:
+    """``name`` as given, if it is a valid name of a ``what`` (user, shared key, token, ...).
+
+    Raises:
+        InvalidValueError: empty, too long, or holding spaces or control characters.
+    """
+    if not name or len(name) > NAME_LENGTH:
+        raise InvalidValueError(f"a {what} name needs 1 to {NAME_LENGTH} characters")
+    if any(c.isspace() or not c.isprintable() for c in name):
+        raise InvalidValueError(f"a {what} name cannot hold spaces or control characters")
+    return name
+
+
+def clean(text: str, limit: int) -> str:
+    """Printable text for the audit log: control characters escaped, length capped."""
+    return "".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in text)[:limit]
+
+
+class _Revocable(Protocol):
+    """A row that can be revoked (a CURVE key, an API token)."""
+
+    revoked_at: dt.datetime | None
+
+
+_Row = TypeVar("_Row", bound=_Revocable)
 
 
 class TableStore:
     """A store over some tables of the auth database.
 
     Args:
-        url: SQLAlchemy URL of the auth database (schema at head: see
-            :func:`auth.schema.prepare`).
-        pool_size: connections kept open.
+        engine: the process's engine on the auth database (schema at head:
+            :func:`auth.database.open_database` checks it).
     """
 
-    def __init__(self, url: str, *, pool_size: int = DEFAULT_POOL_SIZE) -> None:
-        self.url = url
-        self._engine: Engine = make_engine(url, pool_size=pool_size)
-
-    def close(self) -> None:
-        """Close the pooled connections."""
-        self._engine.dispose()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
 
     @contextmanager
     def _errors(self) -> Iterator[None]:
@@ -62,8 +77,7 @@ class TableStore:
                 f"the change conflicts with the database's contents: {first_line(exc)}"
             ) from None
         except SQLAlchemyError as exc:
-            where = display_url(self.url)
-            raise DatabaseError(f"auth database {where}: {first_line(exc)}") from None
+            raise database_error(self._engine.url, exc) from None
 
     @contextmanager
     def _read(self) -> Iterator[Session]:
@@ -72,16 +86,61 @@ class TableStore:
 
     @contextmanager
     def _write(self) -> Iterator[Session]:
-        with self._errors(), self._engine.connect() as connection:
+        with self._errors(), self._write_session() as session:
+            yield session
+
+    @contextmanager
+    def _write_session(self) -> Iterator[Session]:
+        with self._engine.connect() as connection:
             connection = connection.execution_options(**{IMMEDIATE: True})
             with Session(bind=connection) as session, session.begin():
                 yield session
 
     @staticmethod
-    def _audit(session: Session, action: str, target: str, actor: str, detail: str = "") -> None:
+    def _audit(
+        session: Session,
+        action: str,
+        target: str,
+        *,
+        actor: str | None,
+        detail: str = "",
+        source_address: str | None = None,
+    ) -> None:
+        """Add one audit entry to ``session``'s transaction (``detail`` must hold no secret)."""
         session.add(
             AuditEntry(
-                at=utc_now(), actor=actor[:NAME_LENGTH], action=action, target=target,
-                detail=detail,
+                at=utc_now(),
+                actor=clean(actor, NAME_LENGTH) if actor is not None else None,
+                source_address=(
+                    clean(source_address, ADDRESS_LENGTH) if source_address is not None else None
+                ),
+                action=action,
+                target=clean(target, NAME_LENGTH),
+                detail=clean(detail, MAX_DETAIL_CHARS),
             )
-        )  # fmt: skip
+        )
+
+    def _revoke(
+        self,
+        session: Session,
+        row: _Row | None,
+        *,
+        what: str,
+        name: str,
+        action: str,
+        actor: str,
+    ) -> _Row:
+        """Revoke ``row`` (the ``what`` named ``name``; None: there is none), audited as ``action``.
+
+        Raises:
+            NotFoundError: no such row.
+            ConflictError: it is revoked already.
+        """
+        if row is None:
+            raise NotFoundError(f"no {what} named {name!r}")
+        if row.revoked_at is not None:
+            raise ConflictError(f"{what} {name!r} is revoked already")
+        row.revoked_at = utc_now()
+        self._audit(session, action, name, actor=actor)
+        session.flush()
+        return row

@@ -26,23 +26,21 @@ import hashlib
 import hmac
 import secrets
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any, Final, Literal, get_args
+from typing import Final, Literal, get_args
 
 from sqlalchemy import JSON, LargeBinary, String, select
 from sqlalchemy.orm import Mapped, mapped_column
 
-from auth.errors import ConflictError, InvalidValueError, NotFoundError
+from auth.errors import ConflictError, InvalidValueError
 from auth.models import NAME_LENGTH, Base, UtcDateTime, utc_now
-from auth.tablestore import TableStore
+from auth.records import TokenGrant, TokenInfo
+from auth.tablestore import TableStore, check_name
 
 __all__ = [
     "MAX_TAG_PREFIXES",
     "TOKEN_PREFIX",
     "ApiToken",
     "Scope",
-    "TokenGrant",
-    "TokenInfo",
     "TokenStore",
     "generate_token",
     "hash_token",
@@ -90,52 +88,6 @@ class ApiToken(Base):
     last_used_at: Mapped[dt.datetime | None] = mapped_column(UtcDateTime)
 
 
-@dataclass(frozen=True, slots=True)
-class TokenGrant:
-    """What a verified token allows: the listener's answer to a handshake."""
-
-    name: str
-    scope: str
-    tag_prefixes: tuple[str, ...]
-
-    def allows_tag(self, tag: str) -> bool:
-        """Whether events may be written under ``tag``."""
-        return not self.tag_prefixes or tag.startswith(self.tag_prefixes)
-
-
-@dataclass(frozen=True, slots=True)
-class TokenInfo:
-    """A token as the CLI shows it (never the secret)."""
-
-    name: str
-    scope: str
-    tag_prefixes: tuple[str, ...]
-    created_at: dt.datetime
-    revoked_at: dt.datetime | None
-    last_used_at: dt.datetime | None
-
-    @property
-    def status(self) -> str:
-        """``active`` or ``revoked``."""
-        return "revoked" if self.revoked_at is not None else "active"
-
-    def to_json(self) -> dict[str, Any]:
-        """The JSON form of ``--json``."""
-
-        def iso(value: dt.datetime | None) -> str | None:
-            return value.isoformat(timespec="seconds") if value is not None else None
-
-        return {
-            "name": self.name,
-            "scope": self.scope,
-            "tag_prefixes": list(self.tag_prefixes),
-            "status": self.status,
-            "created_at": iso(self.created_at),
-            "revoked_at": iso(self.revoked_at),
-            "last_used_at": iso(self.last_used_at),
-        }
-
-
 def _info(row: ApiToken) -> TokenInfo:
     return TokenInfo(
         row.name,
@@ -161,14 +113,6 @@ def token_selector(token: str) -> str:
 def hash_token(token: str) -> bytes:
     """The SHA-256 of a token's text: what the database keeps."""
     return hashlib.sha256(token.encode("utf-8", "surrogatepass")).digest()
-
-
-def _check_name(name: str) -> str:
-    if not name or len(name) > NAME_LENGTH:
-        raise InvalidValueError(f"a token name needs 1 to {NAME_LENGTH} characters")
-    if any(c.isspace() or not c.isprintable() for c in name):
-        raise InvalidValueError("a token name cannot hold spaces or control characters")
-    return name
 
 
 def _check_prefixes(prefixes: Sequence[str]) -> list[str]:
@@ -203,7 +147,7 @@ class TokenStore(TableStore):
             InvalidValueError: a bad name, scope or tag prefix.
             ConflictError: the name is taken (revoked tokens too).
         """
-        name = _check_name(name)
+        name = check_name("token", name)
         if scope not in SCOPES:
             raise InvalidValueError(f"scope must be one of {', '.join(SCOPES)}, not {scope!r}")
         prefixes = _check_prefixes(tag_prefixes)
@@ -223,7 +167,7 @@ class TokenStore(TableStore):
             )
             session.add(row)
             detail = f"scope {scope}; tag prefixes {', '.join(prefixes) or '(any)'}"
-            self._audit(session, "token.add", name, actor, detail=detail)
+            self._audit(session, "token.add", name, actor=actor, detail=detail)
             session.flush()
             return _info(row), token
 
@@ -241,14 +185,10 @@ class TokenStore(TableStore):
         """
         with self._write() as session:
             row = session.scalar(select(ApiToken).where(ApiToken.name == name))
-            if row is None:
-                raise NotFoundError(f"no token named {name!r}")
-            if row.revoked_at is not None:
-                raise ConflictError(f"token {name!r} is revoked already")
-            row.revoked_at = utc_now()
-            self._audit(session, "token.revoke", name, actor)
-            session.flush()
-            return _info(row)
+            revoked = self._revoke(
+                session, row, what="token", name=name, action="token.revoke", actor=actor
+            )
+            return _info(revoked)
 
     def verify(self, token: str) -> TokenGrant | None:
         """What an active ``token`` allows, or None: the listener's question (blocking).

@@ -106,17 +106,16 @@ def serve(state: Path, curve: bool) -> None:
     from appliance.server.context import ServiceContext
     from appliance.server.lifecycle import Lifecycle
     from appliance.server.logjam_listener import serve_logjam
-    from auth import schema
-    from auth.curve import CurveKeyStore, generate_keypair
+    from auth.curve import generate_keypair
+    from auth.database import open_database
+    from auth.settings import AuthSettings
 
     configure("warning", "logfmt")
     client_keys: tuple[str, str] | None = None
     if curve:
-        url = f"sqlite:///{state / 'auth' / 'auth.db'}"
-        schema.upgrade(url)
         client_keys = generate_keypair()
-        with CurveKeyStore(url, pool_size=1) as store:
-            store.add("bench", client_keys[0], actor="bench")
+        with open_database(AuthSettings.under(state)) as database:
+            database.curve_keys.add("bench", client_keys[0], actor="bench")
 
     async def main() -> None:
         writer = LakeWriter(EventsTable(str(state / "lake" / "events")), "bench-node")

@@ -39,8 +39,7 @@ from appliance.config import (
     WebSocketListenerConfig,
 )
 from appliance.server.websocket_listener import WebSocketHandler
-from auth import schema
-from auth.tokens import TokenStore
+from auth.database import open_database
 from bench import harness
 
 RECORD = {"message": "x" * 80, "level": "info"}
@@ -93,9 +92,8 @@ async def run_case(tail: bool, args: argparse.Namespace) -> dict[str, Any]:
                 WebSocketListenerConfig(bind="127.0.0.1:0", tail_queue_events=args.tail_queue),
             ],
         )
-        schema.prepare(config.auth_database_url, upgrade_in_place=True)
-        with TokenStore(config.auth_database_url, pool_size=1) as store:
-            _, token = store.add("bench", "admin", actor="bench")
+        with open_database(config.auth_settings) as database:
+            _, token = database.tokens.add("bench", "admin", actor="bench")
         handlers: list[WebSocketHandler] = []
         original = service.handler_for
 

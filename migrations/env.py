@@ -15,7 +15,7 @@ from alembic import context
 from sqlalchemy import Connection
 
 import auth
-from auth.db import make_engine, normalize_url
+from auth.engine import make_engine, normalize_url
 from auth.models import Base
 
 config = context.config

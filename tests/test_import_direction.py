@@ -86,16 +86,7 @@ RULES: list[Any] = [
         "the write-ahead log knows nothing of listeners or the CLI",
     ),
     ("appliance/server", ("appliance.commands",), "the service never imports the CLI"),
-    pytest.param(
-        "auth",
-        ("appliance",),
-        "auth is a library the appliance uses, not the other way",
-        marks=pytest.mark.xfail(
-            strict=True,
-            reason="issue 17 item 5 is not merged yet: auth/store.py still imports "
-            "appliance.logs (branch i17-auth removes it; then drop this mark)",
-        ),
-    ),
+    ("auth", ("appliance",), "auth is a library the appliance uses, not the other way"),
     ("pki", ("appliance",), "pki is a library the appliance uses, not the other way"),
     (
         "appliance/config.py",

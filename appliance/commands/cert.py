@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 from cryptography import x509
 
-from appliance.commands.auth import admin, open_store
+from appliance.commands.auth_common import admin, open_auth
 from appliance.commands.common import Subparsers, fail, print_json, print_table
 from appliance.commands.reload import RELOAD_CONFIRM_TIMEOUT_SECONDS, request_reload
 from appliance.commands.state import require_state_dir
@@ -43,7 +43,7 @@ from pki.files import write_private, write_public
 from pki.inventory import IssuedCert, status
 
 if TYPE_CHECKING:
-    from auth.store import SqlCredentialStore
+    from auth.audit import AuditLog
 
 __all__ = ["active_server_certificate", "add_parser", "reload_service", "server_names"]
 
@@ -64,10 +64,10 @@ def _existing_ca(config: Config) -> CertificateAuthority:
 
 
 @contextmanager
-def _audit_log(config: Config) -> Iterator[SqlCredentialStore]:
+def _audit_log(config: Config) -> Iterator[AuditLog]:
     """The auth database's audit log, opened before a change (created if it must be)."""
-    with open_store(config, create=True) as store:
-        yield store
+    with open_auth(config, create=True) as db:
+        yield db.audit
 
 
 def _serial(cert: x509.Certificate) -> str:
@@ -75,7 +75,7 @@ def _serial(cert: x509.Certificate) -> str:
 
 
 def _record(
-    store: SqlCredentialStore, action: str, cert: x509.Certificate | IssuedCert, **detail: str
+    store: AuditLog, action: str, cert: x509.Certificate | IssuedCert, **detail: str
 ) -> None:
     """An audit entry ``action`` on ``cert``: its subject as the target, its serial in detail."""
     if isinstance(cert, IssuedCert):

@@ -13,37 +13,25 @@
 from __future__ import annotations
 
 import argparse
-from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING
 
-from appliance.commands.auth import (
-    Subparsers,
+from appliance.commands.auth_common import (
     add_command,
     add_group,
     admin,
-    prepared_store,
+    open_auth,
     print_item,
     print_items,
-    print_json,
     when,
 )
+from appliance.commands.common import Subparsers, print_json
 from appliance.commands.state import require_state_dir
 from appliance.config import Config
 
 if TYPE_CHECKING:
-    from auth.curve import CurveKeyInfo, CurveKeyStore
+    from auth.records import CurveKeyInfo
 
 __all__ = ["add_parser"]
-
-
-def _store(config: Config, *, create: bool = False) -> AbstractContextManager[CurveKeyStore]:
-    """The CURVE keys of ``config``'s auth database; the embedded default is brought to head.
-
-    ``create``: as for :func:`appliance.commands.auth.prepared_store`.
-    """
-    from auth.curve import CurveKeyStore
-
-    return prepared_store(config, lambda url: CurveKeyStore(url, pool_size=1), create=create)
 
 
 def _add(args: argparse.Namespace, config: Config) -> int:
@@ -59,8 +47,8 @@ def _add(args: argparse.Namespace, config: Config) -> int:
         public = args.public_key
     else:
         raise InvalidValueError("give the client's PUBLIC_KEY (Z85), or --generate")
-    with _store(config, create=True) as store:
-        key = store.add(args.name, public, actor=admin())
+    with open_auth(config, create=True) as db:
+        key = db.curve_keys.add(args.name, public, actor=admin())
     lines = [f"added CURVE key {key.name}: {key.public_key}"]
     if secret is not None:
         lines.append(f"client secret key (shown only now; the client's curve_secretkey): {secret}")
@@ -74,15 +62,15 @@ def _row(key: CurveKeyInfo) -> list[str]:
 
 
 def _list(args: argparse.Namespace, config: Config) -> int:
-    with _store(config) as store:
-        keys = store.list()
+    with open_auth(config) as db:
+        keys = db.curve_keys.list()
     print_items(keys, args.json, ["name", "public key", "status", "created", "revoked"], _row)
     return 0
 
 
 def _revoke(args: argparse.Namespace, config: Config) -> int:
-    with _store(config) as store:
-        key = store.revoke(args.name, actor=admin())
+    with open_auth(config) as db:
+        key = db.curve_keys.revoke(args.name, actor=admin())
     print(f"revoked CURVE key {key.name}; new connections with it are refused")
     return 0
 

@@ -6,23 +6,22 @@ import argparse
 import secrets
 from typing import TYPE_CHECKING, Final
 
-from appliance.commands.auth import (
-    Subparsers,
+from appliance.commands.auth_common import (
     add_command,
     add_group,
     admin,
-    open_store,
+    open_auth,
     print_fields,
     print_item,
     print_items,
-    print_json,
     read_secret,
     when,
 )
+from appliance.commands.common import Subparsers, print_json
 from appliance.config import Config
 
 if TYPE_CHECKING:
-    from auth.store import KeyInfo
+    from auth.records import KeyInfo
 
 __all__ = ["add_parser"]
 
@@ -36,8 +35,8 @@ def _create(args: argparse.Namespace, config: Config, generate: bool) -> int:
         secret = text.encode()
     else:
         secret = read_secret(args.secret_stdin, f"shared key {args.name}")
-    with open_store(config, create=True) as store:
-        key = store.add_key(args.name, secret, network=args.network, actor=admin())
+    with open_auth(config, create=True) as db:
+        key = db.credentials.add_key(args.name, secret, network=args.network, actor=admin())
     lines = [f"added shared key {key.name} ({key.scope})"]
     if generate:
         lines.append(f"shared key (shown only now; set it as the clients' shared_key): {text}")
@@ -61,33 +60,31 @@ def _row(key: KeyInfo) -> list[str]:
 
 
 def _list(args: argparse.Namespace, config: Config) -> int:
-    with open_store(config) as store:
-        keys = store.list_keys()
+    with open_auth(config) as db:
+        keys = db.credentials.list_keys()
     print_items(keys, args.json, _HEADERS, _row)
     return 0
 
 
 def _show(args: argparse.Namespace, config: Config) -> int:
-    with open_store(config) as store:
-        key = store.get_key(args.name)
+    with open_auth(config) as db:
+        key = db.credentials.get_key(args.name)
     print_fields(key, args.json, [list(p) for p in zip(_HEADERS, _row(key), strict=True)])
     return 0
 
 
 def _delete(args: argparse.Namespace, config: Config) -> int:
-    with open_store(config) as store:
-        store.delete_key(args.name, actor=admin())
+    with open_auth(config) as db:
+        db.credentials.delete_key(args.name, actor=admin())
     print(f"deleted shared key {args.name}")
     return 0
 
 
 def _rotate_master(args: argparse.Namespace, config: Config) -> int:
-    with open_store(config) as store:
-        result = store.rotate_master_key(actor=admin())
+    with open_auth(config) as db:
+        result = db.credentials.rotate_master_key(actor=admin())
     if args.json:
-        print_json(
-            {"key_id": result.key_id, "resealed": result.resealed, "resumed": result.resumed}
-        )
+        print_json(result.to_json())
         return 0
     if result.resumed:
         print("completed an interrupted rotation first")

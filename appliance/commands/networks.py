@@ -5,22 +5,22 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from appliance.commands.auth import (
-    Subparsers,
+from appliance.commands.auth_common import (
     add_command,
     add_group,
     admin,
-    open_store,
+    open_auth,
     print_fields,
     print_item,
     print_items,
     when,
     yes_no,
 )
+from appliance.commands.common import Subparsers
 from appliance.config import Config
 
 if TYPE_CHECKING:
-    from auth.store import NetworkInfo
+    from auth.records import NetworkInfo
 
 __all__ = ["add_parser"]
 
@@ -50,8 +50,8 @@ def _print(network: NetworkInfo, as_json: bool) -> None:
 
 
 def _add(args: argparse.Namespace, config: Config) -> int:
-    with open_store(config, create=True) as store:
-        network = store.add_network(
+    with open_auth(config, create=True) as db:
+        network = db.credentials.add_network(
             args.cidr,
             keys=args.key or (),
             users=args.user or (),
@@ -63,21 +63,21 @@ def _add(args: argparse.Namespace, config: Config) -> int:
 
 
 def _list(args: argparse.Namespace, config: Config) -> int:
-    with open_store(config) as store:
-        networks = store.list_networks()
+    with open_auth(config) as db:
+        networks = db.credentials.list_networks()
     print_items(networks, args.json, _HEADERS, _row)
     return 0
 
 
 def _show(args: argparse.Namespace, config: Config) -> int:
-    with open_store(config) as store:
-        _print(store.get_network(args.cidr), args.json)
+    with open_auth(config) as db:
+        _print(db.credentials.get_network(args.cidr), args.json)
     return 0
 
 
 def _set(args: argparse.Namespace, config: Config) -> int:
-    with open_store(config) as store:
-        network = store.update_network(
+    with open_auth(config) as db:
+        network = db.credentials.update_network(
             args.cidr, allow_anonymous=args.allow_anonymous, any_user=args.any_user, actor=admin()
         )
     _print(network, args.json)
@@ -85,8 +85,8 @@ def _set(args: argparse.Namespace, config: Config) -> int:
 
 
 def _delete(args: argparse.Namespace, config: Config) -> int:
-    with open_store(config) as store:
-        store.delete_network(args.cidr, with_keys=args.with_keys, actor=admin())
+    with open_auth(config) as db:
+        db.credentials.delete_network(args.cidr, with_keys=args.with_keys, actor=admin())
     print(f"deleted client network {args.cidr}")
     return 0
 

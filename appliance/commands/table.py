@@ -336,10 +336,11 @@ def _table_erase(args: argparse.Namespace, config: Config) -> int:
             result = _delete_events(args, config, progress, erase, request)
         _print_maintenance(result, args.json)
         return 0
-    from appliance.commands.auth import admin, open_store
+    from appliance.commands.auth_common import admin, open_auth
 
     # The audit log is opened first: an erase never happens without its entry.
-    with open_store(config, create=True) as store:
+    with open_auth(config, create=True) as db:
+        store = db.audit
         try:
             with _progress(args, "erase") as progress:
                 result = _delete_events(args, config, progress, erase, request)

@@ -12,32 +12,21 @@
 from __future__ import annotations
 
 import argparse
-from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING
 
-from appliance.commands.auth import Subparsers, add_command, admin, prepared_store, when
+from appliance.commands.auth_common import add_command, admin, open_auth, when
+from appliance.commands.common import Subparsers, print_json, print_table
 from appliance.config import Config
-from appliance.console import print_json, print_table
 
 if TYPE_CHECKING:
-    from auth.tokens import TokenInfo, TokenStore
+    from auth.records import TokenInfo
 
 __all__ = ["add_parser"]
 
 
-def _store(config: Config, *, create: bool = False) -> AbstractContextManager[TokenStore]:
-    """The tokens of ``config``'s auth database; the embedded default is brought to head.
-
-    ``create``: as for :func:`appliance.commands.auth.prepared_store`.
-    """
-    from auth.tokens import TokenStore
-
-    return prepared_store(config, lambda url: TokenStore(url, pool_size=1), create=create)
-
-
 def _add(args: argparse.Namespace, config: Config) -> int:
-    with _store(config, create=True) as store:
-        info, token = store.add(args.name, args.scope, args.tag_prefix or (), actor=admin())
+    with open_auth(config, create=True) as db:
+        info, token = db.tokens.add(args.name, args.scope, args.tag_prefix or (), actor=admin())
     if args.json:
         document = info.to_json()
         document["token"] = token
@@ -62,8 +51,8 @@ def _row(info: TokenInfo) -> list[str]:
 
 
 def _list(args: argparse.Namespace, config: Config) -> int:
-    with _store(config) as store:
-        tokens = store.list()
+    with open_auth(config) as db:
+        tokens = db.tokens.list()
     if args.json:
         print_json([t.to_json() for t in tokens])
     else:
@@ -75,8 +64,8 @@ def _list(args: argparse.Namespace, config: Config) -> int:
 
 
 def _revoke(args: argparse.Namespace, config: Config) -> int:
-    with _store(config) as store:
-        info = store.revoke(args.name, actor=admin())
+    with open_auth(config) as db:
+        info = db.tokens.revoke(args.name, actor=admin())
     print(f"revoked token {info.name}; new connections with it are refused")
     return 0
 

@@ -5,12 +5,11 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from appliance.commands.auth import (
-    Subparsers,
+from appliance.commands.auth_common import (
     add_command,
     add_group,
     admin,
-    open_store,
+    open_auth,
     print_fields,
     print_item,
     print_items,
@@ -18,10 +17,11 @@ from appliance.commands.auth import (
     when,
     yes_no,
 )
+from appliance.commands.common import Subparsers
 from appliance.config import Config
 
 if TYPE_CHECKING:
-    from auth.store import NetworkInfo, UserInfo
+    from auth.records import NetworkInfo, UserInfo
 
 __all__ = ["add_parser"]
 
@@ -44,15 +44,17 @@ def _print_user(user: UserInfo, as_json: bool) -> None:
 
 def _add(args: argparse.Namespace, config: Config) -> int:
     password = read_secret(args.password_stdin, f"password for {args.name}")
-    with open_store(config, create=True) as store:
-        user = store.add_user(args.name, password, actor=admin(), enabled=not args.disabled)
+    with open_auth(config, create=True) as db:
+        user = db.credentials.add_user(
+            args.name, password, actor=admin(), enabled=not args.disabled
+        )
     print_item(user, args.json, f"added user {user.name}{'' if user.enabled else ' (disabled)'}")
     return 0
 
 
 def _list(args: argparse.Namespace, config: Config) -> int:
-    with open_store(config) as store:
-        users = store.list_users()
+    with open_auth(config) as db:
+        users = db.credentials.list_users()
     print_items(
         users,
         args.json,
@@ -69,37 +71,37 @@ def _list(args: argparse.Namespace, config: Config) -> int:
 
 
 def _show(args: argparse.Namespace, config: Config) -> int:
-    with open_store(config) as store:
-        _print_user(store.get_user(args.name), args.json)
+    with open_auth(config) as db:
+        _print_user(db.credentials.get_user(args.name), args.json)
     return 0
 
 
 def _enable(args: argparse.Namespace, config: Config) -> int:
-    with open_store(config) as store:
-        store.set_user_enabled(args.name, True, actor=admin())
+    with open_auth(config) as db:
+        db.credentials.set_user_enabled(args.name, True, actor=admin())
     print(f"enabled user {args.name}")
     return 0
 
 
 def _disable(args: argparse.Namespace, config: Config) -> int:
-    with open_store(config) as store:
-        store.set_user_enabled(args.name, False, actor=admin())
+    with open_auth(config) as db:
+        db.credentials.set_user_enabled(args.name, False, actor=admin())
     print(f"disabled user {args.name}: its next handshakes fail")
     return 0
 
 
 def _passwd(args: argparse.Namespace, config: Config) -> int:
-    with open_store(config) as store:
-        store.get_user(args.name)  # fail before asking for a password
+    with open_auth(config) as db:
+        db.credentials.get_user(args.name)  # fail before asking for a password
         password = read_secret(args.password_stdin, f"new password for {args.name}")
-        store.set_password(args.name, password, actor=admin())
+        db.credentials.set_password(args.name, password, actor=admin())
     print(f"changed the password of {args.name}")
     return 0
 
 
 def _delete(args: argparse.Namespace, config: Config) -> int:
-    with open_store(config) as store:
-        store.delete_user(args.name, actor=admin())
+    with open_auth(config) as db:
+        db.credentials.delete_user(args.name, actor=admin())
     print(f"deleted user {args.name}")
     return 0
 
@@ -109,15 +111,15 @@ def _print_network_users(network: NetworkInfo, as_json: bool) -> None:
 
 
 def _allow(args: argparse.Namespace, config: Config) -> int:
-    with open_store(config) as store:
-        network = store.allow_user(args.name, args.cidr, actor=admin())
+    with open_auth(config) as db:
+        network = db.credentials.allow_user(args.name, args.cidr, actor=admin())
     _print_network_users(network, args.json)
     return 0
 
 
 def _deny(args: argparse.Namespace, config: Config) -> int:
-    with open_store(config) as store:
-        network = store.deny_user(args.name, args.cidr, actor=admin())
+    with open_auth(config) as db:
+        network = db.credentials.deny_user(args.name, args.cidr, actor=admin())
     _print_network_users(network, args.json)
     return 0
 

@@ -175,15 +175,9 @@ def _writable(path: str) -> str | None:
 
 def _ping_database(url: str) -> None:
     """``SELECT 1`` on a fresh connection (blocking; a worker thread runs it)."""
-    import sqlalchemy
-    from sqlalchemy.pool import NullPool
+    from auth.engine import ping  # SQLAlchemy loads only when a listener uses the database
 
-    engine = sqlalchemy.create_engine(url, poolclass=NullPool)
-    try:
-        with engine.connect() as connection:
-            connection.execute(sqlalchemy.text("SELECT 1"))
-    finally:
-        engine.dispose()
+    ping(url)
 
 
 class Readiness:

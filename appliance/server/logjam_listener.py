@@ -40,6 +40,7 @@ from appliance.server.listener import ConnectionInfo
 from appliance.server.sessions.logjam import INLINE_DECODE_BYTES, LogjamSession, SocketKind
 from appliance.server.transports.zeromq import REPLY_LINGER_SECONDS, Pump, ZeroMQFrames, ZmqMessage
 from appliance.server.zap import ZapHandler
+from auth.settings import AuthSettings
 
 if TYPE_CHECKING:
     from auth.curve import ServerKeypair
@@ -184,17 +185,13 @@ def _closed_line(listener: str, sockets: list[_Socket]) -> dict[str, object]:
 
 
 def _curve_lookup(
-    state_dir: Path, auth_database_url: str | None
+    auth: AuthSettings,
 ) -> tuple[Callable[[str], str | None], Callable[[], None]]:
-    """The key look-up of the ZAP handler and its closer; prepares the schema (blocking)."""
-    from auth import schema
-    from auth.curve import CurveKeyStore
+    """The key look-up of the ZAP handler and its closer; checks the schema (blocking)."""
+    from auth.database import open_database
 
-    # The same rule as the service: only the embedded default upgrades itself.
-    url = auth_database_url or f"sqlite:///{state_dir / 'auth' / 'auth.db'}"
-    schema.prepare(url, upgrade_in_place=auth_database_url is None)
-    store = CurveKeyStore(url)
-    return store.active_name, store.close
+    database = open_database(auth)
+    return database.curve_keys.active_name, database.close
 
 
 async def serve_logjam(
@@ -202,15 +199,15 @@ async def serve_logjam(
     context: ServiceContext,
     state_dir: Path,
     *,
-    auth_database_url: str | None = None,
+    auth: AuthSettings | None = None,
     task_status: trio.TaskStatus[LogjamPorts] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run one Logjam listener until shutdown stops reading and its replies are sent.
 
     With ``listener.curve`` the server keypair is created under
     ``<state_dir>/curve`` on first start and client keys are checked in the
-    auth database: ``auth_database_url``, or the embedded SQLite database under
-    ``state_dir`` (upgraded in place) when None. Reports the bound ports.
+    auth database of ``auth``, or (None) the embedded SQLite database under
+    ``state_dir``, upgraded in place. Reports the bound ports.
 
     Raises:
         OSError: an address cannot be bound.
@@ -232,7 +229,7 @@ async def serve_logjam(
         zap: ZapHandler | None = None
         if keypair is not None:
             lookup, close_store = await trio.to_thread.run_sync(
-                _curve_lookup, state_dir, auth_database_url
+                _curve_lookup, auth or AuthSettings.under(state_dir)
             )
             closers.append(close_store)
             zap = ZapHandler(zctx, lookup, listener=listener.name,

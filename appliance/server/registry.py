@@ -107,7 +107,7 @@ async def _start_logjam(listener: LogjamListenerConfig, site: ListenerSite) -> N
             listener,
             site.context,
             config.state_dir,
-            auth_database_url=config.auth.database_url,
+            auth=config.auth_settings,
         )
     )
     site.running.ports[listener.name] = ports.router

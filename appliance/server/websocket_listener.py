@@ -60,7 +60,6 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
 import orjson
@@ -100,7 +99,8 @@ from appliance.server.transports.websocket import (
 from auth.errors import AuthError
 
 if TYPE_CHECKING:
-    from auth.tokens import TokenGrant
+    from auth.records import TokenGrant
+    from auth.settings import AuthSettings
 
 __all__ = [
     "SUBPROTOCOL",
@@ -125,24 +125,16 @@ CLOSE_TIMEOUT_SECONDS: Final = 2.0
 TokenVerifier = Callable[[str], "TokenGrant | None"]
 
 
-def open_token_verifier(
-    state_dir: Path, auth_database_url: str | None
-) -> tuple[TokenVerifier, Callable[[], None]]:
-    """The token look-up of the auth database and its closer; prepares the schema (blocking).
-
-    The same rule as the service: only the embedded default (``auth_database_url``
-    None: SQLite under ``state_dir``) upgrades itself.
+def open_token_verifier(auth: AuthSettings) -> tuple[TokenVerifier, Callable[[], None]]:
+    """The token look-up of the auth database and its closer; checks the schema (blocking).
 
     Raises:
         auth.errors.AuthError: the database is unreachable or behind.
     """
-    from auth import schema
-    from auth.tokens import TokenStore
+    from auth.database import open_database
 
-    url = auth_database_url or f"sqlite:///{state_dir / 'auth' / 'auth.db'}"
-    schema.prepare(url, upgrade_in_place=auth_database_url is None)
-    store = TokenStore(url)
-    return store.verify, store.close
+    database = open_database(auth)
+    return database.tokens.verify, database.close
 
 
 # -- the handshake ----------------------------------------------------------------------

@@ -16,6 +16,7 @@ import sys
 import tempfile
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +24,8 @@ import pytest
 from sqlalchemy import create_engine, make_url, text
 
 from auth import schema
+from auth.database import open_database
+from auth.settings import AuthSettings
 from auth.store import SqlCredentialStore
 
 REPO = Path(__file__).resolve().parents[2]
@@ -124,7 +127,14 @@ def key_file(tmp_path: Path) -> Path:
     return tmp_path / "keys" / "secret.key"
 
 
+@contextmanager
+def credentials(url: str, key_file: Path) -> Iterator[SqlCredentialStore]:
+    """The credential store of the database at ``url`` (at head), opened as a caller does."""
+    with open_database(AuthSettings(url, key_file, upgrade_in_place=False)) as database:
+        yield database.credentials
+
+
 @pytest.fixture
 def store(migrated_url: str, key_file: Path) -> Iterator[SqlCredentialStore]:
-    with SqlCredentialStore(migrated_url, key_file) as opened:
+    with credentials(migrated_url, key_file) as opened:
         yield opened

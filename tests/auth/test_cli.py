@@ -16,7 +16,7 @@ import pytest
 
 from appliance.cli import main
 from appliance.config import ConfigError, parse_config
-from auth.store import SqlCredentialStore
+from tests.auth.conftest import credentials
 
 PASSWORD_1 = "correct horse battery"
 PASSWORD_2 = "new horse staple"
@@ -156,7 +156,7 @@ def test_admin_commands_end_to_end(cli: Cli, db_url: str, tmp_path: Path) -> Non
     assert key_file.stat().st_mode & 0o777 == 0o600
 
     # What the service sees now, without a restart.
-    with SqlCredentialStore(db_url, key_file) as store:
+    with credentials(db_url, key_file) as store:
         assert store.password_of("alice") == PASSWORD_2.encode()
         assert store.password_of("bob") is None  # disabled
         policy = store.resolve_source("10.20.30.40")
@@ -239,7 +239,7 @@ def test_prompted_passwords_are_asked_twice(
     assert "differ" in captured.err
     assert "typed-pw" not in captured.out + captured.err
     key_file = tmp_path / "state" / "auth" / "secret.key"
-    with SqlCredentialStore(f"sqlite:///{tmp_path / 'state' / 'auth' / 'auth.db'}", key_file) as s:
+    with credentials(f"sqlite:///{tmp_path / 'state' / 'auth' / 'auth.db'}", key_file) as s:
         assert s.password_of("carol") == b"typed-pw"
 
 

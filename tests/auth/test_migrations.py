@@ -16,7 +16,7 @@ import auth
 from auth import schema
 from auth.errors import DatabaseError, SchemaError
 from auth.models import Base
-from auth.store import SqlCredentialStore
+from tests.auth.conftest import credentials
 
 TABLES = {"users", "shared_keys", "client_networks", "client_network_users", "audit_log"}
 
@@ -41,7 +41,7 @@ def test_empty_to_head_down_to_base_and_up_again(db_url: str, tmp_path: Path) ->
     assert upgraded.up_to_date
     assert tables(db_url) >= TABLES
     schema.check_schema(db_url)
-    with SqlCredentialStore(db_url, tmp_path / "secret.key") as store:
+    with credentials(db_url, tmp_path / "secret.key") as store:
         store.add_user("alice", b"pw", actor="test")
 
     # Upgrading again is a no-op.
@@ -54,7 +54,7 @@ def test_empty_to_head_down_to_base_and_up_again(db_url: str, tmp_path: Path) ->
         schema.check_schema(db_url)
 
     assert schema.upgrade(db_url).up_to_date
-    with SqlCredentialStore(db_url, tmp_path / "secret.key") as store:
+    with credentials(db_url, tmp_path / "secret.key") as store:
         assert store.list_users() == []
         store.add_user("alice", b"pw", actor="test")
         assert store.password_of("alice") == b"pw"

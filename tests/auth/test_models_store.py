@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import create_engine, select, text
 
+from auth.credentials import KIND_KEY, KIND_USER, parse_cidr
 from auth.errors import (
     ConflictError,
     InvalidValueError,
@@ -18,8 +19,9 @@ from auth.errors import (
 )
 from auth.models import AuditEntry, SharedKey, User
 from auth.policy import CredentialStore, SourcePolicy
-from auth.store import KIND_KEY, KIND_USER, SqlCredentialStore, parse_cidr
+from auth.store import SqlCredentialStore
 from auth.vault import SecretVault, key_id_of
+from tests.auth.conftest import credentials
 
 ADMIN = "cli:test"
 
@@ -255,8 +257,8 @@ def test_removing_the_last_allowed_user_never_opens_a_network(
 def test_changes_apply_to_a_running_store(migrated_url: str, key_file: Path) -> None:
     """The service's store sees the CLI's changes on its next look-up, rotation included."""
     with (
-        SqlCredentialStore(migrated_url, key_file) as service,
-        SqlCredentialStore(migrated_url, key_file) as cli,
+        credentials(migrated_url, key_file) as service,
+        credentials(migrated_url, key_file) as cli,
     ):
         assert service.password_of("alice") is None
         cli.add_user("alice", b"pw-1", actor=ADMIN)
@@ -333,7 +335,9 @@ def test_secrets_are_sealed_at_rest(store: SqlCredentialStore, migrated_url: str
         assert b"plain-shared-key-k" not in database
 
 
-def test_key_file_created_on_first_use_with_mode_0600(store: SqlCredentialStore) -> None:
+def test_key_file_created_on_first_use_with_mode_0600(
+    store: SqlCredentialStore, migrated_url: str
+) -> None:
     key_file = store.vault.path
     assert not key_file.exists()
     store.add_user("alice", b"pw", actor=ADMIN)
@@ -346,7 +350,7 @@ def test_key_file_created_on_first_use_with_mode_0600(store: SqlCredentialStore)
     store.vault._keys.clear()  # as a freshly started service
     key_file.rename(key_file.with_name("elsewhere"))
     with pytest.raises(SecretKeyError, match="missing"):
-        store.vault.open(KIND_USER, "alice", raw_secrets(store.url)["user:alice"])
+        store.vault.open(KIND_USER, "alice", raw_secrets(migrated_url)["user:alice"])
     assert store.password_of("alice") is None  # fails closed, logged
 
 
@@ -428,7 +432,7 @@ def test_rotation_interrupted_before_commit_is_safe_and_resumes(
     assert store.vault.rotation_pending
     assert {key_id_of(v) for v in raw_secrets(migrated_url).values()} == {old_id}
     # A service started now (fresh cache) opens everything with the two files.
-    with SqlCredentialStore(migrated_url, store.vault.path) as service:
+    with credentials(migrated_url, store.vault.path) as service:
         assert service.password_of("alice") == b"pw-alice"
         # A secret written meanwhile is sealed under the new key.
         service.add_user("bob", b"pw-bob", actor=ADMIN)
@@ -458,7 +462,7 @@ def test_rotation_interrupted_after_commit_resumes(
         with pytest.raises(OSError, match="simulated crash"):
             store.rotate_master_key(actor=ADMIN)
     assert store.vault.rotation_pending
-    with SqlCredentialStore(migrated_url, store.vault.path) as service:
+    with credentials(migrated_url, store.vault.path) as service:
         assert service.password_of("alice") == b"pw-alice"
     result = store.rotate_master_key(actor=ADMIN)
     assert result.resumed

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from auth import schema
-from auth.tokens import SELECTOR_CHARS, TOKEN_PREFIX, TokenStore
+from auth.database import open_database
+from auth.settings import AuthSettings
+from auth.tokens import SELECTOR_CHARS, TOKEN_PREFIX
 
 
 def test_selector_with_a_wrong_remainder_is_refused(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path / 'auth.db'}"
-    schema.prepare(url, upgrade_in_place=True)
-    with TokenStore(url, pool_size=1) as store:
+    with open_database(AuthSettings.under(tmp_path)) as database:
+        store = database.tokens
         _, token = store.add("app", "ingest", ["web."], actor="test")
         grant = store.verify(token)
         assert grant is not None

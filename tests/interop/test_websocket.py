@@ -32,7 +32,7 @@ from appliance.commands.tail import format_event, stream_tail
 from appliance.config import Config, ForwardListenerConfig, LakeConfig, WebSocketListenerConfig
 from appliance.server import registry
 from appliance.server.websocket_listener import WebSocketHandler
-from auth import schema
+from auth.database import AuthDatabase, open_database
 from auth.tokens import TokenStore
 
 pytestmark = [pytest.mark.interop]
@@ -123,9 +123,8 @@ async def harness(tmp_path: Path, **listener_settings: Any) -> AsyncIterator[Har
             ForwardListenerConfig(name="forward", bind="127.0.0.1:0"),
         ],
     )
-    url = config.auth_database_url
-    await trio.to_thread.run_sync(lambda: schema.prepare(url, upgrade_in_place=True))
-    store = TokenStore(url, pool_size=1)
+    database: AuthDatabase = await trio.to_thread.run_sync(open_database, config.auth_settings)
+    store = database.tokens
     try:
         _, ingest_token = await trio.to_thread.run_sync(
             lambda: store.add("sender", "ingest", ["web."], actor="test")
@@ -143,7 +142,7 @@ async def harness(tmp_path: Path, **listener_settings: Any) -> AsyncIterator[Har
             finally:
                 stop.set()
     finally:
-        store.close()
+        database.close()
 
 
 async def answer(ws: WebSocketConnection) -> Any:

@@ -134,10 +134,10 @@ async def test_required_client_auth(tmp_path: Path) -> None:
         "good-again": "O=Acme,CN=web-01",
     }
     # Issue 20: every certificate refused at the handshake is in the audit log.
-    from auth.store import SqlCredentialStore
+    from auth.database import open_database
 
-    store = SqlCredentialStore(config.auth_database_url, config.auth_secret_key_file)
-    refused = [e for e in store.audit_entries() if e.action == "tls.refused"]
+    with open_database(config.auth_settings) as database:
+        refused = [e for e in database.audit.audit_entries() if e.action == "tls.refused"]
     details = " ".join(e.detail for e in refused)
     assert len(refused) == 4, details  # no certificate, expired, foreign CA, revoked
     assert "revoked" in details

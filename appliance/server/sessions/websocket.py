@@ -37,7 +37,7 @@ from appliance.server.connection import Action, Arrival, Reply, SessionDefaults,
 from appliance.server.listener import ConnectionInfo
 
 if TYPE_CHECKING:
-    from auth.tokens import TokenGrant
+    from auth.records import TokenGrant
 
 __all__ = ["IngestSession"]
 

@@ -33,8 +33,7 @@ from trio_websocket import open_websocket
 from appliance import service
 from appliance.config import Config, ForwardListenerConfig, LakeConfig, WebSocketListenerConfig
 from appliance.lake import diskguard
-from auth import schema
-from auth.tokens import TokenStore
+from auth.database import open_database
 from tests.appliance.lake.logcapture import logged
 from tests.faults import small_tmpfs
 
@@ -136,14 +135,13 @@ async def test_a_full_disk_refuses_new_batches_loses_nothing_acked_and_recovers(
         ],
         shutdown_timeout_seconds=20,
     )
-    url = config.auth_database_url
     config.state_dir.mkdir()
-    await trio.to_thread.run_sync(lambda: schema.prepare(url, upgrade_in_place=True))
-    store = TokenStore(url, pool_size=1)
-    _, token = await trio.to_thread.run_sync(
-        lambda: store.add("sender", "ingest", ["web."], actor="test")
-    )
-    store.close()
+
+    def add_token() -> str:
+        with open_database(config.auth_settings) as database:
+            return database.tokens.add("sender", "ingest", ["web."], actor="test")[1]
+
+    token = await trio.to_thread.run_sync(add_token)
 
     acked: list[str] = []
     refused_chunk: str | None = None

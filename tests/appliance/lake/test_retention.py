@@ -687,15 +687,11 @@ def test_cli_expire_and_erase(tmp_path: Path) -> None:
     assert json.loads(where.stdout)["details"]["rows_deleted"] > 0
     assert {r["tag"] for r in rows(uri)} == {"app.web"}
 
-    from auth.store import SqlCredentialStore
+    from auth.database import open_database
+    from auth.settings import AuthSettings
 
-    store = SqlCredentialStore(
-        f"sqlite:///{state / 'auth' / 'auth.db'}", state / "auth" / "secret.key"
-    )
-    try:
-        entries = [e for e in store.audit_entries() if e.action == "table.erase"]
-    finally:
-        store.close()
+    with open_database(AuthSettings.under(state)) as database:
+        entries = [e for e in database.audit.audit_entries() if e.action == "table.erase"]
     details = [e.detail for e in entries]
     assert any("predicate=source = 'it''s bob'" in d and "rows=" in d for d in details)
     assert any("predicate=tag = 'debug.trace'" in d for d in details)

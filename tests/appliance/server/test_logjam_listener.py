@@ -47,7 +47,9 @@ from appliance.server.lifecycle import Lifecycle
 from appliance.server.logjam_listener import LogjamPorts, serve_logjam
 from appliance.server.sessions.logjam import INLINE_DECODE_BYTES, LogjamSession
 from auth import schema
-from auth.curve import CurveKeyStore, generate_keypair, load_server_public_key
+from auth.curve import generate_keypair, load_server_public_key
+from auth.database import open_database
+from auth.settings import AuthSettings
 from tests.appliance.server.support import StandInWriter
 
 T = TypeVar("T")
@@ -82,7 +84,6 @@ class Harness:
     writer: Any
     state_dir: Path
     table_uri: str
-    db_url: str
     keys: dict[str, tuple[bytes, bytes]] = field(default_factory=dict)
 
     @property
@@ -98,8 +99,8 @@ class Harness:
         public, secret = generate_keypair()
 
         def add() -> None:
-            with CurveKeyStore(self.db_url, pool_size=1) as store:
-                store.add(name, public, actor="test")
+            with open_database(AuthSettings.under(self.state_dir)) as database:
+                database.curve_keys.add(name, public, actor="test")
 
         await trio.to_thread.run_sync(add)
         self.keys[name] = (public.encode(), secret.encode())
@@ -107,8 +108,8 @@ class Harness:
 
     async def revoke(self, name: str) -> None:
         def revoke() -> None:
-            with CurveKeyStore(self.db_url, pool_size=1) as store:
-                store.revoke(name, actor="test")
+            with open_database(AuthSettings.under(self.state_dir)) as database:
+                database.curve_keys.revoke(name, actor="test")
 
         await trio.to_thread.run_sync(revoke)
 
@@ -147,7 +148,6 @@ async def logjam_service(
             EventsTable(table_uri), "node-test", WriterSettings(commit_max_delay_seconds=0.02)
         )
         await writer.open()
-    db_url = f"sqlite:///{state / 'auth' / 'auth.db'}"
     settings.setdefault("bind", "127.0.0.1:0")
     settings.setdefault("pull_bind", "127.0.0.1:0")
     settings.setdefault("self_hostname", "logjam.test.example")
@@ -161,7 +161,7 @@ async def logjam_service(
             nursery.start_soon(writer.run)
         ports = await nursery.start(functools.partial(serve_logjam, config, context, state))
         try:
-            yield Harness(ports, lifecycle, writer, state, table_uri, db_url)
+            yield Harness(ports, lifecycle, writer, state, table_uri)
         finally:
             lifecycle.stop_reading()
             await lifecycle.wait_no_readers()

@@ -1,8 +1,10 @@
 """Engines for the auth database: SQLite (embedded default) or PostgreSQL (psycopg 3).
 
-Both behave the same to the callers: real transactions (SQLite's driver is
-told to stay out of the way so ``BEGIN`` is ours), foreign keys enforced, a
-small connection pool shared by the service's worker threads.
+This is the only place that configures connections to the auth database;
+:func:`auth.database.open_database` holds the one engine a process uses.
+Both backends behave the same to the callers: real transactions (SQLite's
+driver is told to stay out of the way so ``BEGIN`` is ours), foreign keys
+enforced, a small connection pool shared by the service's worker threads.
 """
 
 from __future__ import annotations
@@ -11,17 +13,22 @@ import os
 from pathlib import Path
 from typing import Any, Final
 
-from sqlalchemy import URL, Engine, create_engine, event, make_url
-from sqlalchemy.exc import ArgumentError
+from sqlalchemy import URL, Engine, create_engine, event, make_url, text
+from sqlalchemy.exc import ArgumentError, SQLAlchemyError
+from sqlalchemy.pool import NullPool
 
-from auth.errors import InvalidValueError
+from auth.errors import DatabaseError, InvalidValueError
+from auth.settings import DEFAULT_POOL_SIZE
 
 __all__ = [
     "IMMEDIATE",
     "SUPPORTED_BACKENDS",
+    "database_error",
     "display_url",
+    "first_line",
     "make_engine",
     "normalize_url",
+    "ping",
 ]
 
 SUPPORTED_BACKENDS: Final = ("sqlite", "postgresql")
@@ -29,8 +36,6 @@ SUPPORTED_BACKENDS: Final = ("sqlite", "postgresql")
 #: (take the write lock at once; read-then-write transactions then never
 #: fail half-way on a lock upgrade). No effect on PostgreSQL.
 IMMEDIATE: Final = "appliance_sqlite_immediate"
-#: Connections kept open per engine: the handshakes are short look-ups.
-DEFAULT_POOL_SIZE: Final = 2
 #: Seconds SQLite waits for another writer's lock before it gives up.
 SQLITE_BUSY_TIMEOUT_SECONDS: Final = 30
 #: Seconds to establish a PostgreSQL connection.
@@ -66,6 +71,18 @@ def display_url(url: str | URL) -> str:
         return make_url(url).render_as_string(hide_password=True)
     except ArgumentError:
         return "<unparsable URL>"
+
+
+def first_line(exc: SQLAlchemyError) -> str:
+    """The driver's message, first line only: no SQL parameters (sealed secrets), no URL."""
+    cause = getattr(exc, "orig", None) or exc
+    lines = str(cause).strip().splitlines()
+    return lines[0] if lines else type(cause).__name__
+
+
+def database_error(url: str | URL, exc: SQLAlchemyError) -> DatabaseError:
+    """The :class:`DatabaseError` for ``exc``: the database named without its password."""
+    return DatabaseError(f"auth database {display_url(url)}: {first_line(exc)}")
 
 
 def _sqlite_path(url: URL) -> Path | None:
@@ -130,3 +147,22 @@ def make_engine(url: str | URL, *, pool_size: int = DEFAULT_POOL_SIZE) -> Engine
         pool_recycle=POSTGRES_POOL_RECYCLE_SECONDS,
         connect_args={"connect_timeout": POSTGRES_CONNECT_TIMEOUT_SECONDS},
     )
+
+
+def ping(url: str | URL) -> None:
+    """``SELECT 1`` on a fresh connection, no pool (blocking): is the database reachable?
+
+    Raises:
+        InvalidValueError: not a SQLite or PostgreSQL URL.
+        sqlalchemy.exc.SQLAlchemyError: the database did not answer.
+    """
+    parsed = normalize_url(url)
+    connect_args: dict[str, Any] = {}
+    if parsed.get_backend_name() == "postgresql":
+        connect_args["connect_timeout"] = POSTGRES_CONNECT_TIMEOUT_SECONDS
+    engine = create_engine(parsed, poolclass=NullPool, connect_args=connect_args)
+    try:
+        with engine.connect() as connection:
+            connection.execute(text("SELECT 1"))
+    finally:
+        engine.dispose()
