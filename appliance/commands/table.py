@@ -286,11 +286,9 @@ def _table_expire(args: argparse.Namespace, config: Config) -> int:
             for r in policy.rules
         ],
     }
-    with _progress(args, "expire") as progress:
-        expire = functools.partial(retention.expire, policy=policy)
-        result = _delete_events(args, config, progress, expire, request)
-    _print_maintenance(result, args.json)
-    return 0
+    expire = functools.partial(retention.expire, policy=policy)
+    criteria = f"max_age_days={policy.max_age_days} rules={len(policy.rules)}"
+    return _audited_delete(args, config, "expire", expire, request, criteria)
 
 
 def _moment(text: str) -> dt.datetime:
@@ -330,32 +328,49 @@ def _table_erase(args: argparse.Namespace, config: Config) -> int:
         return fail(str(exc))
     erase = functools.partial(retention.erase, predicate=predicate)
     request = {"operation": "erase", "predicate": predicate}
+    return _audited_delete(args, config, "erase", erase, request, f"predicate={predicate}")
 
+
+def _audited_delete(
+    args: argparse.Namespace,
+    config: Config,
+    operation: str,
+    delete: _Delete,
+    request: dict[str, Any],
+    criteria: str,
+) -> int:
+    """A delete from events (``expire`` or ``erase``) with its ``table.<operation>`` audit entry.
+
+    A dry run deletes nothing and is not audited. Otherwise the audit log is
+    opened first, so a delete never happens without its entry, and a failed
+    delete is audited too. ``criteria`` (the predicate or the policy) ends the
+    entry's detail.
+    """
     if args.dry_run:
-        with _progress(args, "erase") as progress:
-            result = _delete_events(args, config, progress, erase, request)
+        with _progress(args, operation) as progress:
+            result = _delete_events(args, config, progress, delete, request)
         _print_maintenance(result, args.json)
         return 0
     from appliance.commands.auth_common import admin, open_auth
 
-    # The audit log is opened first: an erase never happens without its entry.
+    action = f"table.{operation}"
     with open_auth(config, create=True) as db:
         store = db.audit
         try:
-            with _progress(args, "erase") as progress:
-                result = _delete_events(args, config, progress, erase, request)
+            with _progress(args, operation) as progress:
+                result = _delete_events(args, config, progress, delete, request)
         except LakeError as exc:
             store.record_audit(
-                "table.erase", config.table_uri, actor=admin(),
-                detail=f"failed: {str(exc)[:200]} predicate={predicate}",
+                action, config.table_uri, actor=admin(),
+                detail=f"failed: {str(exc)[:200]} {criteria}",
             )  # fmt: skip
             raise
         details = result.details
         store.record_audit(
-            "table.erase", config.table_uri, actor=admin(),
+            action, config.table_uri, actor=admin(),
             detail=f"rows={details.get('rows_deleted', 0) or 0} "
             f"files_replaced={details.get('files_removed', 0) or 0} "
-            f"version={result.after.version} predicate={predicate}",
+            f"version={result.after.version} {criteria}",
         )  # fmt: skip
     _print_maintenance(result, args.json)
     return 0
