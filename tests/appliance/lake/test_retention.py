@@ -697,7 +697,8 @@ def test_cli_expire_and_erase(tmp_path: Path) -> None:
     # Expiry from the CLI is audited too (twice: the second removed nothing); a dry run is not.
     expired = [e.detail for e in every if e.action == "table.expire"]
     assert len(expired) == 2, expired
-    assert expired[-1].startswith("rows=") and "max_age_days=7" in expired[-1]
+    assert expired[-1].startswith("rows=")
+    assert "max_age_days=7" in expired[-1]
     assert any("predicate=source = 'it''s bob'" in d and "rows=" in d for d in details)
     assert any("predicate=tag = 'debug.trace'" in d for d in details)
     assert any(d.startswith("failed: maintenance already running") for d in details)
