@@ -73,8 +73,6 @@ DEFAULT_MAX_CONNECTIONS: Final = 1024
 DEFAULT_MAX_CONNECTIONS_PER_ADDRESS: Final = 64
 #: Seconds from a request's first byte to its last (slow senders).
 DEFAULT_REQUEST_TIMEOUT_SECONDS: Final = 60.0
-#: Requests of one connection that may wait for their commit before it stops reading.
-DEFAULT_MAX_PENDING_ACKS: Final = 32
 #: Bytes asked of the socket per read.
 DEFAULT_READ_SIZE_BYTES: Final = 256 * 1024
 #: Seconds a shutdown waits for in-flight batches to commit and be acked.
@@ -351,8 +349,10 @@ class ListenerConfig:
     idle_timeout_seconds: float = DEFAULT_IDLE_TIMEOUT_SECONDS
     #: Seconds from a request's first byte to its last (a frame, for Lumberjack).
     request_timeout_seconds: float = DEFAULT_REQUEST_TIMEOUT_SECONDS
-    #: Requests of one connection awaiting their commit before it stops reading.
-    max_pending_acks: int = DEFAULT_MAX_PENDING_ACKS
+    #: Bytes the waiting requests of one connection may hold before it stops reading.
+    max_pending_bytes: int = defaults.LISTENER_MAX_PENDING_BYTES
+    #: Requests of one connection awaiting their commit before it stops reading (a guard).
+    max_pending_acks: int = defaults.LISTENER_MAX_PENDING_ACKS
     #: Bytes asked of the socket per read.
     read_size_bytes: int = DEFAULT_READ_SIZE_BYTES
 
@@ -474,8 +474,8 @@ class LogjamListenerConfig(ListenerConfig):
     otherwise. ``tls`` must stay false and ``client_auth`` "off"; the other
     TCP settings of every listener (``max_connections``,
     ``max_connections_per_address``, ``tls_handshake_timeout_seconds``,
-    ``idle_timeout_seconds``, ``request_timeout_seconds``, ``max_pending_acks``,
-    ``read_size_bytes``) do not apply to ZeroMQ sockets.
+    ``idle_timeout_seconds``, ``request_timeout_seconds``, ``max_pending_bytes``,
+    ``max_pending_acks``, ``read_size_bytes``) do not apply to ZeroMQ sockets.
     """
 
     protocol: Literal["logjam"] = "logjam"
@@ -561,8 +561,8 @@ class WebSocketListenerConfig(ListenerConfig):
     ``/ingest`` takes JSON messages from browsers and JavaScript senders;
     ``/tail`` streams committed events to admin tokens. ``tls_handshake_timeout_seconds``
     also bounds the WebSocket (HTTP upgrade) handshake, ``idle_timeout_seconds``
-    an ingest connection that sends nothing, ``max_pending_acks`` the messages
-    of one connection waiting for their commit.
+    an ingest connection that sends nothing, ``max_pending_bytes`` and
+    ``max_pending_acks`` the messages of one connection waiting for their ack.
     """
 
     protocol: Literal["websocket"] = "websocket"

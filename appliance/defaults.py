@@ -9,7 +9,9 @@ A config section's keys are named as the fields of the dataclass they fill
 (:func:`appliance.config.settings_from` copies them across).
 
 Defaults only one side knows stay with it: a listener's deadlines and
-``bind`` in config, a codec's wire constants in the codec.
+``bind`` in config, a codec's wire constants in the codec. The pending-work
+bounds of a connection are here because config and the answering loop
+(:mod:`appliance.server.connection`) both need them.
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ __all__ = [
     "LAKE_QUEUE_BLOCKS",
     "LAKE_RETRY_INITIAL_SECONDS",
     "LAKE_RETRY_MAX_SECONDS",
+    "LISTENER_MAX_PENDING_ACKS",
+    "LISTENER_MAX_PENDING_BYTES",
     "LOGJAM_MAX_BODY_BYTES",
     "LOGJAM_MAX_DECOMPRESSED_BYTES",
     "LOGJAM_MAX_JSON_CONTAINERS",
@@ -56,6 +60,19 @@ __all__ = [
     "WEBSOCKET_MAX_MESSAGE_BYTES",
     "check_retention",
 ]
+
+# -- a connection's waiting answers (appliance/server/pending.py) -----------------------
+
+#: Bytes the blocks of one connection's waiting answers may hold before it stops
+#: reading: the bound on pending work (issue 14: npm @fluent-org/logger pipelines
+#: thousands of one-event requests in Message mode). Larger than one full forward
+#: request, so a client's window of large chunks keeps flowing.
+LISTENER_MAX_PENDING_BYTES: Final = 64 * 1024 * 1024
+#: Answers one connection may have waiting, whatever their size: a guard
+#: against floods of requests far smaller than their bookkeeping (512 bytes
+#: each are charged; 4,096 of them hold 2 MiB).
+LISTENER_MAX_PENDING_ACKS: Final = 4096
+
 
 # -- forward (appliance/protocols/forward.py) ------------------------------------------
 

@@ -92,10 +92,16 @@ def start_appliance(
 
     The config is ``directory/appliance{index}.toml``; every listener binds
     port 0 on loopback, and :attr:`ApplianceProcess.ports` holds the port it
-    got (from the ``service.ready`` log line). ``lake`` adds keys to ``[lake]``.
+    got (from the ``service.ready`` log line). ``lake`` adds keys to ``[lake]``;
+    without a ``commit_max_delay_seconds`` in it, commits are 0.1 s apart.
     """
     state = directory / f"state{index}"
-    parts = [f'state_dir = "{state}"', extra, "[lake]", "commit_max_delay_seconds = 0.1", lake]
+    delay = (
+        ""
+        if re.search(r"^commit_max_delay_seconds\s*=", lake, re.MULTILINE)
+        else ("commit_max_delay_seconds = 0.1")
+    )
+    parts = [f'state_dir = "{state}"', extra, "[lake]", delay, lake]
     for name, body in listeners.items():
         parts += ["[[listeners]]", f'name = "{name}"', 'bind = "127.0.0.1:0"', body]
     config = directory / f"appliance{index}.toml"

@@ -43,9 +43,11 @@ Guarantees (tests/appliance/server/test_connection.py):
   acks are ordered or cumulative).
 * A cancelled connection sends nothing more: no ack for a batch not known
   durable, and no answer queued after it (each is logged ``reply.withheld``).
-* At most ``max_pending_acks`` answers wait; the next request is not taken
-  until one has left (backpressure: TCP's window, ZeroMQ's queue). A full
-  sink stops the reader too (``submit`` waits).
+* The waiting answers hold at most ``max_pending_bytes`` (their blocks'
+  bytes) and number at most ``max_pending_acks``; the next request is not
+  taken until it fits (backpressure: TCP's window, ZeroMQ's queue;
+  :mod:`appliance.server.pending`). A full sink stops the reader too
+  (``submit`` waits).
 * Every close has a reason (:class:`Ending`) and a log line.
 
 Deadlines on the reader (docs/limits.md): ``idle_timeout_seconds`` between
@@ -69,12 +71,14 @@ from typing import Final, Generic, Protocol, TypeAlias, TypeVar
 
 import trio
 
+from appliance import defaults
 from appliance.lake.errors import BlockRefused
 from appliance.logs import StructLogger
 from appliance.protocols.errors import Fault
 from appliance.rows.block import RowBlock
 from appliance.server.lifecycle import Lifecycle
 from appliance.server.listener import ConnectionInfo
+from appliance.server.pending import PendingBudget
 
 __all__ = [
     "DECODE_THREADS",
@@ -303,6 +307,9 @@ class ListenerBounds(Protocol):
     def max_pending_acks(self) -> int: ...
 
     @property
+    def max_pending_bytes(self) -> int: ...
+
+    @property
     def read_size_bytes(self) -> int: ...
 
     @property
@@ -314,10 +321,12 @@ class DriverSettings:
     """Deadlines and bounds of one listener's connections."""
 
     idle_timeout_seconds: float
-    #: Answers that may wait before the reader stops.
+    #: Answers that may wait before the reader stops, whatever their size (a guard).
     max_pending_acks: int
     #: Bytes asked of a TCP stream per read.
     read_size_bytes: int
+    #: Bytes the waiting answers' blocks may hold before the reader stops (the bound).
+    max_pending_bytes: int = defaults.LISTENER_MAX_PENDING_BYTES
     keepalive_seconds: float = 5.0
     #: Seconds one send may take (TCP; WebSocket and ZeroMQ have their own).
     send_timeout_seconds: float = SEND_TIMEOUT_SECONDS
@@ -341,6 +350,7 @@ class DriverSettings:
             idle_timeout_seconds=listener.idle_timeout_seconds,
             max_pending_acks=listener.max_pending_acks,
             read_size_bytes=listener.read_size_bytes,
+            max_pending_bytes=listener.max_pending_bytes,
             request_timeout_seconds=listener.request_timeout_seconds,
         )
         if keepalive_seconds is not None:
@@ -403,6 +413,8 @@ class _Queued(Generic[_Out]):
     refused: Callable[[BlockRefused], _Out | None] | None = None
     #: trio time the request arrived (the ack latency's start).
     received: float = 0.0
+    #: Bytes of the block it waits for, as charged to the pending budget.
+    nbytes: int = 0
 
 
 class _Ended(Exception):
@@ -451,7 +463,7 @@ class Connection(Generic[_In, _Out]):
         self._log = log
         self._info = info
         self._decode_threads = decode_threads
-        self._slots = trio.Semaphore(settings.max_pending_acks)
+        self._pending = PendingBudget(settings.max_pending_bytes, settings.max_pending_acks)
         self._lanes: dict[Hashable, deque[_Queued[_Out]]] = {}
         self._ending: Ending | None = None
         self._nursery: trio.Nursery | None = None
@@ -463,7 +475,7 @@ class Connection(Generic[_In, _Out]):
             self._nursery = nursery
             greeting = self._session.greeting()
             if greeting is not None:
-                await self._slots.acquire()
+                await self._pending.acquire(0)
                 self._put(None, _Queued(greeting, label="greeting"))
             ending = await self._read()
             self._ending = self._ending or ending
@@ -553,7 +565,7 @@ class Connection(Generic[_In, _Out]):
             if isinstance(action, Await):
                 pending.extendleft(reversed(await action.run()))
             elif isinstance(action, Reply):
-                await self._slots.acquire()
+                await self._pending.acquire(0)
                 self._put(action.lane, _Queued(action.data, label="reply"))
             elif isinstance(action, Close):
                 return await self._close(action)
@@ -571,7 +583,7 @@ class Connection(Generic[_In, _Out]):
         )  # fmt: skip
         info.metrics.protocol_error(close.reason)
         if close.reply is not None:
-            await self._slots.acquire()
+            await self._pending.acquire(0)
             self._put(None, _Queued(close.reply, label="error reply"))
         return Ending(Cause.VIOLATION, f"protocol error: {close.reason}")
 
@@ -579,14 +591,15 @@ class Connection(Generic[_In, _Out]):
         # Nothing waits for a block with no ack whose refusal is answered (an
         # async Logjam message): it takes no slot.
         waits = submit.ack is not None or submit.refused is None
+        nbytes = submit.block.nbytes
         if waits:
-            await self._slots.acquire()  # backpressure before the block is taken
+            await self._pending.acquire(nbytes)  # backpressure before the block is taken
         try:
             durable = await self._sink.submit(submit.block)
         except BlockRefused as exc:
             self.tally.refused += 1
             if submit.refused is None:
-                self._slots.release()
+                self._pending.release(nbytes)
                 info = self._info
                 self._log.warning("block.refused", listener=info.listener, peer=info.peer,
                                   reason=exc.reason)  # fmt: skip
@@ -594,15 +607,16 @@ class Connection(Generic[_In, _Out]):
             answer = submit.refused(exc)
             if answer is None:
                 if waits:
-                    self._slots.release()
+                    self._pending.release(nbytes)
                 return None
-            if not waits:
-                await self._slots.acquire()
+            if waits:
+                self._pending.release(nbytes)  # the refusal holds no block
+            await self._pending.acquire(0)
             self._put(submit.lane, _Queued(answer, label=submit.label))
             return None
         except trio.ClosedResourceError:
             if waits:
-                self._slots.release()
+                self._pending.release(nbytes)
             return Ending(Cause.SHUTDOWN, "shutdown")  # the sink takes no more blocks
         rows = submit.block.rows
         self.tally.batches += 1
@@ -613,14 +627,14 @@ class Connection(Generic[_In, _Out]):
             self._put(
                 submit.lane,
                 _Queued(submit.ack, durable, submit.keepalive, submit.label, submit.refused,
-                        arrival.clock),
+                        arrival.clock, nbytes),
             )  # fmt: skip
         return None
 
     # -- the answerer -------------------------------------------------------------------
 
     def _put(self, lane: Hashable, queued: _Queued[_Out]) -> None:
-        """Queue an answer (its slot is taken) at the end of its lane."""
+        """Queue an answer (its share of the pending budget is taken) at the end of its lane."""
         queue = self._lanes.get(lane)
         if queue is None:
             queue = self._lanes[lane] = deque()
@@ -633,8 +647,7 @@ class Connection(Generic[_In, _Out]):
         try:
             while queue:
                 await self._answer(queue[0])
-                queue.popleft()
-                self._slots.release()
+                self._pending.release(queue.popleft().nbytes)
         except _Ended:
             queue.popleft()  # its refusal or failed send is logged already
         finally:

@@ -17,6 +17,7 @@ this module holds it to:
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
 import os
@@ -527,3 +528,34 @@ def test_same_chunk_id_from_another_client_is_not_dropped(service: HostileServic
     rows = case.final_rows or []
     assert [record(r)["who"] for r in rows_from(rows, case.address)] == [1]
     assert [record(r)["who"] for r in rows_from(rows, second.address)] == [2]
+
+
+#: One-event Message-mode requests a hostile client pipelines without reading an ack.
+PIPELINED_REQUESTS = 20_000
+
+
+def test_thousands_of_pipelined_requests_whose_acks_are_never_read(
+    service: HostileService,
+) -> None:
+    """Message mode at its worst: 20,000 one-event requests at once, and no ack ever read.
+
+    Pending work per connection is bounded by bytes and by count
+    (``max_pending_bytes``, ``max_pending_acks``): past the bound the connection
+    stops reading, and a peer that reads none of its acks is cut off by the
+    send deadline. Whatever was stored is stored once; the good client and the
+    memory bound hold (hostile_case).
+    """
+    requests = b"".join(
+        pack(["pipelined", event_time(), {"i": i}, {"chunk": f"p-{i}"}])
+        for i in range(PIPELINED_REQUESTS)
+    )
+    with hostile_case(service, "forward") as case:
+        sock, _ = connect(case)
+        sock.settimeout(5.0)  # the service may stop reading: it owes us nothing more
+        # Timed out against backpressure, or closed: both are allowed.
+        with contextlib.suppress(OSError, ssl.SSLError):
+            sock.sendall(requests)
+        time.sleep(1.0)  # let what was read commit
+        sock.close()
+    ids = [record(r)["i"] for r in case.hostile_rows()]
+    assert len(ids) == len(set(ids)), "a pipelined request was stored twice"

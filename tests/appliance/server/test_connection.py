@@ -28,6 +28,7 @@ import pytest
 import trio
 import trio.testing
 
+from appliance import defaults
 from appliance.lake.errors import BlockRefused
 from appliance.logs import get_logger
 from appliance.metrics import Metrics
@@ -47,6 +48,7 @@ from appliance.server.connection import (
 )
 from appliance.server.lifecycle import Lifecycle
 from appliance.server.listener import ConnectionInfo
+from appliance.server.pending import ENTRY_BYTES
 from appliance.server.transports.stream import ByteStreamSession, StreamHandler
 from tests.appliance.server.support import StandInWriter, receive_within, serving
 
@@ -68,6 +70,7 @@ class Commands:
     """A fake session: each unit is one command.
 
     * ``b:NAME`` a batch, acked ``ack NAME`` (``b:NAME@LANE`` in lane LANE);
+    * ``m:NAME*ROWS`` a batch of ROWS rows, acked ``ack NAME``;
     * ``q:NAME`` a batch with no ack (committed, nothing sent);
     * ``k:NAME`` a batch acked ``ack NAME`` with the keepalive ``wait NAME``;
     * ``s:NAME`` a batch refused at submit (no refusal answer: the connection closes);
@@ -107,6 +110,9 @@ class Commands:
         self.held = int(name) if kind == "p" else 0
         if kind == "b":
             return [Submit(block(name), ack=f"ack {name}", label=name, lane=lane)]
+        if kind == "m":
+            name, _, rows = name.partition("*")
+            return [Submit(block(name, rows=int(rows)), ack=f"ack {name}", label=name)]
         if kind == "q":
             return [Submit(block(name), label=name)]
         if kind == "k":
@@ -531,6 +537,60 @@ async def test_max_pending_answers_stop_the_reader(autojump_clock: trio.testing.
         await served.writer.wait_blocks(6)
         served.writer.commit(5)
         assert await served.transport.answers(6) == [f"ack {i}" for i in range(6)]
+
+
+async def test_pending_bytes_stop_the_reader(autojump_clock: trio.testing.MockClock) -> None:
+    """The budget is bytes: two 100-row blocks fit, the third waits for an ack."""
+    charge = block("x", rows=100).nbytes + ENTRY_BYTES
+    async with serving_fake(max_pending_bytes=2 * charge, max_pending_acks=100) as served:
+        await served.transport.feed(*(f"m:{i}*100" for i in range(4)))
+        await trio.sleep(5)
+        assert len(served.writer.blocks) == 2
+        served.writer.commit(0)
+        await trio.sleep(1)
+        assert len(served.writer.blocks) == 3
+        for i in range(1, 3):
+            served.writer.commit(i)
+        await served.writer.wait_blocks(4)
+        served.writer.commit(3)
+        assert await served.transport.answers(4) == [f"ack {i}" for i in range(4)]
+
+
+async def test_a_block_larger_than_the_byte_budget_is_taken_when_nothing_waits(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """An oversized request must not stall for ever; it just waits to be alone."""
+    async with serving_fake(max_pending_bytes=1) as served:
+        await served.transport.feed("m:big*1000", "m:next*1000")
+        await trio.sleep(5)
+        assert [b.batch_id for b in served.writer.blocks] == ["big"]
+        served.writer.commit(0)
+        await served.writer.wait_blocks(2)
+        served.writer.commit(1)
+        assert await served.transport.answers(2) == ["ack big", "ack next"]
+
+
+async def test_thousands_of_small_requests_are_all_taken_while_they_wait(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Message mode: one event per request, thousands in flight (issue 14 item 4).
+
+    With the shipped bounds every one is read and submitted before any commit,
+    so a client's acks all come back with the next commit or two.
+    """
+    count = 2500
+    shipped = {
+        "max_pending_bytes": defaults.LISTENER_MAX_PENDING_BYTES,
+        "max_pending_acks": defaults.LISTENER_MAX_PENDING_ACKS,
+    }
+    async with serving_fake(**shipped) as served:
+        await served.transport.feed(*(f"b:{i}" for i in range(count)))
+        with trio.fail_after(60):
+            await served.writer.wait_blocks(count)
+        assert served.transport.sent == []  # nothing acked before its commit
+        for i in range(count):
+            served.writer.commit(i)
+        assert await served.transport.answers(count) == [f"ack {i}" for i in range(count)]
 
 
 async def test_a_batch_nothing_waits_for_takes_no_slot(
