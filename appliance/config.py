@@ -355,6 +355,29 @@ class ListenerConfig:
     max_pending_acks: int = defaults.LISTENER_MAX_PENDING_ACKS
     #: Bytes asked of the socket per read.
     read_size_bytes: int = DEFAULT_READ_SIZE_BYTES
+    #: Behind a TCP load balancer: every connection starts with a PROXY protocol
+    #: header (v1 or v2) naming the client (docs/proxy-protocol.md).
+    proxy_protocol: bool = False
+    #: Networks (CIDR) of the balancers allowed to connect when proxy_protocol is on.
+    trusted_proxies: list[str] = field(default_factory=list)
+    #: Seconds a connection has to deliver its whole PROXY header.
+    proxy_header_timeout_seconds: float = defaults.PROXY_HEADER_TIMEOUT_SECONDS
+
+    def __post_init__(self) -> None:
+        if self.proxy_protocol and not self.trusted_proxies:
+            raise ValueError(
+                "proxy_protocol needs trusted_proxies: the networks of the balancers "
+                "allowed to name clients"
+            )
+        if self.trusted_proxies and not self.proxy_protocol:
+            raise ValueError("trusted_proxies does nothing without proxy_protocol = true")
+        for cidr in self.trusted_proxies:
+            try:
+                ipaddress.ip_network(cidr, strict=True)
+            except ValueError as exc:
+                raise ValueError(f"trusted_proxies: {exc}") from None
+        if self.proxy_header_timeout_seconds <= 0:
+            raise ValueError("proxy_header_timeout_seconds must be positive")
 
     @property
     def host(self) -> str:
@@ -516,6 +539,9 @@ class LogjamListenerConfig(ListenerConfig):
     self_hostname: str | None = None
 
     def __post_init__(self) -> None:
+        if self.proxy_protocol:
+            raise ValueError("proxy_protocol does not apply to logjam (ZeroMQ, not a TCP stream)")
+        super().__post_init__()
         if self.tls:
             raise ValueError("tls does not apply to logjam (ZeroMQ has no TLS): use curve")
         if self.client_auth != "off":

@@ -53,6 +53,7 @@ __all__ = [
     "MAINTENANCE_TARGET_FILE_BYTES",
     "MAINTENANCE_VACUUM_INTERVAL_SECONDS",
     "MIN_VACUUM_RETENTION_HOURS",
+    "PROXY_HEADER_TIMEOUT_SECONDS",
     "RETENTION_INTERVAL_SECONDS",
     "VACUUM_RETENTION_HOURS",
     "WEBSOCKET_MAX_CONTAINERS_PER_MESSAGE",
@@ -72,6 +73,12 @@ LISTENER_MAX_PENDING_BYTES: Final = 64 * 1024 * 1024
 #: against floods of requests far smaller than their bookkeeping (512 bytes
 #: each are charged; 4,096 of them hold 2 MiB).
 LISTENER_MAX_PENDING_ACKS: Final = 4096
+
+
+#: Seconds an accepted connection of a ``proxy_protocol`` listener has to deliver
+#: its whole PROXY header (appliance/server/proxied.py). The spec (HAProxy's
+#: doc/proxy-protocol.txt §2) asks "at least 3 seconds to cover a TCP retransmit".
+PROXY_HEADER_TIMEOUT_SECONDS: Final = 5.0
 
 
 # -- forward (appliance/protocols/forward.py) ------------------------------------------

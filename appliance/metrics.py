@@ -365,7 +365,10 @@ class ListenerMetrics:
         )
 
     def connection_refused(
-        self, reason: Literal["max_connections", "max_connections_per_address"]
+        self,
+        reason: Literal[
+            "max_connections", "max_connections_per_address", "untrusted_proxy", "proxy_header"
+        ],
     ) -> None:
         """A connection over a cap, closed at once."""
         if self._families is not None:

@@ -43,6 +43,7 @@ from appliance.server.exposure import unauthenticated_listeners
 from appliance.server.launch import ListenerSite
 from appliance.server.lifecycle import Lifecycle
 from appliance.server.listener import ConnectionInfo, TcpService
+from appliance.server.proxied import ProxySettings
 from appliance.server.registry import handler_for, start_listener, stores_needed
 from appliance.server.reload import FIXED_KEYS as _FIXED_KEYS
 from appliance.server.reload import ReloadPlan, plan_reload
@@ -405,6 +406,7 @@ class _Reloader:
                     tls_handshake_timeout=listener.tls_handshake_timeout_seconds,
                     max_connections=listener.max_connections,
                     max_connections_per_address=listener.max_connections_per_address,
+                    proxy=ProxySettings.of(listener),
                 )
                 log.info("listener.updated", listener=listener.name, trigger="reload")
         site = ListenerSite(

@@ -153,6 +153,8 @@ TABLES: Final[dict[tuple[str, str, int], Section]] = {
         LumberjackListenerConfig, omitted=frozenset({"protocol", "name"})
     ),
     ("courier.md", "Limits (per listener)", 0): Section(CourierListenerConfig, complete="limits"),
+    # The PROXY protocol keys every TCP listener has (forward's class stands for them).
+    ("proxy-protocol.md", "Configuration", 0): Section(ForwardListenerConfig, complete="some"),
     ("websocket.md", "Limits", 0): Section(
         # Not used by the WebSocket driver (see the page): trio-websocket reads
         # RECEIVE_BUFFER_BYTES and a message has max_message_bytes, not a deadline.

@@ -21,6 +21,7 @@ from appliance.config import Config, ListenerConfig
 from appliance.logs import get_logger
 from appliance.server.context import ServiceContext
 from appliance.server.listener import Handler, TcpService
+from appliance.server.proxied import ProxySettings
 from appliance.server.tls import TlsManager
 from appliance.server.tls_audit import TlsRefusalAudit
 
@@ -94,6 +95,7 @@ async def serve_tcp(
         max_connections=listener.max_connections,
         max_connections_per_address=listener.max_connections_per_address,
         metrics=context.metrics.listener(listener.name, listener.protocol),
+        proxy=ProxySettings.of(listener),
     )
     try:
         sockets = await trio.open_tcp_listeners(listener.port, host=listener.host)

@@ -23,6 +23,14 @@ passes through untouched.
 Fairness: besides ``max_connections`` per listener, one client address may
 hold at most ``max_connections_per_address`` connections, so one host that
 opens slow sockets cannot lock every other client out.
+
+Behind a load balancer (``proxy`` settings, :mod:`appliance.server.proxied`):
+only the trusted balancers may connect, each connection's PROXY header is
+read first (within its own deadline), and from then on the connection is the
+client's: its address is the one in ``ConnectionInfo``, the per-address limit
+counts it, and its log lines name it (``connection.proxied`` says which
+balancer relayed it). Connections still waiting for their header are
+bounded by ``max_connections`` and the header deadline.
 """
 
 from __future__ import annotations
@@ -38,6 +46,7 @@ import trio
 
 from appliance.logs import get_logger
 from appliance.metrics import NULL_LISTENER, ListenerMetrics
+from appliance.server.proxied import ProxyFailure, ProxySettings, is_health_check, read_proxy_header
 from pki.tls import peer_subject
 
 __all__ = [
@@ -178,6 +187,7 @@ class TcpService:
         max_connections: open connections allowed at once.
         max_connections_per_address: open connections allowed at once from one IP address.
         metrics: the listener's metrics, handed on to its connections (default: none).
+        proxy: the PROXY protocol settings when the listener sits behind a balancer.
     """
 
     def __init__(
@@ -190,6 +200,7 @@ class TcpService:
         max_connections: int,
         max_connections_per_address: int | None = None,
         metrics: ListenerMetrics = NULL_LISTENER,
+        proxy: ProxySettings | None = None,
     ) -> None:
         self.name = name
         self._handler = handler
@@ -206,6 +217,7 @@ class TcpService:
         #: Told each refused TLS handshake (who, reason): the audit log.
         self.on_tls_failure: Callable[[ConnectionInfo, str], None] | None = None
         self.metrics = metrics
+        self._proxy = proxy
 
     def update(
         self,
@@ -214,6 +226,7 @@ class TcpService:
         tls_handshake_timeout: float,
         max_connections: int,
         max_connections_per_address: int | None = None,
+        proxy: ProxySettings | None = None,
     ) -> None:
         """New settings for the connections accepted from now on (a reload).
 
@@ -223,6 +236,7 @@ class TcpService:
         self._handshake_timeout = tls_handshake_timeout
         self._max_connections = max_connections
         self._max_per_address = max_connections_per_address or max_connections
+        self._proxy = proxy
 
     async def serve(
         self, listeners: list[trio.SocketListener], connection_nursery: trio.Nursery
@@ -252,42 +266,94 @@ class TcpService:
                 await trio.sleep(ACCEPT_BACKOFF_SECONDS)
                 continue
             address, port = _peer_address(stream)
+            proxy = self._proxy
             refusal = None
             if self.active >= self._max_connections:
                 refusal = f"max_connections={self._max_connections} reached"
                 self.metrics.connection_refused("max_connections")
-            elif self._per_address.get(address, 0) >= self._max_per_address:
+            elif proxy is not None and not proxy.trusts(address):
+                refusal = "not a trusted proxy (proxy_protocol is on: see trusted_proxies)"
+                self.metrics.connection_refused("untrusted_proxy")
+            elif proxy is None and not self._admit_address(address):
                 refusal = f"max_connections_per_address={self._max_per_address} reached"
-                self.metrics.connection_refused("max_connections_per_address")
             if refusal is not None:
-                self.refused += 1
-                log.warning(
-                    "connection.refused", listener=self.name, peer=peer_name(address, port),
-                    reason=refusal,
-                )  # fmt: skip
+                self._refuse(peer_name(address, port), refusal)
                 await trio.aclose_forcefully(stream)
                 continue
             self.active += 1
             self.metrics.connections_accepted.inc()
             self.metrics.connections_open.inc()
-            self._per_address[address] = self._per_address.get(address, 0) + 1
-            nursery.start_soon(self._run_connection, stream, address, port)
+            nursery.start_soon(self._run_connection, stream, address, port, proxy)
 
-    def _release(self, address: str) -> None:
+    def _admit_address(self, address: str) -> bool:
+        """Count a connection against ``address``'s limit; False (counted nowhere) when full."""
+        if self._per_address.get(address, 0) >= self._max_per_address:
+            self.metrics.connection_refused("max_connections_per_address")
+            return False
+        self._per_address[address] = self._per_address.get(address, 0) + 1
+        return True
+
+    def _refuse(self, peer: str, reason: str, **fields: str) -> None:
+        self.refused += 1
+        log.warning("connection.refused", listener=self.name, peer=peer, reason=reason, **fields)
+
+    def _release(self, address: str | None) -> None:
         self.active -= 1
         self.metrics.connections_open.dec()
+        if address is None:
+            return  # never counted against an address (refused behind a proxy)
         left = self._per_address.get(address, 1) - 1
         if left > 0:
             self._per_address[address] = left
         else:
             self._per_address.pop(address, None)
 
+    async def _proxied_client(
+        self, sock: trio.SocketStream, proxy: ProxySettings, address: str, port: int | None
+    ) -> tuple[str, int | None] | None:
+        """The client a balancer relays (its header read), or None: the connection ends here."""
+        via = peer_name(address, port)
+        header = await read_proxy_header(sock, proxy)
+        if isinstance(header, ProxyFailure):
+            log.warning(header.event, listener=self.name, peer=via, reason=header.reason)
+            self.metrics.connection_refused("proxy_header")
+            return None
+        if header.source is None:
+            if await is_health_check(sock, header, self._handshake_timeout):
+                log.debug("proxy.health_check", listener=self.name, peer=via)
+                return None
+        else:
+            address, port = str(header.source.address), header.source.port
+            # A dual-stack balancer may name an IPv4 client as ::ffff:a.b.c.d.
+            mapped = getattr(header.source.address, "ipv4_mapped", None)
+            if mapped is not None:
+                address = str(mapped)
+        client = peer_name(address, port)
+        if not self._admit_address(address):
+            reason = f"max_connections_per_address={self._max_per_address} reached"
+            self._refuse(client, reason, via=via)
+            return None
+        log.info("connection.proxied", listener=self.name, peer=client, via=via)
+        return address, port
+
     async def _run_connection(
-        self, sock: trio.SocketStream, address: str, port: int | None
+        self,
+        sock: trio.SocketStream,
+        address: str,
+        port: int | None,
+        proxy: ProxySettings | None = None,
     ) -> None:
         context = self.ssl_context
+        counted: str | None = address if proxy is None else None
         info = ConnectionInfo(self.name, address, port, context is not None, metrics=self.metrics)
         try:
+            if proxy is not None:
+                client = await self._proxied_client(sock, proxy, address, port)
+                if client is None:
+                    await trio.aclose_forcefully(sock)
+                    return
+                counted = client[0]
+                info = replace(info, address=client[0], port=client[1])
             await self._serve_connection(sock, context, info)
         except Exception as exc:  # noqa: BLE001 - the connection boundary (module docstring)
             # Cancelled is a BaseException and is not caught here.
@@ -298,7 +364,7 @@ class TcpService:
                 "connection.failed", listener=self.name, peer=info.peer, error=types, reason=text
             )
         finally:
-            self._release(address)
+            self._release(counted)
 
     async def _serve_connection(
         self, sock: trio.SocketStream, context: ssl.SSLContext | None, info: ConnectionInfo

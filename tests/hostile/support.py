@@ -47,6 +47,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import io
+import ipaddress
 import itertools
 import json
 import os
@@ -121,6 +122,10 @@ COURIER_TAG = "courier-default"
 LUMBERJACK_TAG = "lumberjack-default"
 
 WEBSOCKET_IDLE_TIMEOUT_SECONDS = 5
+#: The proxied listener's header deadline (short: the slow-header test waits it out).
+PROXY_HEADER_TIMEOUT_SECONDS = 2
+#: The client a good proxied connection's header names (documentation range, RFC 5737).
+PROXIED_CLIENT = "192.0.2.44"
 _TCP_LIMITS = (
     f"request_timeout_seconds = {REQUEST_TIMEOUT_SECONDS}\n"
     f"tls_handshake_timeout_seconds = {TLS_HANDSHAKE_TIMEOUT_SECONDS}\n"
@@ -138,6 +143,13 @@ def listener_bodies() -> dict[str, str]:
     )
     return {
         "forward": 'protocol = "forward"\n' + forward_limits + _TCP_COMMON,
+        # Behind a balancer: every connection starts with a PROXY header; the good client
+        # (127.0.0.1) and the hostile ones (next_address: 127.1.x.y) are trusted proxies.
+        "forward_proxied": 'protocol = "forward"\nproxy_protocol = true\n'
+        'trusted_proxies = ["127.0.0.1/32", "127.1.0.0/16"]\n'
+        f"proxy_header_timeout_seconds = {PROXY_HEADER_TIMEOUT_SECONDS}\n"
+        + forward_limits
+        + _TCP_COMMON,
         "forward_secure": 'protocol = "forward"\nsecurity = "shared_key"\n'
         'self_hostname = "appliance.test"\nhandshake_timeout_seconds = 5\n'
         "free_failed_handshakes = 1000\n" + forward_limits + _TCP_COMMON,
@@ -812,6 +824,26 @@ def forward_login(sock: ssl.SSLSocket, shared_key: str, hostname: str = "good-cl
     assert pong[:2] == ["PONG", True], pong
 
 
+class ForwardProxiedGood(ForwardGood):
+    """:class:`ForwardGood` relayed by a balancer: a PROXY v2 header names the client."""
+
+    def __init__(self, service: HostileService) -> None:
+        raw = socket.create_connection(("127.0.0.1", service.port("forward_proxied")), timeout=30)
+        raw.sendall(proxy_v2_header(PROXIED_CLIENT))
+        context = ssl.create_default_context(cafile=str(service.ca_file))
+        self.sock = context.wrap_socket(raw, server_hostname="localhost")
+        self.sock.settimeout(WAIT_SECONDS)
+        self.unpacker = msgpack.Unpacker(raw=False)
+
+
+def proxy_v2_header(client: str, port: int = 40000) -> bytes:
+    """What HAProxy's ``send-proxy-v2`` sends first: ``client:port`` relayed to the appliance."""
+    from appliance.protocols.proxy import Endpoint, encode_v2
+
+    destination = Endpoint(ipaddress.ip_address("127.0.0.1"), 24224)
+    return encode_v2(Endpoint(ipaddress.ip_address(client), port), destination)
+
+
 class ForwardSecureGood(ForwardGood):
     """:class:`ForwardGood` on the listener with the shared-key handshake, logged in first."""
 
@@ -823,6 +855,7 @@ class ForwardSecureGood(ForwardGood):
 GOOD_CLIENTS: dict[str, Callable[[HostileService], GoodClient]] = {
     "forward": ForwardGood,
     "forward_secure": ForwardSecureGood,
+    "forward_proxied": ForwardProxiedGood,
     "lumberjack": LumberjackGood,
     "courier": CourierGood,
     "logjam": LogjamGood,
