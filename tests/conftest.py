@@ -92,10 +92,14 @@ def start_appliance(
 
     The config is ``directory/appliance{index}.toml``; every listener binds
     port 0 on loopback, and :attr:`ApplianceProcess.ports` holds the port it
-    got (from the ``service.ready`` log line). ``lake`` adds keys to ``[lake]``.
+    got (from the ``service.ready`` log line). ``lake`` adds keys to ``[lake]``;
+    without an ``ack`` key in it, ``ack = "commit"``: the tests read the table
+    right after an ack.
     """
     state = directory / f"state{index}"
-    parts = [f'state_dir = "{state}"', extra, "[lake]", "commit_max_delay_seconds = 0.1", lake]
+    ack = "" if re.search(r"^ack\s*=", lake, re.MULTILINE) else 'ack = "commit"'
+    parts = [f'state_dir = "{state}"', extra, "[lake]", "commit_max_delay_seconds = 0.1", ack,
+             lake]  # fmt: skip
     for name, body in listeners.items():
         parts += ["[[listeners]]", f'name = "{name}"', 'bind = "127.0.0.1:0"', body]
     config = directory / f"appliance{index}.toml"
