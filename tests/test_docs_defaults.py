@@ -190,6 +190,7 @@ PAGE_SECTIONS: Final[dict[str, tuple[type, ...]]] = {
     "maintenance.md": (MaintenanceConfig, RetentionConfig, LakeConfig),
     "observability.md": (AdminConfig,),
     "spark.md": (SparkConfig,),
+    "wal.md": (WalConfig, LakeConfig),
     "websocket.md": (WebSocketListenerConfig,),
 }
 #: Prose defaults told in words that no parser should guess: (page, key) -> why.
