@@ -52,6 +52,7 @@ __all__ = [
     "RetentionRule",
     "SparkConfig",
     "TlsConfig",
+    "WalConfig",
     "WebSocketListenerConfig",
     "default_config",
     "is_bind",
@@ -114,13 +115,21 @@ class LakeConfig:
     path: str | None = None
     #: deltalake storage options (credentials, region, endpoint).
     storage_options: dict[str, str] = field(default_factory=dict)
-    #: Rows that seal a commit group.
+    #: When a batch is acknowledged: "wal" once it is durable in the write-ahead log
+    #: (milliseconds; committed to the table within commit_interval_seconds), "commit"
+    #: once its rows are in a Delta commit (docs/wal.md, "Two ack modes").
+    ack: Literal["wal", "commit"] = defaults.LAKE_ACK
+    #: ack = "wal": seconds between commits from the log to the table (sooner at commit_max_bytes).
+    commit_interval_seconds: float = defaults.LAKE_COMMIT_INTERVAL_SECONDS
+    #: ack = "commit": rows that seal a commit group.
     commit_max_rows: int = defaults.LAKE_COMMIT_MAX_ROWS
-    #: Bytes (strings as copied onto each row, plus a per-row overhead) that seal a commit group.
+    #: Bytes that make a commit: ack = "commit", of a group's rows (strings as copied onto
+    #: each row, plus a per-row overhead); ack = "wal", of log records waiting.
     commit_max_bytes: int = defaults.LAKE_COMMIT_MAX_BYTES
-    #: Seconds a commit group stays open: the floor of ack latency.
+    #: ack = "commit": seconds a commit group stays open, the floor of ack latency.
     commit_max_delay_seconds: float = defaults.LAKE_COMMIT_MAX_DELAY_SECONDS
-    #: Batches waiting between connections and the writer; when full, connections stop reading.
+    #: ack = "commit": batches waiting between connections and the writer; when full,
+    #: connections stop reading (ack = "wal": the log's max_bytes does that).
     queue_blocks: int = defaults.LAKE_QUEUE_BLOCKS
     #: First wait after a failed commit, in seconds (doubles each time).
     retry_initial_seconds: float = defaults.LAKE_RETRY_INITIAL_SECONDS
@@ -144,6 +153,34 @@ class LakeConfig:
     def __post_init__(self) -> None:
         if not 0 <= self.min_free_percent < 100:
             raise ValueError("min_free_percent must be below 100")
+        if self.commit_interval_seconds <= 0:
+            raise ValueError("commit_interval_seconds must be greater than 0")
+
+
+@dataclass(frozen=True, slots=True)
+class WalConfig:
+    """``[wal]``: the write-ahead log, ``<state_dir>/wal`` (``[lake] ack = "wal"``; docs/wal.md)."""
+
+    #: A segment file is closed before it would exceed this many bytes (at least 4096).
+    segment_bytes: int = defaults.WAL_SEGMENT_BYTES
+    #: Largest record (one batch, encoded) the log takes; a larger batch is refused.
+    max_record_bytes: int = defaults.WAL_MAX_RECORD_BYTES
+    #: The cap on the log's files: at the cap, connections wait (stop reading) for the
+    #: table to catch up, and /readyz says not ready. At least twice the larger of the two above.
+    max_bytes: int = defaults.WAL_MAX_BYTES
+    #: Most uncommitted batches with an id (each id is held in memory for dedupe).
+    max_keys: int = defaults.WAL_MAX_KEYS
+    #: Longest a busy log waits for more appends before one fdatasync, in seconds (at most 0.05).
+    flush_delay_seconds: float = defaults.WAL_FLUSH_DELAY_SECONDS
+    #: Pending bytes that start a write and fdatasync at once.
+    flush_bytes: int = defaults.WAL_FLUSH_BYTES
+    #: Most bytes one write and fdatasync takes.
+    group_max_bytes: int = defaults.WAL_GROUP_MAX_BYTES
+    #: Longest a batch waits for room under max_bytes before its connection is closed, in seconds.
+    full_wait_seconds: float = defaults.WAL_FULL_WAIT_SECONDS
+
+    def __post_init__(self) -> None:
+        defaults.check_wal(**{f.name: getattr(self, f.name) for f in dataclasses.fields(self)})
 
 
 @dataclass(frozen=True, slots=True)
@@ -634,6 +671,7 @@ class Config:
     log: LogConfig = field(default_factory=LogConfig)
     tls: TlsConfig = field(default_factory=TlsConfig)
     lake: LakeConfig = field(default_factory=LakeConfig)
+    wal: WalConfig = field(default_factory=WalConfig)
     auth: AuthConfig = field(default_factory=AuthConfig)
     maintenance: MaintenanceConfig = field(default_factory=MaintenanceConfig)
     retention: RetentionConfig = field(default_factory=RetentionConfig)

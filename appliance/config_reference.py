@@ -23,6 +23,7 @@ from appliance.config import (
     ListenerConfig,
     LogjamListenerConfig,
     LumberjackListenerConfig,
+    WalConfig,
     WebSocketListenerConfig,
 )
 
@@ -96,6 +97,7 @@ def reference_tables() -> str:
         ),
         ('`protocol = "websocket"`', WebSocketListenerConfig, _COMMON - {"name", "bind"}),
         ("`[lake]`", LakeConfig, frozenset()),
+        ("`[wal]`", WalConfig, frozenset()),
         ("`[admin]`", AdminConfig, frozenset()),
     ]
     lines: list[str] = []

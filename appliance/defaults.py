@@ -29,6 +29,8 @@ __all__ = [
     "FORWARD_MAX_DECOMPRESSED_BYTES",
     "FORWARD_MAX_EVENTS_PER_REQUEST",
     "FORWARD_MAX_REQUEST_BYTES",
+    "LAKE_ACK",
+    "LAKE_COMMIT_INTERVAL_SECONDS",
     "LAKE_COMMIT_MAX_BYTES",
     "LAKE_COMMIT_MAX_DELAY_SECONDS",
     "LAKE_COMMIT_MAX_ROWS",
@@ -56,10 +58,22 @@ __all__ = [
     "PROXY_HEADER_TIMEOUT_SECONDS",
     "RETENTION_INTERVAL_SECONDS",
     "VACUUM_RETENTION_HOURS",
+    "WAL_FLUSH_BYTES",
+    "WAL_FLUSH_DELAY_SECONDS",
+    "WAL_FULL_WAIT_SECONDS",
+    "WAL_GROUP_MAX_BYTES",
+    "WAL_MAX_BYTES",
+    "WAL_MAX_FLUSH_DELAY_SECONDS",
+    "WAL_MAX_KEYS",
+    "WAL_MAX_RECORD_BYTES",
+    "WAL_MAX_RECORD_BYTES_LIMIT",
+    "WAL_MIN_SEGMENT_BYTES",
+    "WAL_SEGMENT_BYTES",
     "WEBSOCKET_MAX_CONTAINERS_PER_MESSAGE",
     "WEBSOCKET_MAX_EVENTS_PER_MESSAGE",
     "WEBSOCKET_MAX_MESSAGE_BYTES",
     "check_retention",
+    "check_wal",
 ]
 
 # -- a connection's waiting answers (appliance/server/pending.py) -----------------------
@@ -165,6 +179,13 @@ LAKE_COMMIT_MAX_ROWS: Final = 100_000
 LAKE_COMMIT_MAX_BYTES: Final = 64 * 1024 * 1024
 #: Seconds a commit group stays open before it is sealed (the ack latency floor).
 LAKE_COMMIT_MAX_DELAY_SECONDS: Final = 0.25
+#: When a batch is acknowledged: "wal" once its append to the write-ahead log
+#: is durable (docs/wal.md), "commit" once its rows are in a Delta commit.
+LAKE_ACK: Final = "wal"
+#: With ``ack = "wal"``: seconds between commits from the log to the table
+#: (sooner once ``commit_max_bytes`` of records wait). Rows become visible
+#: in the table, and to the live tail, within about this long.
+LAKE_COMMIT_INTERVAL_SECONDS: Final = 5.0
 #: Blocks that may wait between the connections and the collector.
 LAKE_QUEUE_BLOCKS: Final = 64
 #: First and largest wait between retries of a failed commit, in seconds.
@@ -176,6 +197,40 @@ LAKE_DEDUPE_MAX_KEYS: Final = 1_000_000
 #: Seconds a writer's claim on its app id lasts without a commit; an idle
 #: writer renews it (a commit of no rows) every third of it.
 LAKE_LEASE_SECONDS: Final = 120.0
+
+# -- the write-ahead log (appliance/wal/, docs/wal.md) -----------------------------------
+
+_MIB: Final = 1024 * 1024
+#: A segment file is closed, and a new one started, before it would exceed
+#: this many bytes (a record larger than this fills a segment alone).
+WAL_SEGMENT_BYTES: Final = 64 * _MIB
+#: Smallest segment size accepted, in bytes (smaller ones only multiply files).
+WAL_MIN_SEGMENT_BYTES: Final = 4096
+#: Largest record, in bytes as stored (header, dedupe key and body). Larger than
+#: the largest block any listener can produce with its default limits
+#: (docs/limits.md: 64 MiB windows and decompressed requests, 128 MiB Courier payload memory).
+WAL_MAX_RECORD_BYTES: Final = 160 * _MIB
+#: The largest record the format accepts, in bytes: a scan trusts a verified
+#: header's length up to this, so no configured ``max_record_bytes`` may exceed it.
+WAL_MAX_RECORD_BYTES_LIMIT: Final = 1024 * _MIB
+#: The log's size cap, in bytes of segment files: at the cap, appends wait
+#: (backpressure) for the table to catch up instead of the log growing.
+WAL_MAX_BYTES: Final = 2048 * _MIB
+#: Most records with a dedupe key the log holds uncommitted: each costs
+#: memory (its key is kept for dedupe), so they are capped like bytes.
+WAL_MAX_KEYS: Final = 1_000_000
+#: Longest an append waits for others to join its group before the fdatasync,
+#: in seconds. Idle appends do not wait at all (docs/wal.md, "Group commit").
+WAL_FLUSH_DELAY_SECONDS: Final = 0.002
+#: Upper bound on the configurable flush delay, in seconds: acks must stay "a few ms".
+WAL_MAX_FLUSH_DELAY_SECONDS: Final = 0.05
+#: Pending bytes that start a flush at once, without waiting for the delay.
+WAL_FLUSH_BYTES: Final = 1 * _MIB
+#: Most bytes one flush writes before its fdatasync (one record larger than it goes alone):
+#: a huge backlog is written in steps, so small appends behind it are not held long.
+WAL_GROUP_MAX_BYTES: Final = 16 * _MIB
+#: Longest an append waits for room under the cap before it fails, in seconds.
+WAL_FULL_WAIT_SECONDS: Final = 30.0
 
 # -- the disk guard (appliance/lake/diskguard.py) ---------------------------------------
 
@@ -227,3 +282,45 @@ def check_retention(
             f"{MIN_VACUUM_RETENTION_HOURS} h: readers, time travel and the derived-table "
             f"jobs may still need those files (override: {override})"
         )
+
+
+def check_wal(
+    *,
+    segment_bytes: int,
+    max_record_bytes: int,
+    max_bytes: int,
+    max_keys: int,
+    flush_delay_seconds: float,
+    flush_bytes: int,
+    group_max_bytes: int,
+    full_wait_seconds: float,
+) -> None:
+    """Refuse write-ahead log settings out of range (``[wal]`` and ``WalSettings`` alike).
+
+    Raises:
+        ValueError: naming the key: a value out of its range, or a cap too
+            small for the log to make progress (``max_bytes`` must hold two
+            full segments).
+    """
+    if segment_bytes < WAL_MIN_SEGMENT_BYTES:
+        raise ValueError(f"wal segment_bytes must be at least {WAL_MIN_SEGMENT_BYTES}")
+    if not WAL_MIN_SEGMENT_BYTES <= max_record_bytes <= WAL_MAX_RECORD_BYTES_LIMIT:
+        raise ValueError(
+            f"wal max_record_bytes must be within {WAL_MIN_SEGMENT_BYTES}.."
+            f"{WAL_MAX_RECORD_BYTES_LIMIT}"
+        )
+    # The active segment is never deleted, so after everything is committed
+    # it may still hold one full segment: the cap must leave room for another
+    # beside it, or appends could wait forever.
+    if max_bytes < 2 * max(segment_bytes, max_record_bytes):
+        raise ValueError(
+            "wal max_bytes must be at least twice max(segment_bytes, max_record_bytes)"
+        )
+    if max_keys < 1:
+        raise ValueError("wal max_keys must be at least 1")
+    if not 0.0 <= flush_delay_seconds <= WAL_MAX_FLUSH_DELAY_SECONDS:
+        raise ValueError(f"wal flush_delay_seconds must be within 0..{WAL_MAX_FLUSH_DELAY_SECONDS}")
+    if flush_bytes < 1 or group_max_bytes < 1:
+        raise ValueError("wal flush_bytes and group_max_bytes must be positive")
+    if full_wait_seconds < 0:
+        raise ValueError("wal full_wait_seconds must not be negative")

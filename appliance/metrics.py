@@ -29,6 +29,7 @@ from __future__ import annotations
 import math
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from typing import Final, Literal, Protocol
 
 from prometheus_client import (
@@ -60,6 +61,7 @@ __all__ = [
     "LakeMetrics",
     "ListenerMetrics",
     "Metrics",
+    "WalSample",
     "drop_reason_class",
     "protocol_error_class",
     "tls_failure_class",
@@ -414,9 +416,11 @@ class LakeMetrics:
         "committed_bytes",
         "committed_rows",
         "dedupe_committed",
+        "dedupe_logged",
         "dedupe_pending",
         "last_commit_age",
         "last_commit_time",
+        "log_records_lost",
         "queue_blocks",
         "queue_capacity",
         "table_bytes",
@@ -436,6 +440,8 @@ class LakeMetrics:
         self.queue_capacity: _Level = _NOOP
         self.dedupe_committed: _Count = _NOOP
         self.dedupe_pending: _Count = _NOOP
+        self.dedupe_logged: _Count = _NOOP
+        self.log_records_lost: _Count = _NOOP
         self.blocks_refused: _Count = _NOOP
         self.table_version: _Level = _NOOP
         self.last_commit_time: _Level = _NOOP
@@ -488,12 +494,20 @@ class LakeMetrics:
         )
         dedupe = Counter(
             "appliance_lake_dedupe_hits",
-            "Resent batches acknowledged again without a second write (state: committed, pending).",
+            "Resent batches acknowledged again without a second write (state: committed; "
+            "logged, in the write-ahead log; pending, its first copy not yet durable).",
             ["state"],
             registry=r,
         )
         self.dedupe_committed = dedupe.labels("committed")
+        self.dedupe_logged = dedupe.labels("logged")
         self.dedupe_pending = dedupe.labels("pending")
+        self.log_records_lost = Counter(
+            "appliance_wal_records_unstorable",
+            "Write-ahead log records (acknowledged) that could not be committed: "
+            "wal.record_unstorable in the log says which.",
+            registry=r,
+        )
         self.blocks_refused = Counter(
             "appliance_lake_blocks_refused",
             "Batches refused because their data cannot be stored (never acknowledged).",
@@ -523,6 +537,74 @@ class LakeMetrics:
             "Bytes of the live data files, as the last maintenance run counted them.",
             registry=r,
         )
+
+
+@dataclass(frozen=True, slots=True)
+class WalSample:
+    """The write-ahead log's figures at one scrape (appliance/wal/log.py keeps them)."""
+
+    #: Bytes of the segment files, and the cap on them ([wal] max_bytes).
+    file_bytes: int
+    max_bytes: int
+    #: Bytes of durable records not yet committed to the table.
+    uncommitted_bytes: int
+    segments: int
+    #: An append is waiting for room under the cap (backpressure).
+    at_cap: bool
+    appends: int
+    #: Groups written, each with one fdatasync, and those that failed.
+    syncs: int
+    failed_syncs: int
+    written_bytes: int
+    cap_waits: int
+    cap_refusals: int
+    #: Seconds from each group's first append to its durability, summed over the groups.
+    sync_wait_seconds: float
+
+
+class _WalCollector:
+    """Reads the write-ahead log's figures at scrape time (on the event loop's thread)."""
+
+    def __init__(self, sample: Callable[[], WalSample | None]) -> None:
+        self._sample = sample
+
+    def collect(self) -> Iterable[Metric]:
+        found = self._sample()
+        if found is None:
+            return
+        for name, doc, value in (
+            ("appliance_wal_file_bytes", "Bytes of the write-ahead log's segment files.",
+             found.file_bytes),
+            ("appliance_wal_max_bytes", "The cap on them ([wal] max_bytes).", found.max_bytes),
+            ("appliance_wal_uncommitted_bytes",
+             "Bytes of durable log records not yet committed to the table.",
+             found.uncommitted_bytes),
+            ("appliance_wal_segments", "Segment files of the log.", found.segments),
+            ("appliance_wal_at_cap",
+             "1 while an append waits for room under the cap (connections stop reading), else 0.",
+             int(found.at_cap)),
+        ):  # fmt: skip
+            yield GaugeMetricFamily(name, doc, value=value)
+        for name, doc, count in (
+            ("appliance_wal_appends", "Records taken by the log (batches).", found.appends),
+            ("appliance_wal_syncs", "Groups written, each with one fdatasync.", found.syncs),
+            ("appliance_wal_failed_syncs",
+             "Groups whose write or fdatasync failed (disk full, I/O error): not acked.",
+             found.failed_syncs),
+            ("appliance_wal_written_bytes", "Bytes of records made durable.", found.written_bytes),
+            ("appliance_wal_cap_waits", "Appends that waited for room under the cap.",
+             found.cap_waits),
+            ("appliance_wal_cap_refusals",
+             "Appends refused after full_wait_seconds at the cap (connection closed).",
+             found.cap_refusals),
+            ("appliance_wal_sync_wait_seconds",
+             "Seconds from each group's first append to its durability, summed (divide by syncs).",
+             found.sync_wait_seconds),
+        ):  # fmt: skip
+            yield CounterMetricFamily(name, doc, value=count)
+
+    def describe(self) -> Iterable[Metric]:
+        return []
 
 
 class _MaintenanceFamilies:
@@ -597,6 +679,11 @@ class Metrics:
         if result != "skipped":
             families.last.labels(operation).set(finished_at)
             families.duration.labels(operation).set(seconds)
+
+    def watch_wal(self, sample: Callable[[], WalSample | None]) -> None:
+        """Serve the write-ahead log's figures, read by ``sample`` at each scrape (None: none)."""
+        if self.enabled:
+            self.registry.register(_WalCollector(sample))
 
     def exposition(self, accept: str | None = None) -> tuple[bytes, str]:
         """The registry in the text format the ``Accept`` header asks for, and its type."""

@@ -5,14 +5,18 @@ Shutdown (SIGTERM or SIGINT, or ``stop`` set by a caller), all under
 
 1. stop accepting;
 2. stop reading on every connection (nothing new is taken in);
-3. close the writer's input: it commits what is queued, in groups as usual;
-4. each connection sends the acks of its committed requests, then closes.
+3. close the writer's input: it commits what is queued, in groups as usual
+   (with ``[lake] ack = "wal"``: the log writes what is pending, and the
+   writer commits everything the log holds);
+4. each connection sends the acks of its durable requests, then closes.
 
 SIGHUP (or ``appliance cert reload``) reloads the server certificate and the
 CRL without dropping open connections.
 
 Past the deadline whatever is left is abandoned unacknowledged; clients
-resend it and the resend is deduplicated.
+resend it and the resend is deduplicated. With ``ack = "wal"``, records in
+the log that were not committed yet are replayed at the next start, before
+the listeners open.
 """
 
 from __future__ import annotations
@@ -52,9 +56,11 @@ from appliance.server.tls import TlsManager
 from appliance.server.tls_audit import TlsRefusalAudit
 from appliance.server.websocket_listener import open_token_verifier
 from appliance.state_lock import StateLock
+from appliance.wal.log import WriteAheadLog
+from appliance.wal.settings import WalSettings
 from auth.policy import CredentialStore
 
-__all__ = ["Running", "node_id", "prepare_state", "serve"]
+__all__ = ["Running", "node_id", "prepare_state", "serve", "write_ahead_log"]
 
 log = get_logger("service")
 
@@ -124,6 +130,18 @@ def writer_token(config: Config) -> int:
             out.write(text + "\n")
     digest = hashlib.sha256(text.encode("ascii", "replace")).digest()
     return int.from_bytes(digest[:8], "big") >> 2  # positive, fits a Delta txn version
+
+
+def write_ahead_log(config: Config) -> WriteAheadLog | None:
+    """The log under ``<state_dir>/wal``: with ``ack = "wal"``, or to drain one left behind.
+
+    With ``ack = "commit"`` a log directory from an earlier ``ack = "wal"``
+    run is opened only to commit what it holds; none is created.
+    """
+    directory = config.state_dir / "wal"
+    if config.lake.ack != "wal" and not directory.is_dir():
+        return None
+    return WriteAheadLog(directory, settings_from(config.wal, WalSettings))
 
 
 def _credentials(config: Config) -> CredentialStore | None:
@@ -235,14 +253,21 @@ async def _serve_locked(
     ca_file = tls.prepare()
     # Counted only when the admin listener can serve them (docs/observability.md).
     metrics = Metrics(enabled=config.admin.enabled)
+    log_wal = config.lake.ack == "wal"
+    wal = write_ahead_log(config)
     writer = LakeWriter(
         EventsTable(config.table_uri, config.lake.storage_options or None),
         node_id(config),
         settings_from(config.lake, WriterSettings),
         token=writer_token(config),
         metrics=metrics,
+        wal=wal if log_wal else None,
     )
+    # Before any listener opens: the table is claimed, and the log (if any)
+    # recovered and replayed into it (docs/wal.md, "Start-up").
     await writer.open()
+    if wal is not None and not log_wal:
+        await writer.drain_log(wal)  # ack = "commit" now: commit what ack = "wal" left
     lifecycle = Lifecycle()
     context = ServiceContext(writer, lifecycle, credentials=_credentials(config), metrics=metrics)
     close_tokens: Callable[[], None] | None = None
@@ -316,7 +341,10 @@ async def _serve_locked(
     if close_tokens is not None:
         close_tokens()
     if shutdown.cancelled_caught:
-        log.error("service.stopped", reason="shutdown timeout: in-flight batches left unacked")
+        reason = "shutdown timeout: in-flight batches left unacked"
+        if writer.wal is not None:
+            reason += "; the log's uncommitted records are committed at the next start"
+        log.error("service.stopped", reason=reason)
     else:
         log.info("service.stopped", commits=writer.commits, rows=writer.rows_committed)
 

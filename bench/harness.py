@@ -400,12 +400,14 @@ def start_server(
     *,
     command: Sequence[str] = APPLIANCE_SERVE,
     preamble: str = "",
+    lake: str = "",
 ) -> Server:
     """``command --config FILE`` in ``state_dir``, pinned to ``core``, once it is ready.
 
     ``command`` runs with this tree first on ``PYTHONPATH`` (:func:`tree_env`).
     The config has the state directory, then ``preamble``, the ``[lake]``
-    settings of ``args`` (``commit_delay``, ``commit_max_rows``) and one
+    settings of ``args`` (``commit_delay``, ``commit_max_rows``) and ``lake``
+    (more ``[lake]`` lines), and one
     ``[[listeners]]`` entry: ``listener`` (TOML lines) bound to a free port.
     The server's stderr goes to ``state_dir/server.log``.
     """
@@ -417,6 +419,7 @@ def start_server(
         "[lake]\n"
         f"commit_max_delay_seconds = {args.commit_delay}\n"
         f"commit_max_rows = {args.commit_max_rows}\n"
+        f"{lake}"
         "[[listeners]]\n"
         f"{listener}"
         f'bind = "127.0.0.1:{port}"\n',

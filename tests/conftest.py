@@ -93,15 +93,17 @@ def start_appliance(
     The config is ``directory/appliance{index}.toml``; every listener binds
     port 0 on loopback, and :attr:`ApplianceProcess.ports` holds the port it
     got (from the ``service.ready`` log line). ``lake`` adds keys to ``[lake]``;
-    without a ``commit_max_delay_seconds`` in it, commits are 0.1 s apart.
+    without a ``commit_max_delay_seconds`` in it, commits are 0.1 s apart; without an
+    ``ack`` key, ``ack = "commit"``: the tests read the table right after an ack.
     """
     state = directory / f"state{index}"
-    delay = (
-        ""
-        if re.search(r"^commit_max_delay_seconds\s*=", lake, re.MULTILINE)
-        else ("commit_max_delay_seconds = 0.1")
-    )
-    parts = [f'state_dir = "{state}"', extra, "[lake]", delay, lake]
+
+    def unless_given(key: str, line: str) -> str:
+        return "" if re.search(rf"^{key}\s*=", lake, re.MULTILINE) else line
+
+    delay = unless_given("commit_max_delay_seconds", "commit_max_delay_seconds = 0.1")
+    ack = unless_given("ack", 'ack = "commit"')
+    parts = [f'state_dir = "{state}"', extra, "[lake]", delay, ack, lake]
     for name, body in listeners.items():
         parts += ["[[listeners]]", f'name = "{name}"', 'bind = "127.0.0.1:0"', body]
     config = directory / f"appliance{index}.toml"

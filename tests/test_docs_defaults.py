@@ -63,9 +63,9 @@ from appliance.config import (
     RetentionConfig,
     SparkConfig,
     TlsConfig,
+    WalConfig,
     WebSocketListenerConfig,
 )
-from appliance.wal.settings import WalSettings
 
 DOCS: Final = Path(__file__).parents[1] / "docs"
 #: Generated from the code and checked by tests/appliance/test_config_reference.py.
@@ -130,6 +130,7 @@ TABLES: Final[dict[tuple[str, str, int], Section]] = {
     ("configuration.md", "`[log]`", 0): Section(LogConfig),
     ("configuration.md", "`[tls]`", 0): Section(TlsConfig),
     ("configuration.md", "`[lake]`", 0): Section(LakeConfig),
+    ("configuration.md", "`[wal]`", 0): Section(WalConfig),
     ("configuration.md", "`[auth]`", 0): Section(AuthConfig),
     ("configuration.md", "`[maintenance]`", 0): Section(MaintenanceConfig),
     ("configuration.md", "`[spark]`", 0): Section(SparkConfig),
@@ -162,8 +163,8 @@ TABLES: Final[dict[tuple[str, str, int], Section]] = {
         complete="limits",
         omitted=frozenset({"read_size_bytes", "request_timeout_seconds"}),
     ),
-    # The write-ahead log's settings (issue 14), before a [wal] config section wires them.
-    ("wal.md", "Limits", 0): Section(WalSettings),
+    # The write-ahead log's settings: the [wal] section fills WalSettings key by key.
+    ("wal.md", "Limits", 0): Section(WalConfig),
 }
 
 #: Tables whose rows are protocols: default ``bind`` and the protocol's own keys.
@@ -191,6 +192,7 @@ PAGE_SECTIONS: Final[dict[str, tuple[type, ...]]] = {
     "maintenance.md": (MaintenanceConfig, RetentionConfig, LakeConfig),
     "observability.md": (AdminConfig,),
     "spark.md": (SparkConfig,),
+    "wal.md": (WalConfig, LakeConfig),
     "websocket.md": (WebSocketListenerConfig,),
 }
 #: Prose defaults told in words that no parser should guess: (page, key) -> why.

@@ -24,6 +24,7 @@ still itself. So a version it did not write is never taken for its own.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -240,11 +241,14 @@ class EventsTable:
         version: int,
         token: int | None = None,
         now_ms: int | None = None,
+        also: Sequence[tuple[str, int]] = (),
     ) -> bool:
         """Append ``data`` as the commit ``(app_id, version)``, at most once.
 
         With ``token``, the commit renews the writer's lease (at ``now_ms``),
         and is refused when another writer committed under ``app_id``.
+        ``also`` are more app transactions ``(id, version)`` the same commit
+        records (the write-ahead log's position, ``<app_id>#wal``).
 
         Returns:
             True when this call wrote the rows, False when the table already
@@ -255,6 +259,7 @@ class EventsTable:
             CommitError: nothing was committed; the caller may retry.
         """
         transactions = [Transaction(app_id, version)]
+        transactions += [Transaction(txn_id, txn_version) for txn_id, txn_version in also]
         if token is not None:
             transactions += self._lease_transactions(app_id, token, now_ms or 0)
         try:

@@ -1,10 +1,25 @@
 """Group commit of every connection's batches into the ``events`` table (DESIGN §2).
 
 Connections :meth:`LakeWriter.submit` a :class:`~appliance.rows.block.RowBlock`
-and get a :class:`CommitTicket`; the ticket resolves only once the rows are in
-a successful Delta commit, and only then does the connection acknowledge.
+and get a ticket whose ``wait()`` returns once the block is durable; only
+then does the connection acknowledge. What "durable" means is the writer's
+mode (``[lake] ack``, docs/wal.md):
 
-Tasks and bounds::
+* **ack = "commit"** (no log): the ticket is a :class:`CommitTicket`, which
+  resolves once the rows are in a successful Delta commit. Described below.
+* **ack = "wal"** (a :class:`~appliance.wal.log.WriteAheadLog` given): the
+  ticket is a :class:`LoggedTicket`, which resolves once the block's record
+  is fdatasynced in the log (a few milliseconds, grouped with other
+  connections' records). The committer reads the log and commits it in large
+  groups, every ``commit_interval_seconds`` or as soon as
+  ``commit_max_bytes`` of records wait; each commit records the log position
+  it covers in the app transaction ``<app_id>#wal`` (:func:`wal_app_id`), so
+  a replay after a crash (at :meth:`LakeWriter.open`, before any listener
+  opens) writes every record exactly once; then the segments wholly
+  committed are deleted. The log's cap (``[wal] max_bytes``) is the
+  backpressure: at the cap, ``submit`` waits.
+
+Tasks and bounds of ack = "commit"::
 
     submit() --(bounded channel: queue_blocks)--> collector
         collector: dedupe, open group (<= commit_max_rows / commit_max_bytes,
@@ -30,10 +45,19 @@ It has no "not committed" outcome: at shutdown the writer commits everything
 queued, and a driver that is cancelled first simply sends nothing.
 
 Data cannot stop the writer: :meth:`LakeWriter.submit` checks each block on
-its own (:func:`~appliance.lake.blocks.check_block`) before it joins a group,
-and should a group still fail to convert or write for a reason in its data,
-the committer retries its blocks one by one and refuses only the blocks that
-fail, so one connection's bad block never costs another connection its ack.
+its own (:func:`~appliance.lake.blocks.check_block`) before it joins a group
+or the log, and should a group still fail to convert or write for a reason
+in its data, the committer retries its blocks one by one and refuses only the
+blocks that fail, so one connection's bad block never costs another
+connection its ack. (With ack = "wal" such a block was acked already: it is
+logged as ``wal.record_unstorable`` with its position and skipped; the check
+before the append exists so that this cannot happen.)
+
+Dedupe with ack = "wal" knows three states of a batch id besides "new":
+committed (the table's recent ids, as above), durable in the log but not yet
+committed (acked again at once), and in flight (its first copy's append has
+not returned: the resend waits on that append's outcome). A resend is never
+appended while a copy is in flight or durable.
 """
 
 from __future__ import annotations
@@ -53,12 +77,32 @@ from appliance import defaults
 from appliance.lake.blocks import DedupeKey, blocks_to_arrow, check_block, dedupe_key
 from appliance.lake.diskguard import DiskGuard
 from appliance.lake.errors import AppIdInUse, BlockRefused, CommitError
+from appliance.lake.schema import EVENTS_SCHEMA
 from appliance.lake.table import EventsTable
 from appliance.logs import get_logger
-from appliance.metrics import NULL_METRICS, Metrics
+from appliance.metrics import NULL_METRICS, Metrics, WalSample
 from appliance.rows.block import RowBlock
+from appliance.wal.blocks import decode_block
+from appliance.wal.errors import (
+    RecordDecodeError,
+    RecordTooLarge,
+    WalClosed,
+    WalError,
+    WalFull,
+    WalWriteError,
+)
+from appliance.wal.frame import Frame
+from appliance.wal.log import PendingAppend, WriteAheadLog
 
-__all__ = ["CommitListener", "CommitTicket", "LakeWriter", "WriterSettings"]
+__all__ = [
+    "ARROW_SLICE_ROWS",
+    "CommitListener",
+    "CommitTicket",
+    "LakeWriter",
+    "LoggedTicket",
+    "WriterSettings",
+    "wal_app_id",
+]
 
 log = get_logger("lake")
 
@@ -69,6 +113,37 @@ _Args = TypeVarTuple("_Args")
 #: Errors that a block's data, not the table's storage, causes while a group
 #: is converted to Arrow or written: the blocks are then tried one by one.
 _DATA_ERRORS: Final = (pa.ArrowException, ValueError, TypeError, OverflowError, UnicodeError)
+
+
+def wal_app_id(app_id: str) -> str:
+    """The app transaction id whose version is the log position ``app_id``'s commits cover.
+
+    Every commit from the write-ahead log records ``(<app_id>#wal, end)``,
+    ``end`` being the position just past its last record; at start the log
+    is replayed from there (docs/wal.md, docs/table.md).
+    """
+    return f"{app_id}#wal"
+
+
+#: Rows converted to Arrow per call in a commit's worker thread. The conversion
+#: from Python lists holds the GIL for its whole call (about 0.2 µs a row),
+#: so a 500,000-row group converted at once would stall the event loop, and
+#: every ack, for a tenth of a second; in slices the loop runs between them.
+ARROW_SLICE_ROWS: Final = 20_000
+
+
+def _to_arrow(blocks: Sequence[RowBlock]) -> pa.Table:
+    """:func:`blocks_to_arrow` of ``blocks``, converted a slice of blocks at a time."""
+    parts: list[pa.Table] = []
+    start = rows = 0
+    for end, block in enumerate(blocks, 1):
+        rows += block.rows
+        if rows >= ARROW_SLICE_ROWS or end == len(blocks):
+            parts.append(blocks_to_arrow(blocks[start:end]))
+            start, rows = end, 0
+    if len(parts) == 1:
+        return parts[0]
+    return pa.concat_tables(parts) if parts else blocks_to_arrow(blocks)
 
 
 #: Told the blocks of each successful commit (the WebSocket live tail). It runs in
@@ -84,6 +159,8 @@ class WriterSettings:
     commit_max_rows: int = defaults.LAKE_COMMIT_MAX_ROWS
     commit_max_bytes: int = defaults.LAKE_COMMIT_MAX_BYTES
     commit_max_delay_seconds: float = defaults.LAKE_COMMIT_MAX_DELAY_SECONDS
+    #: With a write-ahead log: seconds between commits from it (sooner at commit_max_bytes).
+    commit_interval_seconds: float = defaults.LAKE_COMMIT_INTERVAL_SECONDS
     queue_blocks: int = defaults.LAKE_QUEUE_BLOCKS
     retry_initial_seconds: float = defaults.LAKE_RETRY_INITIAL_SECONDS
     retry_max_seconds: float = defaults.LAKE_RETRY_MAX_SECONDS
@@ -133,6 +210,45 @@ class CommitTicket:
             raise self.refused
 
 
+class LoggedTicket:
+    """Resolves when a block's record is durable in the write-ahead log (ack = "wal")."""
+
+    __slots__ = ("_append", "duplicate")
+
+    def __init__(self, append: PendingAppend | None, *, duplicate: bool = False) -> None:
+        self._append = append
+        #: True when the batch was in the table or the log already and was not appended again.
+        self.duplicate = duplicate
+
+    @property
+    def done(self) -> bool:
+        """Whether the append has finished (durable or failed)."""
+        return self._append is None or self._append.done.is_set()
+
+    async def wait(self) -> None:
+        """Wait until the block is durable in the log: then, and only then, acknowledge it.
+
+        Raises:
+            BlockRefused: the append failed (disk full, an I/O error, the log
+                stopped); nothing of it may be acknowledged.
+        """
+        if self._append is None:
+            return
+        try:
+            await self._append.wait()
+        except WalError as exc:
+            raise _not_logged(exc) from None
+
+
+def _not_logged(exc: WalError) -> BlockRefused:
+    """The refusal a connection gets when its block did not become durable in the log."""
+    if isinstance(exc, WalWriteError) and exc.disk_full:
+        return BlockRefused(f"write-ahead log: disk full ({exc.reason})")
+    if isinstance(exc, WalFull):
+        return BlockRefused("write-ahead log full: the table is not keeping up")
+    return BlockRefused(f"write-ahead log: {exc}")
+
+
 @dataclass(slots=True)
 class _Group:
     blocks: list[RowBlock] = field(default_factory=list)
@@ -145,12 +261,35 @@ class _Group:
 
 
 def _timed_commit(
-    table: EventsTable, data: pa.Table, app_id: str, version: int, token: int, now_ms: int
+    table: EventsTable,
+    data: pa.Table,
+    app_id: str,
+    version: int,
+    token: int,
+    now_ms: int,
+    also: Sequence[tuple[str, int]],
 ) -> tuple[bool, float, int]:
     """:meth:`EventsTable.commit` (worker thread), its seconds, and the table's version after it."""
     started = time.perf_counter()
-    wrote = table.commit(data, app_id, version, token, now_ms)
+    wrote = table.commit(data, app_id, version, token, now_ms, also)
     return wrote, time.perf_counter() - started, table.version()
+
+
+def _decode_frames(
+    frames: Sequence[Frame],
+) -> tuple[list[RowBlock], list[Frame], list[tuple[Frame, str]]]:
+    """The blocks of ``frames`` (worker thread), the frames they came from, and the failures."""
+    blocks: list[RowBlock] = []
+    kept: list[Frame] = []
+    failed: list[tuple[Frame, str]] = []
+    for frame in frames:
+        try:
+            blocks.append(decode_block(frame.body, frame.rows))
+        except RecordDecodeError as exc:
+            failed.append((frame, exc.reason))
+            continue
+        kept.append(frame)
+    return blocks, kept, failed
 
 
 class LakeWriter:
@@ -163,6 +302,9 @@ class LakeWriter:
         token: this writer's identity in the app id's lease; a restart of the
             same node must pass the same one to reclaim its app id at once.
         metrics: the service's metrics (default: none counted).
+        wal: the write-ahead log to acknowledge from (ack = "wal"), not yet
+            open: :meth:`open` opens and replays it, :meth:`run` runs it.
+            None: acknowledge after the commit (ack = "commit").
     """
 
     def __init__(
@@ -173,8 +315,15 @@ class LakeWriter:
         *,
         token: int | None = None,
         metrics: Metrics | None = None,
+        wal: WriteAheadLog | None = None,
     ) -> None:
         self.table = table
+        #: The write-ahead log blocks go to (ack = "wal"), or None (ack = "commit").
+        self.wal = wal
+        self._input_closed = False
+        #: Batch ids whose first copy is taking room in the log (before it is in flight there).
+        self._claims: dict[DedupeKey, trio.Event] = {}
+        self._last_log_commit = 0.0
         self.app_id = app_id
         self.settings = settings or WriterSettings()
         self._send, self._receive = trio.open_memory_channel[tuple[RowBlock, int, CommitTicket]](
@@ -197,6 +346,8 @@ class LakeWriter:
         self.duplicates = 0
         self.failed_attempts = 0
         self.refused_blocks = 0
+        #: Log records that were acked but could not be committed (decode or data errors).
+        self.lost_records = 0
         #: Called after every successful commit with its blocks (see CommitListener).
         self.commit_listeners: list[CommitListener] = []
         #: Why the last commit attempt failed, while it is being retried; else None.
@@ -208,6 +359,8 @@ class LakeWriter:
         self._lake.queue_capacity.set(self.settings.queue_blocks)
         self._lake.queue_blocks.set_function(lambda: self._send.statistics().current_buffer_used)
         self._lake.last_commit_age.set_function(lambda: time.monotonic() - self._last_data_commit)
+        if wal is not None:
+            self.metrics.watch_wal(self._wal_sample)
         #: Refuses new blocks while the table's disk is nearly full (None: off).
         self.disk_guard: DiskGuard | None = (
             DiskGuard.for_table(
@@ -250,6 +403,37 @@ class LakeWriter:
             next_commit=self._next_version,
             dedupe_keys=len(keys),
         )
+        if self.wal is not None:
+            await self._open_log(self.wal)
+
+    async def drain_log(self, wal: WriteAheadLog) -> None:
+        """Open ``wal``, commit every record it holds to the table, and close it.
+
+        For ack = "commit" when a log is left from ack = "wal": what it holds
+        was acknowledged, so it is committed before any listener opens.
+        Call after :meth:`open`.
+        """
+        try:
+            await self._open_log(wal)
+        finally:
+            wal.close_files()
+
+    async def _open_log(self, wal: WriteAheadLog) -> None:
+        """Open and recover ``wal`` from the table's position, and commit its backlog (replay)."""
+        position = await trio.to_thread.run_sync(
+            self.table.committed_version, wal_app_id(self.app_id), limiter=self._limiter
+        )
+        recovery = await wal.open(position or 0)
+        commits, started = self.commits, trio.current_time()
+        while wal.uncommitted_bytes > 0:
+            await self._commit_log_once(wal)
+        self._last_log_commit = trio.current_time()
+        if recovery.records or recovery.truncated_bytes or recovery.lost_ranges:
+            log.info(
+                "wal.replayed", records=recovery.records, bytes=recovery.record_bytes,
+                commits=self.commits - commits, position=wal.committed,
+                seconds=round(trio.current_time() - started, 3),
+            )  # fmt: skip
 
     async def run_exclusive(self, fn: Callable[[Unpack[_Args]], _T], *args: *_Args) -> _T:
         """Run the blocking ``fn(*args)`` in a worker thread, never alongside a commit.
@@ -261,19 +445,23 @@ class LakeWriter:
         """
         return await trio.to_thread.run_sync(fn, *args, limiter=self._limiter)
 
-    async def submit(self, block: RowBlock) -> CommitTicket:
+    async def submit(self, block: RowBlock) -> CommitTicket | LoggedTicket:
         """Check a block and queue it for commit; waits while the queue is full (backpressure).
 
         A block with no rows resolves at once: there is nothing to write, and
         its batch may be acknowledged.
 
+        With a write-ahead log the wait is for room under its cap, and the
+        ticket is a :class:`LoggedTicket`.
+
         Raises:
             BlockRefused: the block cannot be stored (checked before it joins
                 a commit group, so no other batch is affected), or the table's
-                disk is nearly full (``disk nearly full: ...``).
+                disk is nearly full (``disk nearly full: ...``), or (with a
+                log) it is over ``max_record_bytes`` or waited too long for
+                room under the log's cap.
             trio.ClosedResourceError: the writer no longer accepts blocks (shutdown).
         """
-        ticket = CommitTicket()
         try:
             nbytes = check_block(block)
         except BlockRefused:
@@ -281,6 +469,9 @@ class LakeWriter:
             raise
         if self.disk_guard is not None and block.rows:
             self.disk_guard.check()
+        if self.wal is not None:
+            return await self._submit_logged(self.wal, block)
+        ticket = CommitTicket()
         if block.rows == 0:
             ticket._resolve()
             return ticket
@@ -288,17 +479,175 @@ class LakeWriter:
         return ticket
 
     async def close_input(self) -> None:
-        """Accept no more blocks; :meth:`run` commits what is queued and returns."""
-        await self._send.aclose()
+        """Accept no more blocks; :meth:`run` commits what is queued (or logged) and returns."""
+        if self.wal is None:
+            await self._send.aclose()
+            return
+        self._input_closed = True
+        await self.wal.close()
 
     async def run(self) -> None:
-        """Collect and commit until :meth:`close_input` and every queued block is done."""
-        async with trio.open_nursery() as outer:
-            outer.start_soon(self._renew_loop)
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._collect)
-                nursery.start_soon(self._commit_loop)
-            outer.cancel_scope.cancel()  # the lease ends with the last commit
+        """Collect and commit until :meth:`close_input` and every queued block is done.
+
+        With a write-ahead log: run its flusher, and commit from it until it
+        is closed and everything it holds is committed.
+        """
+        try:
+            async with trio.open_nursery() as outer:
+                outer.start_soon(self._renew_loop)
+                async with trio.open_nursery() as nursery:
+                    if self.wal is None:
+                        nursery.start_soon(self._collect)
+                        nursery.start_soon(self._commit_loop)
+                    else:
+                        nursery.start_soon(self.wal.run)
+                        nursery.start_soon(self._commit_log_loop, self.wal)
+                outer.cancel_scope.cancel()  # the lease ends with the last commit
+        finally:
+            if self.wal is not None:
+                self.wal.close_files()
+
+    def _wal_sample(self) -> WalSample | None:
+        """The log's figures for the metrics (None while it is not open)."""
+        wal = self.wal
+        if wal is None or not wal.is_open:
+            return None
+        stats = wal.stats
+        return WalSample(
+            file_bytes=wal.total_bytes, max_bytes=wal.settings.max_bytes,
+            uncommitted_bytes=wal.uncommitted_bytes, segments=len(wal.segments()),
+            at_cap=wal.at_cap, appends=stats.appends, syncs=stats.groups,
+            failed_syncs=stats.failed_groups, written_bytes=stats.bytes_written,
+            cap_waits=stats.cap_waits, cap_refusals=stats.cap_refusals,
+            sync_wait_seconds=stats.group_wait_seconds,
+        )  # fmt: skip
+
+    # -- ack = "wal": the front ------------------------------------------------
+
+    def _logged_duplicate(self, wal: WriteAheadLog, key: DedupeKey) -> LoggedTicket | None:
+        """A ticket for a resend whose batch id is committed, durable or in flight; else None."""
+        if self._already_committed(key, trio.current_time()):
+            state, counter, ticket = "committed", self._lake.dedupe_committed, LoggedTicket(None)
+        elif wal.uncommitted_lsn(key) is not None:
+            state, counter, ticket = "logged", self._lake.dedupe_logged, LoggedTicket(None)
+        else:
+            first = wal.in_flight(key)
+            if first is None:
+                return None
+            state, counter, ticket = "pending", self._lake.dedupe_pending, LoggedTicket(first)
+        self.duplicates += 1
+        counter.inc()
+        ticket.duplicate = True
+        log.info("batch.duplicate", protocol=key[0], batch_id=key[2], state=state)
+        return ticket
+
+    async def _submit_logged(self, wal: WriteAheadLog, block: RowBlock) -> LoggedTicket:
+        """Dedupe, then take room in the log and queue the block's record (a checked block)."""
+        if block.rows == 0:
+            return LoggedTicket(None)
+        key = dedupe_key(block)
+        if key is not None:
+            while (claim := self._claims.get(key)) is not None:
+                # The first copy is waiting for room in the log: see where it went.
+                await claim.wait()
+            duplicate = self._logged_duplicate(wal, key)
+            if duplicate is not None:
+                return duplicate
+        if self._input_closed:
+            raise trio.ClosedResourceError("the writer takes no more blocks")
+        claimed = trio.Event()
+        if key is not None:
+            self._claims[key] = claimed
+        try:
+            append = await wal.begin_block(block)
+        except RecordTooLarge as exc:
+            self._lake.blocks_refused.inc()
+            raise BlockRefused(f"cannot be logged: {exc}") from None
+        except WalFull as exc:
+            raise _not_logged(exc) from None
+        except WalClosed:
+            raise trio.ClosedResourceError("the writer takes no more blocks") from None
+        finally:
+            if key is not None:
+                del self._claims[key]
+            claimed.set()
+        return LoggedTicket(append)
+
+    # -- ack = "wal": the committer ---------------------------------------------
+
+    async def _commit_log_loop(self, wal: WriteAheadLog) -> None:
+        """Commit from the log when due, until it is closed and everything in it is committed."""
+        while True:
+            await self._log_commit_due(wal)
+            if wal.uncommitted_bytes == 0:
+                return  # the log stopped, and the table holds all of it
+            await self._commit_log_once(wal)
+            self._last_log_commit = trio.current_time()
+
+    async def _log_commit_due(self, wal: WriteAheadLog) -> None:
+        """Return once a commit is due: interval passed, bytes reached, or the log stopped."""
+        interval = self.settings.commit_interval_seconds
+        while True:
+            waiting = wal.uncommitted_bytes
+            if wal.stopped or waiting >= self.settings.commit_max_bytes:
+                return
+            due = self._last_log_commit + interval if waiting else math.inf
+            if trio.current_time() >= due:
+                return
+            with trio.move_on_at(due):
+                try:
+                    await wal.wait_durable(wal.durable_end)
+                except WalClosed:
+                    return
+
+    async def _commit_log_once(self, wal: WriteAheadLog) -> None:
+        """Commit the next group of records from the log's committed position on."""
+        end = wal.durable_end
+        frames = await wal.read(wal.committed, self.settings.commit_max_bytes)
+        if frames:
+            await self._commit_frames(wal, frames)
+            return
+        # Only unreadable bytes (logged as lost at recovery) lie before the end.
+        log.warning("wal.skipped", start=wal.committed, end=end)
+        await wal.mark_committed(end)
+
+    async def _commit_frames(self, wal: WriteAheadLog, frames: Sequence[Frame]) -> None:
+        """Commit the records ``frames`` (in log order) with the log position, then mark them."""
+        blocks, kept, failed = await trio.to_thread.run_sync(_decode_frames, frames)
+        for frame, reason in failed:
+            self._lose(frame, reason, protocol=None, peer=None)
+        refused: dict[int, BlockRefused] = {}
+        if blocks:
+            refused = await self._store(blocks, [frame.end for frame in kept])
+        committed: list[RowBlock] = []
+        recorded = 0  # the position the table now records
+        now = trio.current_time()
+        for i, (block, frame) in enumerate(zip(blocks, kept, strict=True)):
+            if i in refused:
+                self._lose(frame, refused[i].reason, protocol=block.protocol, peer=block.peer)
+                continue
+            committed.append(block)
+            recorded = frame.end
+            if frame.key is not None:
+                # Known as committed before the log forgets it: no gap for dedupe.
+                self._remember(frame.key, now)
+        end = frames[-1].end
+        if recorded < end:
+            # The last records could not be stored: a commit of no rows moves the
+            # table's position past them, so a restart does not read them again.
+            await self._write(EVENTS_SCHEMA.empty_table(), 0, end)
+        await wal.mark_committed(end)
+        for listener in self.commit_listeners:
+            listener(committed)
+
+    def _lose(self, frame: Frame, reason: str, *, protocol: str | None, peer: str | None) -> None:
+        """A logged (and acked) record that cannot be committed: say which, and go on."""
+        self.lost_records += 1
+        self._lake.log_records_lost.inc()
+        log.error(
+            "wal.record_unstorable", lsn=frame.lsn, rows=frame.rows, protocol=protocol,
+            peer=peer, reason=reason,
+        )  # fmt: skip
 
     async def _renew_loop(self) -> None:
         """Keep the app id's lease while no data commits (an idle node)."""
@@ -399,48 +748,55 @@ class LakeWriter:
             await self._commit(group)
 
     async def _commit(self, group: _Group) -> None:
+        refused = await self._store(group.blocks)
+        for i, error in refused.items():
+            self._refuse(group, i, error)
+        self._settle(group, [i for i in range(len(group.blocks)) if i not in refused])
+
+    async def _store(
+        self, blocks: Sequence[RowBlock], ends: Sequence[int] | None = None
+    ) -> dict[int, BlockRefused]:
+        """Commit ``blocks`` in one commit, or one by one if their data fails; the refused ones.
+
+        ``ends``: with a write-ahead log, each block's record's end, the log
+        position a commit that ends with that block records.
+        """
+        rows = sum(block.rows for block in blocks)
         try:
-            data = await trio.to_thread.run_sync(
-                blocks_to_arrow, group.blocks, limiter=self._limiter
-            )
+            data = await trio.to_thread.run_sync(_to_arrow, blocks, limiter=self._limiter)
+            await self._write(data, rows, None if ends is None else ends[-1])
         except _DATA_ERRORS as exc:
             # check_block lets nothing through that Arrow refuses; should a
             # block still fail, it fails alone and the rest commit.
-            log.error("commit.data_error", rows=group.rows, error=type(exc).__name__)
+            log.error("commit.data_error", rows=rows, error=type(exc).__name__)
             self._lake.commit_failures_data.inc()
-            await self._commit_one_by_one(group)
-            return
-        try:
-            await self._write(data, group.rows)
-        except _DATA_ERRORS as exc:
-            log.error("commit.data_error", rows=group.rows, error=type(exc).__name__)
-            self._lake.commit_failures_data.inc()
-            await self._commit_one_by_one(group)
-            return
-        self._settle(group, range(len(group.blocks)))
-
-    async def _commit_one_by_one(self, group: _Group) -> None:
-        """Commit each block of a group alone; refuse the ones whose data cannot be stored."""
-        for i, block in enumerate(group.blocks):
+        else:
+            return {}
+        refused: dict[int, BlockRefused] = {}
+        for i, block in enumerate(blocks):
             try:
                 data = await trio.to_thread.run_sync(
                     blocks_to_arrow, [block], limiter=self._limiter
                 )
-                await self._write(data, block.rows)
+                await self._write(data, block.rows, None if ends is None else ends[i])
             except _DATA_ERRORS as exc:
-                self._refuse(group, i, BlockRefused(f"cannot be stored: {type(exc).__name__}"))
-                continue
-            self._settle(group, [i])
+                refused[i] = BlockRefused(f"cannot be stored: {type(exc).__name__}")
+        return refused
 
-    async def _write(self, data: pa.Table, rows: int) -> None:
-        """Commit ``data`` as the next version, retrying storage failures until it succeeds."""
+    async def _write(self, data: pa.Table, rows: int, position: int | None = None) -> None:
+        """Commit ``data`` as the next version, retrying storage failures until it succeeds.
+
+        ``position``: the write-ahead log position the commit covers, recorded
+        under :func:`wal_app_id` in the same commit.
+        """
         version = self._next_version
+        also = [] if position is None else [(wal_app_id(self.app_id), position)]
         backoff = self.settings.retry_initial_seconds
         while True:
             try:
                 wrote, seconds, table_version = await trio.to_thread.run_sync(
                     _timed_commit, self.table, data, self.app_id, version, self._token,
-                    time.time_ns() // 1_000_000, limiter=self._limiter,
+                    time.time_ns() // 1_000_000, also, limiter=self._limiter,
                 )  # fmt: skip
             except AppIdInUse as exc:
                 # Never ack on a version another writer may have written: stop.

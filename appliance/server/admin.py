@@ -15,8 +15,10 @@ Endpoints (``GET`` or ``HEAD``; anything else is 405, an unknown path 404):
 * ``/readyz``: 200, or 503, each with a JSON body naming every check: the
   configured listeners are open, the service is not stopping, the table
   takes commits (its directory and ``_delta_log`` writable for a local
-  table, no commit failing, the disk guard not refusing), and the auth
-  database answers ``SELECT 1`` when a listener uses it.
+  table, no commit failing, the disk guard not refusing), with ``[lake] ack
+  = "wal"`` the write-ahead log takes appends (the last group did not fail,
+  and no append waits for room under its cap), and the auth database answers
+  ``SELECT 1`` when a listener uses it.
 
 With a ``token_file`` every request needs ``Authorization: Bearer <token>``
 (compared in constant time), else 401. Off the loopback interface the
@@ -63,6 +65,7 @@ __all__ = [
     "MIN_TOKEN_CHARS",
     "REQUEST_TIMEOUT_SECONDS",
     "SEND_TIMEOUT_SECONDS",
+    "WAL_FAILURE_NOT_READY_SECONDS",
     "AdminError",
     "Check",
     "Readiness",
@@ -96,6 +99,10 @@ LINGER_SECONDS: Final = 2.0
 LINGER_MAX_BYTES: Final = 1024 * 1024
 #: Shortest bearer token accepted in ``token_file``, in characters.
 MIN_TOKEN_CHARS: Final = 16
+#: Seconds /readyz says not ready after a failed write-ahead log append (disk
+#: full, I/O error). Bounded: a node no balancer sends traffic to would never
+#: append again to find out that space came back.
+WAL_FAILURE_NOT_READY_SECONDS: Final = 30.0
 
 _JSON: Final = "application/json"
 _TEXT: Final = "text/plain; charset=utf-8"
@@ -209,8 +216,9 @@ class Readiness:
         self._database_threads = trio.CapacityLimiter(1)
 
     async def checks(self) -> list[Check]:
-        """Every check, in a fixed order."""
-        return [self._listeners(), self._table(), await self._auth_database()]
+        """Every check, in a fixed order (``wal`` only with ``[lake] ack = "wal"``)."""
+        wal = [] if self._writer.wal is None else [self._wal()]
+        return [self._listeners(), self._table(), *wal, await self._auth_database()]
 
     def _listeners(self) -> Check:
         if self._lifecycle.stopping:
@@ -236,6 +244,25 @@ class Readiness:
         if refusal is not None:
             return Check("table", False, refusal)
         return Check("table", True)
+
+    def _wal(self) -> Check:
+        wal = self._writer.wal
+        assert wal is not None
+        failed_at = wal.failed_at
+        if (
+            wal.failing is not None
+            and failed_at is not None
+            and trio.current_time() - failed_at < WAL_FAILURE_NOT_READY_SECONDS
+        ):
+            return Check("wal", False, f"appends are failing: {wal.failing}")
+        if wal.at_cap:
+            # Backpressure: connections wait for the table to catch up (docs/wal.md).
+            return Check(
+                "wal", False,
+                f"the write-ahead log is at its cap ({wal.settings.max_bytes} bytes): "
+                "the table is not keeping up",
+            )  # fmt: skip
+        return Check("wal", True)
 
     async def _auth_database(self) -> Check:
         url = self._auth_url()

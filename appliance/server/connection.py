@@ -29,8 +29,8 @@ whose peers are lanes). A connection is three parts:
 When a batch is durable is one seam, :class:`BatchSink`: ``submit`` takes a
 block and gives a :class:`Durable` whose ``wait()`` returns once the block is
 durable and raises :class:`~appliance.lake.errors.BlockRefused` when it never
-will be. Today the sink is the :class:`~appliance.lake.writer.LakeWriter`
-(durable = in a Delta commit); a write-ahead log plugs in here.
+will be. The sink is the :class:`~appliance.lake.writer.LakeWriter`: durable
+= synced in its write-ahead log (``ack = "wal"``), or in a Delta commit.
 
 Guarantees (tests/appliance/server/test_connection.py):
 

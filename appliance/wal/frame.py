@@ -46,6 +46,7 @@ import zlib
 from dataclasses import dataclass
 from typing import Final
 
+from appliance import defaults
 from appliance.lake.blocks import DedupeKey
 
 __all__ = [
@@ -79,7 +80,7 @@ MAX_KEY_BYTES: Final = 0xFFFF
 #: Largest record the format accepts, in bytes as stored: a scan trusts a
 #: verified header's length up to this (a smaller configured
 #: ``max_record_bytes`` bounds appends, never the reading of records already written).
-MAX_RECORD_BYTES_LIMIT: Final = 1024 * 1024 * 1024
+MAX_RECORD_BYTES_LIMIT: Final = defaults.WAL_MAX_RECORD_BYTES_LIMIT
 _KEY_PART: Final = struct.Struct(">H")
 
 # Why a scan stopped (ScanEnd.reason) or skipped a record (SkippedRecord.reason).

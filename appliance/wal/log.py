@@ -47,13 +47,19 @@ from appliance.wal.frame import KIND_ROW_BLOCK, Frame, encode_key
 from appliance.wal.segments import Entry, Recovery, SegmentInfo, SegmentStore, Written
 from appliance.wal.settings import WalSettings
 
-__all__ = ["WalStats", "WriteAheadLog", "open_wal"]
+__all__ = ["PendingAppend", "WalStats", "WriteAheadLog", "open_wal"]
 
 log = get_logger("wal")
 
 
-@dataclass(slots=True)
-class _Pending:
+@dataclass(slots=True, eq=False)
+class PendingAppend:
+    """One record on its way to durability: :meth:`wait` returns its LSN once it is durable.
+
+    From :meth:`WriteAheadLog.begin`. Any number of tasks may wait on it (a
+    resend of the same batch waits on the first copy's append).
+    """
+
     entry: Entry
     key: DedupeKey | None
     done: trio.Event = field(default_factory=trio.Event)
@@ -62,7 +68,21 @@ class _Pending:
 
     @property
     def size(self) -> int:
+        """Bytes the record takes in the log."""
         return self.entry.size
+
+    async def wait(self) -> int:
+        """Wait until the record is durable; returns its LSN.
+
+        Raises:
+            WalWriteError: the write or its fdatasync failed (disk full, I/O error).
+            WalClosed: the log stopped before the record was written.
+        """
+        await self.done.wait()
+        if self.error is not None:
+            raise self.error
+        assert self.lsn is not None
+        return self.lsn
 
 
 class _Signal:
@@ -95,6 +115,8 @@ class WalStats:
     cap_refusals: int = 0
     #: Records in the last group written.
     last_group: int = 0
+    #: Seconds from the first append of each group to its durability, summed (and the groups).
+    group_wait_seconds: float = 0.0
 
 
 class WriteAheadLog:
@@ -111,7 +133,7 @@ class WriteAheadLog:
         #: Writes and deletions, one at a time; reads have their own thread.
         self._io_limiter = trio.CapacityLimiter(1)
         self._read_limiter = trio.CapacityLimiter(1)
-        self._pending: deque[_Pending] = deque()
+        self._pending: deque[PendingAppend] = deque()
         self._pending_bytes = 0
         self._pending_since = 0.0
         #: Bytes of records appended but not yet written (pending or being written).
@@ -132,6 +154,14 @@ class WriteAheadLog:
         #: Dedupe keys of durable, uncommitted records: key -> LSN, and (LSN, key) in log order.
         self._keys: dict[DedupeKey, int] = {}
         self._key_order: deque[tuple[int, DedupeKey]] = deque()
+        #: Dedupe keys of records appended but not yet durable: key -> its append.
+        self._in_flight: dict[DedupeKey, PendingAppend] = {}
+        #: Appends waiting for room under the cap now (the log is at its cap while > 0).
+        self._cap_waiters = 0
+        #: Why the last group failed, until a group succeeds again (None: writing works),
+        #: and when (trio's clock).
+        self.failing: str | None = None
+        self.failed_at: float | None = None
         self.stats = WalStats()
 
     @property
@@ -219,6 +249,30 @@ class WriteAheadLog:
             WalWriteError: the write or its fdatasync failed (disk full, I/O error).
             WalClosed: the log is closed or stopped before the record was durable.
         """
+        pending = await self.begin(body, key=key, rows=rows, kind=kind)
+        # Cancelled here: no LSN, no ack; the record may still be written.
+        return await pending.wait()
+
+    async def begin(
+        self,
+        body: bytes,
+        *,
+        key: DedupeKey | None = None,
+        rows: int = 0,
+        kind: int = KIND_ROW_BLOCK,
+    ) -> PendingAppend:
+        """Take room for one record and queue it for the next group; do not wait for it.
+
+        The first half of :meth:`append`: it waits only for room under the
+        cap (backpressure), then the record is the flusher's, whether or not
+        the caller waits on the returned :class:`PendingAppend`. Until it is
+        durable, :meth:`in_flight` finds it by ``key``.
+
+        Raises:
+            RecordTooLarge: the record is over ``max_record_bytes``.
+            WalFull: no room under ``max_bytes`` / ``max_keys`` within ``full_wait_seconds``.
+            WalClosed: the log is closed or stopped.
+        """
         if self._closing or self._stopped:
             raise WalClosed("the write-ahead log is closed")
         entry = Entry(kind, encode_key(key), rows, body)
@@ -228,19 +282,21 @@ class WriteAheadLog:
                 f"{self.settings.max_record_bytes}"
             )
         await self._reserve(entry.size, keyed=key is not None)
-        item = _Pending(entry, key)
+        if self._stopped:
+            # The flusher ended while this append waited for room: nobody would write it.
+            self._reserved -= entry.size
+            self._reserved_keys -= key is not None
+            raise WalClosed("the write-ahead log is closed")
+        item = PendingAppend(entry, key)
         if not self._pending:
             self._pending_since = trio.current_time()
         self._pending.append(item)
         self._pending_bytes += item.size
+        if key is not None:
+            self._in_flight[key] = item
         self.stats.appends += 1
         self._work.wake()
-        # Cancelled here: no LSN, no ack; the record may still be written.
-        await item.done.wait()
-        if item.error is not None:
-            raise item.error
-        assert item.lsn is not None
-        return item.lsn
+        return item
 
     async def append_block(self, block: RowBlock) -> int:
         """Append a checked RowBlock (encoded on the calling task) and wait until it is durable.
@@ -248,6 +304,13 @@ class WriteAheadLog:
         Raises: as :meth:`append`.
         """
         return await self.append(encode_block(block), key=dedupe_key(block), rows=block.rows)
+
+    async def begin_block(self, block: RowBlock) -> PendingAppend:
+        """:meth:`begin` for a checked RowBlock (encoded on the calling task).
+
+        Raises: as :meth:`begin`.
+        """
+        return await self.begin(encode_block(block), key=dedupe_key(block), rows=block.rows)
 
     def _has_room(self, size: int, keyed: bool) -> bool:
         used = self._segments.total_bytes + self._reserved
@@ -259,11 +322,15 @@ class WriteAheadLog:
         if not self._has_room(size, keyed):
             self.stats.cap_waits += 1
             log.debug("wal.cap_wait", bytes=size, used=self._segments.total_bytes)
-            with trio.move_on_after(self.settings.full_wait_seconds):
-                while not self._has_room(size, keyed):
-                    if self._closing or self._stopped:
-                        raise WalClosed("the write-ahead log is closed")
-                    await self._space.wait()
+            self._cap_waiters += 1
+            try:
+                with trio.move_on_after(self.settings.full_wait_seconds):
+                    while not self._has_room(size, keyed):
+                        if self._closing or self._stopped:
+                            raise WalClosed("the write-ahead log is closed")
+                        await self._space.wait()
+            finally:
+                self._cap_waiters -= 1
             if not self._has_room(size, keyed):
                 self.stats.cap_refusals += 1
                 raise WalFull(
@@ -297,8 +364,8 @@ class WriteAheadLog:
             with trio.move_on_at(deadline):
                 await self._work.wait()
 
-    def _take_group(self) -> list[_Pending]:
-        group: list[_Pending] = []
+    def _take_group(self) -> list[PendingAppend]:
+        group: list[PendingAppend] = []
         nbytes = 0
         limit = self.settings.group_max_bytes
         while self._pending and (not group or nbytes + self._pending[0].size <= limit):
@@ -308,7 +375,7 @@ class WriteAheadLog:
         self._pending_bytes -= nbytes
         return group
 
-    def _put_back(self, items: list[_Pending]) -> None:
+    def _put_back(self, items: list[PendingAppend]) -> None:
         """Return items not written to the front of the pending list, in order."""
         if not items:
             return
@@ -318,6 +385,7 @@ class WriteAheadLog:
         self._pending_bytes += sum(item.size for item in items)
 
     async def _flush(self) -> None:
+        started = self._pending_since
         group = self._take_group()
         written: Written | None = None
         failed = False
@@ -342,19 +410,29 @@ class WriteAheadLog:
                 self._keys[item.key] = lsn
                 self._key_order.append((lsn, item.key))
                 self._reserved_keys -= 1
+                self._forget_in_flight(item)
             self._reserved -= item.size
             self.stats.bytes_written += item.size
             item.done.set()
         self._put_back(group[count:])
         self._durable_end = written.end
         self._last_group = count
-        self._last_flush_end = trio.current_time()
+        now = trio.current_time()
+        self._last_flush_end = now
+        self.failing = None
         self.stats.groups += 1
         self.stats.last_group = count
+        self.stats.group_wait_seconds += now - started
         self._durable.wake()
 
-    def _fail(self, group: list[_Pending], error: WalWriteError) -> None:
+    def _forget_in_flight(self, item: PendingAppend) -> None:
+        if item.key is not None and self._in_flight.get(item.key) is item:
+            del self._in_flight[item.key]
+
+    def _fail(self, group: list[PendingAppend], error: WalWriteError) -> None:
         self.stats.failed_groups += 1
+        self.failing = error.reason
+        self.failed_at = trio.current_time()
         log.error(
             "wal.append_failed", records=len(group), bytes=sum(i.size for i in group),
             reason=error.reason, errno=error.errno, disk_full=error.disk_full,
@@ -363,9 +441,10 @@ class WriteAheadLog:
             self._release(item, error)
         self._space.wake()
 
-    def _release(self, item: _Pending, error: WalError) -> None:
+    def _release(self, item: PendingAppend, error: WalError) -> None:
         self._reserved -= item.size
         self._reserved_keys -= item.key is not None
+        self._forget_in_flight(item)
         item.error = error
         item.done.set()
 
@@ -433,6 +512,30 @@ class WriteAheadLog:
     def uncommitted_lsn(self, key: DedupeKey) -> int | None:
         """The LSN of a durable, uncommitted record with dedupe key ``key``, if there is one."""
         return self._keys.get(key)
+
+    def in_flight(self, key: DedupeKey) -> PendingAppend | None:
+        """The append of a record with dedupe key ``key`` that is not yet durable, if any."""
+        return self._in_flight.get(key)
+
+    @property
+    def at_cap(self) -> bool:
+        """True while an append waits for room under ``max_bytes`` / ``max_keys``."""
+        return self._cap_waiters > 0
+
+    @property
+    def is_open(self) -> bool:
+        """True between :meth:`open` and :meth:`close_files`."""
+        return self._store is not None
+
+    @property
+    def stopped(self) -> bool:
+        """True once the flusher has ended (closed or cancelled): nothing more is written."""
+        return self._stopped
+
+    @property
+    def pending_bytes(self) -> int:
+        """Bytes of records taken but not yet durable (queued or being written)."""
+        return self._reserved
 
     def uncommitted_keys(self) -> frozenset[DedupeKey]:
         """Dedupe keys of durable records not yet committed (from headers: no body decoded)."""

@@ -1,11 +1,16 @@
-"""The write-ahead log's limits and timings: one frozen dataclass, each default a named constant."""
+"""The write-ahead log's limits and timings: one frozen dataclass, each default a named constant.
+
+The defaults live in :mod:`appliance.defaults` (``WAL_*``), which the
+``[wal]`` config section shares (docs/wal.md, "Limits"); so does the range
+check, :func:`appliance.defaults.check_wal`.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Final
 
-from appliance.wal.frame import HEADER_BYTES, MAX_RECORD_BYTES_LIMIT
+from appliance import defaults
 
 __all__ = [
     "DEFAULT_FLUSH_BYTES",
@@ -21,35 +26,16 @@ __all__ = [
     "WalSettings",
 ]
 
-_MIB: Final = 1024 * 1024
-
-#: A segment file is closed, and a new one started, before it would exceed
-#: this many bytes (a record larger than this fills a segment alone).
-DEFAULT_SEGMENT_BYTES: Final = 64 * _MIB
-#: Smallest segment size accepted, in bytes (smaller ones only multiply files).
-MIN_SEGMENT_BYTES: Final = 4096
-#: Largest record, in bytes as stored (header, dedupe key and body). Larger than
-#: the largest block any listener can produce with its default limits
-#: (docs/limits.md: 64 MiB windows and decompressed requests, 128 MiB Courier payload memory).
-DEFAULT_MAX_RECORD_BYTES: Final = 160 * _MIB
-#: The log's size cap, in bytes of segment files: at the cap, appends wait
-#: (backpressure) for the table to catch up instead of the log growing.
-DEFAULT_MAX_BYTES: Final = 2048 * _MIB
-#: Most records with a dedupe key the log holds uncommitted: each costs
-#: memory (its key is kept for dedupe), so they are capped like bytes.
-DEFAULT_MAX_KEYS: Final = 1_000_000
-#: Longest an append waits for others to join its group before the fdatasync,
-#: in seconds. Idle appends do not wait at all (docs/wal.md, "Group commit").
-DEFAULT_FLUSH_DELAY_SECONDS: Final = 0.002
-#: Upper bound on the configurable flush delay, in seconds: acks must stay "a few ms".
-MAX_FLUSH_DELAY_SECONDS: Final = 0.05
-#: Pending bytes that start a flush at once, without waiting for the delay.
-DEFAULT_FLUSH_BYTES: Final = 1 * _MIB
-#: Most bytes one flush writes before its fdatasync (one record larger than it goes alone):
-#: a huge backlog is written in steps, so small appends behind it are not held long.
-DEFAULT_GROUP_MAX_BYTES: Final = 16 * _MIB
-#: Longest an append waits for room under the cap before it fails with ``WalFull``, in seconds.
-DEFAULT_FULL_WAIT_SECONDS: Final = 30.0
+DEFAULT_SEGMENT_BYTES: Final = defaults.WAL_SEGMENT_BYTES
+MIN_SEGMENT_BYTES: Final = defaults.WAL_MIN_SEGMENT_BYTES
+DEFAULT_MAX_RECORD_BYTES: Final = defaults.WAL_MAX_RECORD_BYTES
+DEFAULT_MAX_BYTES: Final = defaults.WAL_MAX_BYTES
+DEFAULT_MAX_KEYS: Final = defaults.WAL_MAX_KEYS
+DEFAULT_FLUSH_DELAY_SECONDS: Final = defaults.WAL_FLUSH_DELAY_SECONDS
+MAX_FLUSH_DELAY_SECONDS: Final = defaults.WAL_MAX_FLUSH_DELAY_SECONDS
+DEFAULT_FLUSH_BYTES: Final = defaults.WAL_FLUSH_BYTES
+DEFAULT_GROUP_MAX_BYTES: Final = defaults.WAL_GROUP_MAX_BYTES
+DEFAULT_FULL_WAIT_SECONDS: Final = defaults.WAL_FULL_WAIT_SECONDS
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,26 +57,4 @@ class WalSettings:
     full_wait_seconds: float = DEFAULT_FULL_WAIT_SECONDS
 
     def __post_init__(self) -> None:
-        if self.segment_bytes < MIN_SEGMENT_BYTES:
-            raise ValueError(f"wal segment_bytes must be at least {MIN_SEGMENT_BYTES}")
-        if not HEADER_BYTES < self.max_record_bytes <= MAX_RECORD_BYTES_LIMIT:
-            raise ValueError(
-                f"wal max_record_bytes must be over {HEADER_BYTES} and at most "
-                f"{MAX_RECORD_BYTES_LIMIT}"
-            )
-        # The active segment is never deleted, so after everything is
-        # committed it may still hold one full segment: the cap must leave
-        # room for another beside it, or appends could wait forever.
-        largest_segment = max(self.segment_bytes, self.max_record_bytes)
-        if self.max_bytes < 2 * largest_segment:
-            raise ValueError(
-                "wal max_bytes must be at least twice max(segment_bytes, max_record_bytes)"
-            )
-        if self.max_keys < 1:
-            raise ValueError("wal max_keys must be at least 1")
-        if not 0.0 <= self.flush_delay_seconds <= MAX_FLUSH_DELAY_SECONDS:
-            raise ValueError(f"wal flush_delay_seconds must be within 0..{MAX_FLUSH_DELAY_SECONDS}")
-        if self.flush_bytes < 1 or self.group_max_bytes < 1:
-            raise ValueError("wal flush_bytes and group_max_bytes must be positive")
-        if self.full_wait_seconds < 0:
-            raise ValueError("wal full_wait_seconds must not be negative")
+        defaults.check_wal(**asdict(self))

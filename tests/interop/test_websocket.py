@@ -39,7 +39,7 @@ pytestmark = [pytest.mark.interop]
 
 NODE_DIR = Path(__file__).parent / "node"
 ORIGIN = "https://app.example"
-FAST_LAKE = LakeConfig(commit_max_delay_seconds=0.05)
+FAST_LAKE = LakeConfig(ack="commit", commit_max_delay_seconds=0.05)  # rows read once acked
 #: Seconds any single wait of a test may take before it fails (never a timing assertion).
 WAIT_SECONDS = 30
 

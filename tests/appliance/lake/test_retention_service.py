@@ -69,7 +69,10 @@ async def test_cli_deletes_run_in_the_service_while_a_client_sends(tmp_path: Pat
     config = Config(
         state_dir=state,
         lake=LakeConfig(
-            commit_max_delay_seconds=0.02, retry_initial_seconds=0.05, retry_max_seconds=0.2
+            ack="commit",  # the erase must see every acked row in the table
+            commit_max_delay_seconds=0.02,
+            retry_initial_seconds=0.05,
+            retry_max_seconds=0.2,
         ),
         listeners=[ForwardListenerConfig(bind="127.0.0.1:0")],
         shutdown_timeout_seconds=20,
