@@ -10,6 +10,7 @@ delta LOCATION ...`` (docs/spark.md).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from deltalake import DeltaTable
@@ -34,6 +35,20 @@ class TableRef:
 
     name: str
     uri: str
+
+    @property
+    def location(self) -> str:
+        """``uri`` as an absolute URI, which is what Spark is handed.
+
+        A Spark Connect server resolves a relative path in its own working
+        directory, not the appliance's: the default ``var/lake/events`` then
+        names nothing there ("No commit files found in _delta_log", issue 16).
+        A local path becomes ``file:///absolute/path``; a URI with a scheme
+        (``s3://``, ``file://``, ...) is kept as it is.
+        """
+        if "://" in self.uri:
+            return self.uri
+        return Path(self.uri).resolve().as_uri()
 
     def exists(self, storage_options: dict[str, str] | None = None) -> bool:
         """Whether a Delta table is at ``uri``."""
@@ -79,6 +94,6 @@ def register_tables(spark: SparkSession, config: Config) -> tuple[list[TableRef]
             continue
         # Spark reaches object storage with its own configuration (docs/spark.md):
         # deltalake's storage_options are not Spark options.
-        spark.read.format("delta").load(table.uri).createOrReplaceTempView(table.name)
+        spark.read.format("delta").load(table.location).createOrReplaceTempView(table.name)
         registered.append(table)
     return registered, missing

@@ -10,6 +10,7 @@ import pty
 import select
 import socket
 import ssl
+import subprocess
 import sys
 import time
 from collections import Counter
@@ -200,3 +201,58 @@ def test_sql_prompt_at_a_terminal(sail_url: str, tmp_path: Path) -> None:
     assert lines[lines.index("n") + 2] == "7"
     assert any(line.startswith("error:") for line in lines), "the error is shown"
     assert lines[lines.index("answer") + 2] == "42", "the prompt carries on after an error"
+
+
+#: Started in its own working directory, so a relative table location resolves elsewhere.
+_SAIL_ELSEWHERE = """
+import sys, time
+from pysail.spark import SparkConnectServer
+server = SparkConnectServer("127.0.0.1", 0)
+server.start(background=True)
+host, port = server.listening_address
+print(f"sc://{host}:{port}", flush=True)
+sys.stdin.read()  # until the test closes stdin
+server.stop()
+"""
+
+
+def test_sql_remote_reads_the_default_relative_table_from_a_server_started_elsewhere(
+    tmp_path: Path,
+) -> None:
+    """Issue 16 item 5: locations handed to Spark are absolute URIs.
+
+    The appliance runs with the default, relative state directory (``var``);
+    the Spark Connect server runs in another directory. Handed ``var/lake/events``
+    as given, the server looked for it in its own directory ("No commit files
+    found in _delta_log").
+    """
+    app_dir, sail_dir = tmp_path / "appliance", tmp_path / "sail"
+    app_dir.mkdir()
+    sail_dir.mkdir()
+    EventsWriter(str(app_dir / "var" / "lake" / "events")).commit(
+        [block(tag="rel", records=[{"m": 1}, {"m": 2}, {"m": 3}])]
+    )
+    config = app_dir / "appliance.toml"
+    config.write_text('state_dir = "var"\n')
+    server = subprocess.Popen(
+        [sys.executable, "-c", _SAIL_ELSEWHERE], cwd=sail_dir, stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert server.stdout is not None
+        url = server.stdout.readline().strip()
+        assert url.startswith("sc://"), url
+        result = subprocess.run(
+            [sys.executable, "-m", "appliance", "sql", "SELECT count(*) AS n FROM events",
+             "--remote", url, "--format", "json", "--config", str(config)],
+            cwd=app_dir, capture_output=True, text=True, timeout=CLI_TIMEOUT_SECONDS,
+        )  # fmt: skip
+    finally:
+        if server.stdin is not None:
+            server.stdin.close()
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == [{"n": 3}]
