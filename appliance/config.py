@@ -198,8 +198,15 @@ class MaintenanceConfig:
     allow_short_vacuum_retention: bool = False
     #: Size compaction aims for, per file.
     target_file_bytes: int = defaults.MAINTENANCE_TARGET_FILE_BYTES
+    #: One maintainer at a time on a shared table: "auto" (tables on object storage),
+    #: "on" or "off" (docs/fleet.md).
+    lease: Literal["auto", "on", "off"] = "auto"
+    #: Seconds a node's claim of the maintenance lease keeps the other nodes away.
+    lease_seconds: float = defaults.MAINTENANCE_LEASE_SECONDS
 
     def __post_init__(self) -> None:
+        if self.lease_seconds <= 0:
+            raise ValueError("lease_seconds must be positive")
         defaults.check_retention(
             self.vacuum_retention_hours, allow_short=self.allow_short_vacuum_retention
         )

@@ -52,6 +52,7 @@ __all__ = [
     "LUMBERJACK_TAG_FIELDS",
     "MAINTENANCE_CHECKPOINT_INTERVAL_SECONDS",
     "MAINTENANCE_COMPACT_INTERVAL_SECONDS",
+    "MAINTENANCE_LEASE_SECONDS",
     "MAINTENANCE_TARGET_FILE_BYTES",
     "MAINTENANCE_VACUUM_INTERVAL_SECONDS",
     "MIN_VACUUM_RETENTION_HOURS",
@@ -249,6 +250,9 @@ MAINTENANCE_CHECKPOINT_INTERVAL_SECONDS: Final = 3600.0
 MAINTENANCE_VACUUM_INTERVAL_SECONDS: Final = 86_400.0
 #: Size compaction aims for, per file, in bytes.
 MAINTENANCE_TARGET_FILE_BYTES: Final = 128 * 1024 * 1024
+#: Seconds one node's claim of the maintenance lease of a shared table keeps the
+#: other nodes from maintaining it (appliance/lake/lease.py): far above clock skew.
+MAINTENANCE_LEASE_SECONDS: Final = 600.0
 #: Hours a file replaced by compaction is kept before vacuum may delete it.
 VACUUM_RETENTION_HOURS: Final = 168
 #: The floor under vacuum retention, in hours; lower needs an explicit override.

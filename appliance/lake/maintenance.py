@@ -41,6 +41,8 @@ from deltalake.exceptions import DeltaError
 
 from appliance import defaults
 from appliance.lake.errors import LakeError
+from appliance.lake.lease import MaintenanceLease, lease_applies
+from appliance.lake.table import EventsTable
 from appliance.logs import get_logger
 
 if TYPE_CHECKING:
@@ -322,8 +324,14 @@ def vacuum(
 # -- the service's schedule ----------------------------------------------------
 
 
-def _locked(lock: Path, fn: Callable[[], MaintenanceResult]) -> MaintenanceResult:
+def _locked(
+    lock: Path, lease: MaintenanceLease | None, fn: Callable[[], MaintenanceResult]
+) -> MaintenanceResult:
     with MaintenanceLock(lock):
+        if lease is not None:
+            refusal = lease.acquire()
+            if refusal is not None:
+                raise MaintenanceBusy(refusal)
         return fn()
 
 
@@ -377,15 +385,20 @@ async def run_maintenance(writer: LakeWriter, config: Config) -> None:
             vacuum_retention_hours=settings.vacuum_retention_hours,
         )
         intervals["expire"] = config.retention.interval_seconds
+    lease = None
+    if lease_applies(settings.lease, uri):
+        lease = MaintenanceLease(EventsTable(uri, options), settings.lease_seconds)
+        log.info("maintenance.lease", token=lease.token, lease_seconds=settings.lease_seconds)
     async with trio.open_nursery() as nursery:
         # erase and expire handed over by the CLI (retention.hand_off).
         nursery.start_soon(retention.serve_requests, writer, config.state_dir, options)
-        await _schedule(writer, lock, operations, intervals)
+        await _schedule(writer, lock, lease, operations, intervals)
 
 
 async def _schedule(
     writer: LakeWriter,
     lock: Path,
+    lease: MaintenanceLease | None,
     operations: dict[Operation, Callable[[], MaintenanceResult]],
     intervals: dict[Operation, float],
 ) -> None:
@@ -397,7 +410,7 @@ async def _schedule(
         last[operation] = trio.current_time()
         started = time.monotonic()
         try:
-            result = await writer.run_exclusive(_locked, lock, operations[operation])
+            result = await writer.run_exclusive(_locked, lock, lease, operations[operation])
         except MaintenanceBusy as exc:
             log.info("maintenance.skipped", operation=operation, reason=str(exc))
             writer.metrics.maintenance(operation, "skipped", finished_at=time.time(), seconds=0.0)
