@@ -1,0 +1,71 @@
+"""``appliance sql --remote`` reads the events table on S3 through Sail (issue 16 item 5).
+
+Sail (pysail, a Spark Connect server) runs in a process of its own, started
+in another directory, configured for moto's S3 server the standard way: the
+``AWS_*`` environment variables (``AWS_ENDPOINT_URL``, ``AWS_ALLOW_HTTP``,
+credentials, region), which Sail's object store reads as the AWS SDKs do.
+The appliance hands Spark the table's ``s3://`` URI as it is.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from appliance.lake.blocks import blocks_to_arrow
+from appliance.lake.table import EventsTable
+from tests.s3server import S3Server
+from tests.spark.helpers import CLI_TIMEOUT_SECONDS, block
+
+#: A Sail server that prints its URL, then runs until its stdin closes.
+_SAIL = """
+import sys
+from pysail.spark import SparkConnectServer
+server = SparkConnectServer("127.0.0.1", 0)
+server.start(background=True)
+print("sc://%s:%d" % server.listening_address, flush=True)
+sys.stdin.read()
+server.stop()
+"""
+
+
+def test_sql_remote_reads_the_s3_table_through_sail(s3_server: S3Server, tmp_path: Path) -> None:
+    uri = f"s3://{s3_server.bucket()}/events"
+    options = s3_server.storage_options()
+    table = EventsTable(uri, options)
+    table.open_or_create()
+    records = [{"m": i} for i in range(7)]
+    assert table.commit(blocks_to_arrow([block(tag="s3.sail", records=records)]), "node-s", 1)
+    config = tmp_path / "appliance.toml"
+    config.write_text(
+        f'state_dir = "{tmp_path / "state"}"\n[lake]\npath = "{uri}"\n{s3_server.toml_options()}\n'
+    )
+    aws_env = {k: v for k, v in options.items() if k.startswith("AWS_")}
+    sail_dir = tmp_path / "sail"
+    sail_dir.mkdir()
+    sail = subprocess.Popen(
+        [sys.executable, "-c", _SAIL], cwd=sail_dir, env={**os.environ, **aws_env},
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert sail.stdout is not None
+        url = sail.stdout.readline().strip()
+        assert url.startswith("sc://"), url
+        query = "SELECT tag, count(*) AS n FROM events GROUP BY tag"
+        result = subprocess.run(
+            [sys.executable, "-m", "appliance", "sql", query, "--remote", url,
+             "--format", "json", "--config", str(config)],
+            capture_output=True, text=True, timeout=CLI_TIMEOUT_SECONDS,
+        )  # fmt: skip
+    finally:
+        if sail.stdin is not None:
+            sail.stdin.close()
+        try:
+            sail.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            sail.kill()
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == [{"tag": "s3.sail", "n": 7}]
