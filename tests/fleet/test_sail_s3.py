@@ -10,7 +10,6 @@ The appliance hands Spark the table's ``s3://`` URI as it is.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -18,18 +17,7 @@ from pathlib import Path
 from appliance.lake.blocks import blocks_to_arrow
 from appliance.lake.table import EventsTable
 from tests.s3server import S3Server
-from tests.spark.helpers import CLI_TIMEOUT_SECONDS, block
-
-#: A Sail server that prints its URL, then runs until its stdin closes.
-_SAIL = """
-import sys
-from pysail.spark import SparkConnectServer
-server = SparkConnectServer("127.0.0.1", 0)
-server.start(background=True)
-print("sc://%s:%d" % server.listening_address, flush=True)
-sys.stdin.read()
-server.stop()
-"""
+from tests.spark.helpers import CLI_TIMEOUT_SECONDS, block, sail_elsewhere
 
 
 def test_sql_remote_reads_the_s3_table_through_sail(s3_server: S3Server, tmp_path: Path) -> None:
@@ -46,26 +34,12 @@ def test_sql_remote_reads_the_s3_table_through_sail(s3_server: S3Server, tmp_pat
     aws_env = {k: v for k, v in options.items() if k.startswith("AWS_")}
     sail_dir = tmp_path / "sail"
     sail_dir.mkdir()
-    sail = subprocess.Popen(
-        [sys.executable, "-c", _SAIL], cwd=sail_dir, env={**os.environ, **aws_env},
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    try:
-        assert sail.stdout is not None
-        url = sail.stdout.readline().strip()
-        assert url.startswith("sc://"), url
+    with sail_elsewhere(sail_dir, aws_env) as url:
         query = "SELECT tag, count(*) AS n FROM events GROUP BY tag"
         result = subprocess.run(
             [sys.executable, "-m", "appliance", "sql", query, "--remote", url,
              "--format", "json", "--config", str(config)],
             capture_output=True, text=True, timeout=CLI_TIMEOUT_SECONDS,
         )  # fmt: skip
-    finally:
-        if sail.stdin is not None:
-            sail.stdin.close()
-        try:
-            sail.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            sail.kill()
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout) == [{"tag": "s3.sail", "n": 7}]

@@ -7,7 +7,8 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -79,3 +80,40 @@ def run_cli(
         timeout=CLI_TIMEOUT_SECONDS,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
+
+
+#: A Sail server that prints its URL, then runs until its stdin closes.
+_SAIL_PROCESS = """
+import sys
+from pysail.spark import SparkConnectServer
+server = SparkConnectServer("127.0.0.1", 0)
+server.start(background=True)
+print("sc://%s:%d" % server.listening_address, flush=True)
+sys.stdin.read()
+server.stop()
+"""
+
+
+@contextmanager
+def sail_elsewhere(cwd: Path, env: dict[str, str] | None = None) -> Iterator[str]:
+    """A Sail server in a process of its own, in ``cwd`` with ``env`` added; its ``sc://`` URL.
+
+    Not the session's in-process server: its working directory and
+    environment are the test's to choose.
+    """
+    server = subprocess.Popen(
+        [sys.executable, "-c", _SAIL_PROCESS], cwd=cwd, env={**os.environ, **(env or {})},
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert server.stdout is not None
+        url = server.stdout.readline().strip()
+        assert url.startswith("sc://"), url
+        yield url
+    finally:
+        if server.stdin is not None:
+            server.stdin.close()
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.kill()

@@ -25,7 +25,14 @@ from appliance.config import SparkConfig
 from appliance.spark.errors import SparkSetupError
 from appliance.spark.session import build_session, check_reachable
 from tests.conftest import ApplianceProcess, free_port
-from tests.spark.helpers import CLI_TIMEOUT_SECONDS, EventsWriter, block, run_cli, write_config
+from tests.spark.helpers import (
+    CLI_TIMEOUT_SECONDS,
+    EventsWriter,
+    block,
+    run_cli,
+    sail_elsewhere,
+    write_config,
+)
 
 ACK_TIMEOUT_SECONDS = 30
 
@@ -203,19 +210,6 @@ def test_sql_prompt_at_a_terminal(sail_url: str, tmp_path: Path) -> None:
     assert lines[lines.index("answer") + 2] == "42", "the prompt carries on after an error"
 
 
-#: Started in its own working directory, so a relative table location resolves elsewhere.
-_SAIL_ELSEWHERE = """
-import sys, time
-from pysail.spark import SparkConnectServer
-server = SparkConnectServer("127.0.0.1", 0)
-server.start(background=True)
-host, port = server.listening_address
-print(f"sc://{host}:{port}", flush=True)
-sys.stdin.read()  # until the test closes stdin
-server.stop()
-"""
-
-
 def test_sql_remote_reads_the_default_relative_table_from_a_server_started_elsewhere(
     tmp_path: Path,
 ) -> None:
@@ -234,25 +228,11 @@ def test_sql_remote_reads_the_default_relative_table_from_a_server_started_elsew
     )
     config = app_dir / "appliance.toml"
     config.write_text('state_dir = "var"\n')
-    server = subprocess.Popen(
-        [sys.executable, "-c", _SAIL_ELSEWHERE], cwd=sail_dir, stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    try:
-        assert server.stdout is not None
-        url = server.stdout.readline().strip()
-        assert url.startswith("sc://"), url
+    with sail_elsewhere(sail_dir) as url:
         result = subprocess.run(
             [sys.executable, "-m", "appliance", "sql", "SELECT count(*) AS n FROM events",
              "--remote", url, "--format", "json", "--config", str(config)],
             cwd=app_dir, capture_output=True, text=True, timeout=CLI_TIMEOUT_SECONDS,
         )  # fmt: skip
-    finally:
-        if server.stdin is not None:
-            server.stdin.close()
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            server.kill()
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout) == [{"n": 3}]
