@@ -186,6 +186,7 @@ PAGE_SECTIONS: Final[dict[str, tuple[type, ...]]] = {
     "auth.md": (AuthConfig,),
     "configuration.md": (Config,),
     "courier.md": (CourierListenerConfig,),
+    "fleet.md": (LakeConfig, MaintenanceConfig),
     "forward.md": (ForwardListenerConfig, LakeConfig),
     "logjam.md": (LogjamListenerConfig, LakeConfig),
     "lumberjack.md": (LumberjackListenerConfig,),
