@@ -255,6 +255,7 @@ def start_server(
         'name = "forward"\n',
         server_core,
         command=command,
+        lake=f'ack = "{args.ack}"\n' if args.ack else "",
         preamble='[log]\nlevel = "info"\n'
         + (
             "[admin]\nenabled = false\n"
@@ -262,6 +263,94 @@ def start_server(
             else f'[admin]\nbind = "127.0.0.1:{harness.free_port()}"\n'
         ),
     )
+
+
+#: The reference server (bench/fluent_server.mjs: npm @fluent-org/logger's FluentServer).
+REFERENCE_SCRIPT = Path(__file__).resolve().parent / "fluent_server.mjs"
+
+
+def start_reference(state_dir: Path, args: argparse.Namespace, server_core: int | None) -> Server:
+    """The reference forward server over TLS with acks, on a certificate made here (trustme)."""
+    import trustme
+
+    ca = trustme.CA()
+    cert = ca.issue_cert("localhost", "127.0.0.1")
+    ca.cert_pem.write_to_path(str(state_dir / "ref-ca.pem"))
+    cert.cert_chain_pems[0].write_to_path(str(state_dir / "ref-cert.pem"))
+    cert.private_key_pem.write_to_path(str(state_dir / "ref-key.pem"))
+    return harness.start_server(
+        state_dir, args, 'name = "forward"\n', server_core,
+        command=("node", str(REFERENCE_SCRIPT)),
+    )  # fmt: skip
+
+
+@dataclasses.dataclass
+class ReferenceResult:
+    """The reference's figures for one case (the same load, the same client)."""
+
+    events_per_second: float
+    p50_ms: float
+    p99_ms: float
+    server_cpu_pct: float
+    events_per_server_cpu_second: float
+    rows: int
+    acked_events: int
+
+
+def run_reference_case(
+    batch: int,
+    pipeline: int,
+    connections: int,
+    args: argparse.Namespace,
+    cores: tuple[int | None, int | None],
+) -> ReferenceResult:
+    """The case against the reference server: same workload, client, window and pinning."""
+    server_core, _ = cores
+    workload = Workload.build(batch, args.record_bytes)
+    nonce = int.from_bytes(os.urandom(8), "big")
+    clients = [FluentdClient(workload, nonce, i) for i in range(connections)]
+    state_dir = Path(tempfile.mkdtemp(prefix=f"forward-reference-{batch}x{pipeline}-"))
+    server = start_reference(state_dir, args, server_core)
+    results = [harness.ConnectionResult() for _ in clients]
+    senders = [
+        functools.partial(harness.pipelined, port=server.port, in_flight=pipeline, client=c,
+                          result=r)
+        for c, r in zip(clients, results, strict=True)
+    ]  # fmt: skip
+    window = harness.run_window(server, senders, results, args.warmup, args.duration)
+    _, stopped = harness.stop_server(server)
+    harness.discard_state(state_dir, args.keep)
+    latencies = window.latencies(results)
+    metrics = window.metrics(len(latencies) * batch, latencies)
+    return ReferenceResult(
+        events_per_second=metrics["events_per_second"],
+        p50_ms=metrics["p50_ms"],
+        p99_ms=metrics["p99_ms"],
+        server_cpu_pct=metrics["server_cpu_pct"],
+        events_per_server_cpu_second=metrics["events_per_server_cpu_second"],
+        rows=int(stopped.get("rows", "0")),
+        acked_events=sum(len(r.ack_times) for r in results) * batch,
+    )
+
+
+def comparison_table(pairs: list[tuple[CaseResult, ReferenceResult]]) -> str:
+    """The appliance next to the reference, case by case, with the ratio of events/s."""
+    lines = [
+        "| conns x in flight | appliance events/s | reference events/s | ratio | "
+        "appliance p50/p99 ms | reference p50/p99 ms | appliance events/CPU-s | "
+        "reference events/CPU-s |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for ours, ref in pairs:
+        ratio = ours.events_per_second / ref.events_per_second if ref.events_per_second else 0
+        lines.append(
+            f"| {ours.connections} x {ours.pipeline} | {ours.events_per_second:,.0f} | "
+            f"{ref.events_per_second:,.0f} | {ratio:.2f} | "
+            f"{ours.p50_ms:.1f} / {ours.p99_ms:.1f} | {ref.p50_ms:.1f} / {ref.p99_ms:.1f} | "
+            f"{ours.events_per_server_cpu_second:,.0f} | "
+            f"{ref.events_per_server_cpu_second:,.0f} |"
+        )
+    return "\n".join(lines)
 
 
 # -- load generator ------------------------------------------------------------
@@ -605,6 +694,15 @@ def main(argv: list[str] | None = None) -> int:
         help="cProfile clock: wall (default, least overhead) or per-thread CPU time",
     )
     parser.add_argument("--profile-top", type=int, default=25)
+    parser.add_argument(
+        "--ack", choices=("wal", "commit"), help="[lake] ack of the appliance (default: its own)"
+    )
+    parser.add_argument(
+        "--reference",
+        action="store_true",
+        help="also run each case against npm @fluent-org/logger's FluentServer (TLS, acks, "
+        "in memory) with the same client, and print both with their ratio",
+    )
     parser.add_argument("--spy-rate", type=int, default=100, help="py-spy samples/s (100)")
     parser.add_argument(
         "--spy-args", default="--nonblocking", help="more py-spy record flags (--nonblocking)"
@@ -636,7 +734,22 @@ def main(argv: list[str] | None = None) -> int:
         line = f"\nbatch {batch}: in-process ceilings on one core (events/s): "
         return found, line + harness.fmt_ceilings(found)
 
+    references: list[tuple[CaseResult, ReferenceResult]] = []
+
     def run(batch: int, pipeline: int, connections: int) -> CaseResult:
+        result = run_appliance(batch, pipeline, connections)
+        if args.reference:
+            reference = run_reference_case(batch, pipeline, connections, args, cores)
+            references.append((result, reference))
+            print(
+                f"  reference: {reference.events_per_second:,.0f} events/s, p50 "
+                f"{reference.p50_ms:.1f} ms, p99 {reference.p99_ms:.1f} ms, "
+                f"{reference.events_per_server_cpu_second:,.0f} events/CPU-s, "
+                f"ratio {result.events_per_second / reference.events_per_second:.2f}"
+            )
+        return result
+
+    def run_appliance(batch: int, pipeline: int, connections: int) -> CaseResult:
         profile_dir = None
         if args.profile:
             profile_dir = args.profile_out or Path(tempfile.mkdtemp(prefix="forward-profile-"))
@@ -685,6 +798,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     print()
     print(results_table(results))
+    if references:
+        print("\nagainst the reference (same client, same load, same run):\n")
+        print(comparison_table(references))
     harness.write_json(args.json, machine=info, pinning=pinning, results=results)
     failed = [r for r in results if not r.ok]
     if failed:
