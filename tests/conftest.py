@@ -16,6 +16,9 @@ from pathlib import Path
 import pytest
 from deltalake import DeltaTable
 
+#: Fixtures of their own modules, registered once for the whole session.
+pytest_plugins = ["tests.postgres", "tests.s3server"]
+
 #: Seconds the service has to come up (first start generates a CA and the table).
 STARTUP_TIMEOUT_SECONDS = 60
 

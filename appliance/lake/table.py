@@ -24,7 +24,7 @@ still itself. So a version it did not write is never taken for its own.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -304,6 +304,34 @@ class EventsTable:
             table.group_by(["protocol", "source", "peer", "batch_id"]).aggregate([]).to_pylist()
         )
         return {(r["protocol"], dedupe_scope(r["source"], r["peer"]), r["batch_id"]) for r in rows}
+
+    def batch_keys_present(self, keys: Collection[DedupeKey], since_ns: int) -> set[DedupeKey]:
+        """Which of ``keys`` the table already holds in rows received at or after ``since_ns``.
+
+        Another node may have stored a batch that this node logged: a client
+        that got no ack from a node that then died resends the chunk to the
+        next node (docs/fleet.md). Reads the dedupe columns of the files whose
+        ``received_at`` statistics reach ``since_ns``, filtered on the ids.
+        """
+        ids = sorted({key[2] for key in keys})
+        if not ids:
+            return set()
+        try:
+            self._dt.update_incremental()
+            cutoff = pa.scalar(since_ns // 1000, type=pa.int64()).cast(
+                EVENTS_SCHEMA.field("received_at").type
+            )
+            table = self._dt.to_pyarrow_dataset().to_table(
+                columns=["protocol", "source", "peer", "batch_id"],
+                filter=(pc.field("received_at") >= cutoff) & pc.field("batch_id").isin(ids),
+            )
+        except (DeltaError, OSError) as exc:
+            raise LakeError(f"cannot read recent batch ids: {exc}") from exc
+        rows: list[dict[str, Any]] = (
+            table.group_by(["protocol", "source", "peer", "batch_id"]).aggregate([]).to_pylist()
+        )
+        found = {(r["protocol"], dedupe_scope(r["source"], r["peer"]), r["batch_id"]) for r in rows}
+        return found & set(keys)
 
     def row_count(self) -> int:
         """How many rows the table holds (for tests, the CLI and benchmarks)."""

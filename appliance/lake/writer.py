@@ -114,6 +114,10 @@ _Args = TypeVarTuple("_Args")
 #: is converted to Arrow or written: the blocks are then tried one by one.
 _DATA_ERRORS: Final = (pa.ArrowException, ValueError, TypeError, OverflowError, UnicodeError)
 
+#: Nanoseconds by which another node's clock may lag this one's: a batch it
+#: stored is looked for from this long before this node received it.
+CLOCK_SKEW_NS: Final = 60 * 1_000_000_000
+
 
 def wal_app_id(app_id: str) -> str:
     """The app transaction id whose version is the log position ``app_id``'s commits cover.
@@ -320,6 +324,13 @@ class LakeWriter:
         self.table = table
         #: The write-ahead log blocks go to (ack = "wal"), or None (ack = "commit").
         self.wal = wal
+        #: Replaying the log at start: its batches are checked against the table first.
+        self._replaying = False
+        #: A table other nodes may write too (object storage): every group from the log is
+        #: checked against the table's recent batch ids before it is committed.
+        self._shared_table = "://" in table.uri and not table.uri.startswith("file://")
+        #: Logged batches not committed because another node had stored them (fleet resends).
+        self.skipped_duplicates = 0
         self._input_closed = False
         #: Batch ids whose first copy is taking room in the log (before it is in flight there).
         self._claims: dict[DedupeKey, trio.Event] = {}
@@ -425,8 +436,12 @@ class LakeWriter:
         )
         recovery = await wal.open(position or 0)
         commits, started = self.commits, trio.current_time()
-        while wal.uncommitted_bytes > 0:
-            await self._commit_log_once(wal)
+        self._replaying = True
+        try:
+            while wal.uncommitted_bytes > 0:
+                await self._commit_log_once(wal)
+        finally:
+            self._replaying = False
         self._last_log_commit = trio.current_time()
         if recovery.records or recovery.truncated_bytes or recovery.lost_ranges:
             log.info(
@@ -616,6 +631,8 @@ class LakeWriter:
         blocks, kept, failed = await trio.to_thread.run_sync(_decode_frames, frames)
         for frame, reason in failed:
             self._lose(frame, reason, protocol=None, peer=None)
+        if blocks and (self._replaying or self._shared_table):
+            blocks, kept = await self._without_stored_elsewhere(blocks, kept)
         refused: dict[int, BlockRefused] = {}
         if blocks:
             refused = await self._store(blocks, [frame.end for frame in kept])
@@ -639,6 +656,43 @@ class LakeWriter:
         await wal.mark_committed(end)
         for listener in self.commit_listeners:
             listener(committed)
+
+    async def _without_stored_elsewhere(
+        self, blocks: list[RowBlock], frames: list[Frame]
+    ) -> tuple[list[RowBlock], list[Frame]]:
+        """``blocks`` (and their frames) less those whose batch the table already holds.
+
+        A node that logged a chunk and died before its ack was sent leaves the
+        client to resend it, perhaps to another node of the fleet, which
+        stores it; this node's replay must then not store it again. And on a
+        shared table a chunk this node logged may have been stored by another
+        node meanwhile (docs/fleet.md, "Exactly once across nodes").
+        """
+        keys = [dedupe_key(block) for block in blocks]
+        wanted = [key for key in keys if key is not None]
+        if not wanted:
+            return blocks, frames
+        since = min(block.received_at_ns for block in blocks) - CLOCK_SKEW_NS
+        present = await trio.to_thread.run_sync(
+            self.table.batch_keys_present, wanted, since, limiter=self._limiter
+        )
+        if not present:
+            return blocks, frames
+        now = trio.current_time()
+        kept_blocks: list[RowBlock] = []
+        kept_frames: list[Frame] = []
+        for block, frame, key in zip(blocks, frames, keys, strict=True):
+            if key is not None and key in present:
+                self.skipped_duplicates += 1
+                self._remember(key, now)
+                log.info(
+                    "wal.duplicate_skipped", batch=key[2], protocol=block.protocol,
+                    peer=block.peer, reason="already in the table (stored by another node)",
+                )  # fmt: skip
+                continue
+            kept_blocks.append(block)
+            kept_frames.append(frame)
+        return kept_blocks, kept_frames
 
     def _lose(self, frame: Frame, reason: str, *, protocol: str | None, peer: str | None) -> None:
         """A logged (and acked) record that cannot be committed: say which, and go on."""
