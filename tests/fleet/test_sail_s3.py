@@ -43,3 +43,37 @@ def test_sql_remote_reads_the_s3_table_through_sail(s3_server: S3Server, tmp_pat
         )  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout) == [{"tag": "s3.sail", "n": 7}]
+
+
+def test_derived_tables_are_built_on_s3_through_sail(s3_server: S3Server, tmp_path: Path) -> None:
+    """``appliance spark run all``: Spark (Sail) reads events on S3; the jobs write S3 tables."""
+    bucket = s3_server.bucket()
+    uri = f"s3://{bucket}/events"
+    options = s3_server.storage_options()
+    table = EventsTable(uri, options)
+    table.open_or_create()
+    records = [{"m": i} for i in range(5)]
+    assert table.commit(blocks_to_arrow([block(tag="s3.jobs", records=records)]), "node-j", 1)
+    config = tmp_path / "appliance.toml"
+    config.write_text(
+        f'state_dir = "{tmp_path / "state"}"\n[lake]\npath = "{uri}"\n'
+        f'{s3_server.toml_options()}\n[spark]\nderived_path = "s3://{bucket}/derived"\n'
+    )
+    aws_env = {k: v for k, v in options.items() if k.startswith("AWS_")}
+    sail_dir = tmp_path / "sail"
+    sail_dir.mkdir()
+    with sail_elsewhere(sail_dir, aws_env) as url:
+        run = subprocess.run(
+            [sys.executable, "-m", "appliance", "spark", "run", "all", "--remote", url,
+             "--json", "--config", str(config)],
+            capture_output=True, text=True, timeout=CLI_TIMEOUT_SECONDS,
+        )  # fmt: skip
+        assert run.returncode == 0, run.stderr
+        query = "SELECT sum(events) AS n FROM events_per_minute"
+        result = subprocess.run(
+            [sys.executable, "-m", "appliance", "sql", query, "--remote", url,
+             "--format", "json", "--config", str(config)],
+            capture_output=True, text=True, timeout=CLI_TIMEOUT_SECONDS,
+        )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == [{"n": 5}]
