@@ -3,7 +3,8 @@
 Real parts: three ``appliance serve`` processes (each its own state directory,
 so its own node id and write-ahead log; ``ack = "wal"``, the default), the
 session's PostgreSQL server (tests/postgres.py), moto's S3 server
-(tests/s3server.py), npm ``@fluent-org/logger`` and PyPI ``pylogbeat``.
+(tests/s3server.py), HAProxy, npm ``@fluent-org/logger``, Go
+``fluent-logger-golang`` and PyPI ``pylogbeat``.
 
 1. A user added through node 0's CLI while the nodes run logs in (forward
    ``users`` handshake) with the real npm client on every node.
@@ -13,6 +14,11 @@ session's PostgreSQL server (tests/postgres.py), moto's S3 server
    several in flight; node 2 is SIGKILLed mid-stream; the client resends every
    unacknowledged chunk, same ids, to node 0. Node 2 is then restarted on its
    state directory and replays its log.
+4. Go ``fluent-logger-golang`` (a real client that resends: sync Posts with
+   ``RequestAck`` and retries) posts through a real HAProxy (send-proxy-v2,
+   health checks, redispatch) to the nodes' ``proxy_protocol`` listeners; the
+   node holding its connection is SIGKILLed mid-stream, the client's retry
+   reaches a live node, and the killed node restarts and replays.
 
 Every acknowledged event is in the table exactly once: the chunks node 2 had
 logged but not acked were resent to node 0, which stored them, and node 2's
@@ -41,6 +47,7 @@ from pylogbeat import PyLogBeatClient
 
 from tests.conftest import ApplianceProcess, start_appliance
 from tests.hostile.support import sha512_hex
+from tests.interop.haproxy import Balancer, HAProxy, ensure_haproxy, start_haproxy
 from tests.interop.test_forward_node import node_send
 from tests.postgres import PostgresServer
 from tests.s3server import S3Server
@@ -58,7 +65,11 @@ LOST_ACKS = 16
 LISTENERS = {
     "forward": 'security = "users"',
     "beats": 'protocol = "lumberjack"',
+    # Behind HAProxy (send-proxy-v2): the Go client's way in.
+    "relayed": 'proxy_protocol = true\ntrusted_proxies = ["127.0.0.1/32"]\nudp_heartbeat = false',
 }
+#: Events the Go client posts (sync, RequestAck: one event per request, each acked).
+GO_EVENTS = 3000
 #: Seconds to wait for the table to hold what was acked (commit_interval_seconds = 1).
 SETTLE_SECONDS = 60
 
@@ -134,9 +145,32 @@ class StreamClient:
         return []
 
 
+def _go_stream(go_sender: Path, proxy: HAProxy, roots: Path) -> subprocess.Popen[str]:
+    """fluent-logger-golang through HAProxy: sync Posts with RequestAck, retried on failure."""
+    env = {k: v for k, v in os.environ.items() if k not in ("SSL_CERT_FILE", "SSL_CERT_DIR")}
+    env["SSL_CERT_FILE"] = str(roots)
+    return subprocess.Popen(
+        [str(go_sender), "-host", proxy.host, "-port", str(proxy.port), "-tag-prefix",
+         "fleet.go", "-count", str(GO_EVENTS), "-timeout", "120s"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+
+
+def _serving_go(nodes: list[ApplianceProcess]) -> int:
+    """The node HAProxy relayed the Go client's connection to (its connection.proxied line)."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        for i, node in enumerate(nodes):
+            if "event=connection.proxied listener=relayed" in node.log():
+                return i
+        time.sleep(0.05)
+    raise AssertionError("no node got the Go client's connection")
+
+
 def test_three_nodes_one_killed_every_acked_event_once(
-    postgres_server: PostgresServer, s3_server: S3Server, tmp_path: Path
+    postgres_server: PostgresServer, s3_server: S3Server, tmp_path: Path, go_sender: Path
 ) -> None:
+    ensure_haproxy()
     if postgres_server.url is None:
         pytest.fail(f"PostgreSQL is needed here: {postgres_server.reason}")
     database = postgres_server.create_database()
@@ -191,12 +225,36 @@ def test_three_nodes_one_killed_every_acked_event_once(
         time.sleep(3)  # node 0 commits the resent chunks (commit_interval_seconds = 1)
         nodes[2] = start_appliance(tmp_path, LISTENERS, auth, index=2, lake=lake)
 
+        # 4. A real client that resends: fluent-logger-golang behind HAProxy. The node
+        # holding its connection is killed mid-stream; the client's retry reaches a live
+        # node through the balancer with the same chunk id.
+        roots = tmp_path / "roots.pem"
+        roots.write_text("".join(node.ca_file.read_text() for node in nodes))
+        relayed = [node.ports["relayed"] for node in nodes]
+        balancer = Balancer(relayed, send_proxy="v2", check=True, redispatch=True)
+        with start_haproxy(tmp_path / "haproxy", balancer) as proxy:
+            go = _go_stream(go_sender, proxy, roots)
+            serving = _serving_go(nodes)
+            time.sleep(0.5)  # mid-stream
+            nodes[serving].process.send_signal(signal.SIGKILL)
+            nodes[serving].process.wait(30)
+            go_out, go_err = go.communicate(timeout=180)
+            assert go.returncode == 0, f"{go_err[-2000:]}\n{proxy.log()[-2000:]}"
+        # It reconnected through the balancer to a live node and went on there.
+        reached = [i for i, n in enumerate(nodes) if i != serving and "listener=relayed" in n.log()]
+        assert reached, "the Go client finished before the kill: nothing was resent"
+        nodes[serving] = start_appliance(tmp_path, LISTENERS, auth, index=serving, lake=lake)
+        go_sent = [json.loads(line) for line in go_out.splitlines()]
+        assert len(go_sent) == GO_EVENTS
+
         # Everything acked is in the table, once.
         deadline = time.monotonic() + SETTLE_SECONDS
         while True:
             rows = DeltaTable(uri, storage_options=options).to_pyarrow_table().to_pylist()
             streamed = Counter(r["batch_id"] for r in rows if r["tag"] == "fleet.stream")
-            if len(streamed) >= CHUNKS or time.monotonic() > deadline:
+            go_rows = [r for r in rows if str(r["tag"]).startswith("fleet.go.")]
+            done = len(streamed) >= CHUNKS and len(go_rows) >= GO_EVENTS
+            if done or time.monotonic() > deadline:
                 break
             time.sleep(0.5)
     finally:
@@ -214,6 +272,9 @@ def test_three_nodes_one_killed_every_acked_event_once(
             e["record"]["seq"] for e in npm_sent if e["tag"] == f"fleet.npm{i}"
         )
         assert set(seqs.values()) == {1}
+    go_seqs = Counter(json.loads(str(r["record"]))["seq"] for r in go_rows)
+    assert sorted(go_seqs) == sorted(e["record"]["seq"] for e in go_sent)
+    assert set(go_seqs.values()) == {1}, [k for k, v in go_seqs.items() if v != 1][:10]
     beats = Counter(json.loads(r["record"])["seq"] for r in rows if r["protocol"] == "lumberjack")
     assert sorted(beats) == list(range(100))
     assert set(beats.values()) == {1}

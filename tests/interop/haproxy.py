@@ -104,11 +104,15 @@ class Balancer:
     check: bool = False
     balance: str = "roundrobin"
     host: str = "127.0.0.1"
+    #: A failed connect to a server is retried on another one (``option redispatch``):
+    #: a dead backend costs its clients a reconnect, not an error.
+    redispatch: bool = False
 
     def config(self, frontend_port: int) -> str:
         """The text of an haproxy.cfg: TCP mode, one frontend, one backend of every port."""
         option = SEND_PROXY[self.send_proxy]
         checks = f" check inter {CHECK_INTERVAL_MS}" if self.check else ""
+        redispatch = "    retries 3\n    option redispatch\n" if self.redispatch else ""
         servers = "\n".join(
             f"    server s{i} {self.host}:{port} {option}{checks}".rstrip()
             for i, port in enumerate(self.backend_ports)
@@ -133,7 +137,7 @@ frontend fe
 
 backend be
     balance {self.balance}
-{servers}
+{redispatch}{servers}
 """
 
 
