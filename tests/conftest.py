@@ -138,3 +138,13 @@ def appliance(tmp_path: Path) -> Iterator[Callable[..., ApplianceProcess]]:
     yield start
     for app in started:
         app.stop()
+
+
+def appliance_cli(config: Path, *args: str, stdin: str = "", timeout: float = 120) -> str:
+    """``appliance ARGS --config CONFIG``, which must succeed; its stdout."""
+    done = subprocess.run(
+        [sys.executable, "-m", "appliance", *args, "--config", str(config)],
+        input=stdin, capture_output=True, text=True, timeout=timeout,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return done.stdout

@@ -20,21 +20,29 @@ from tests.s3server import S3Server
 from tests.spark.helpers import CLI_TIMEOUT_SECONDS, block, sail_elsewhere
 
 
-def test_sql_remote_reads_the_s3_table_through_sail(s3_server: S3Server, tmp_path: Path) -> None:
-    uri = f"s3://{s3_server.bucket()}/events"
+def _s3_events(
+    s3_server: S3Server, tmp_path: Path, tag: str, events: int, extra: str = ""
+) -> tuple[Path, dict[str, str], str]:
+    """An events table on S3 holding ``events`` rows of ``tag``; its config, Sail's env, bucket."""
+    bucket = s3_server.bucket()
+    uri = f"s3://{bucket}/events"
     options = s3_server.storage_options()
     table = EventsTable(uri, options)
     table.open_or_create()
-    records = [{"m": i} for i in range(7)]
-    assert table.commit(blocks_to_arrow([block(tag="s3.sail", records=records)]), "node-s", 1)
+    records = [{"m": i} for i in range(events)]
+    assert table.commit(blocks_to_arrow([block(tag=tag, records=records)]), "node-s", 1)
     config = tmp_path / "appliance.toml"
     config.write_text(
-        f'state_dir = "{tmp_path / "state"}"\n[lake]\npath = "{uri}"\n{s3_server.toml_options()}\n'
+        f'state_dir = "{tmp_path / "state"}"\n[lake]\npath = "{uri}"\n'
+        f"{s3_server.toml_options()}\n{extra.format(bucket=bucket)}"
     )
-    aws_env = {k: v for k, v in options.items() if k.startswith("AWS_")}
-    sail_dir = tmp_path / "sail"
-    sail_dir.mkdir()
-    with sail_elsewhere(sail_dir, aws_env) as url:
+    (tmp_path / "sail").mkdir()
+    return config, {k: v for k, v in options.items() if k.startswith("AWS_")}, bucket
+
+
+def test_sql_remote_reads_the_s3_table_through_sail(s3_server: S3Server, tmp_path: Path) -> None:
+    config, aws_env, _ = _s3_events(s3_server, tmp_path, "s3.sail", 7)
+    with sail_elsewhere(tmp_path / "sail", aws_env) as url:
         query = "SELECT tag, count(*) AS n FROM events GROUP BY tag"
         result = subprocess.run(
             [sys.executable, "-m", "appliance", "sql", query, "--remote", url,
@@ -47,22 +55,9 @@ def test_sql_remote_reads_the_s3_table_through_sail(s3_server: S3Server, tmp_pat
 
 def test_derived_tables_are_built_on_s3_through_sail(s3_server: S3Server, tmp_path: Path) -> None:
     """``appliance spark run all``: Spark (Sail) reads events on S3; the jobs write S3 tables."""
-    bucket = s3_server.bucket()
-    uri = f"s3://{bucket}/events"
-    options = s3_server.storage_options()
-    table = EventsTable(uri, options)
-    table.open_or_create()
-    records = [{"m": i} for i in range(5)]
-    assert table.commit(blocks_to_arrow([block(tag="s3.jobs", records=records)]), "node-j", 1)
-    config = tmp_path / "appliance.toml"
-    config.write_text(
-        f'state_dir = "{tmp_path / "state"}"\n[lake]\npath = "{uri}"\n'
-        f'{s3_server.toml_options()}\n[spark]\nderived_path = "s3://{bucket}/derived"\n'
-    )
-    aws_env = {k: v for k, v in options.items() if k.startswith("AWS_")}
-    sail_dir = tmp_path / "sail"
-    sail_dir.mkdir()
-    with sail_elsewhere(sail_dir, aws_env) as url:
+    derived = '[spark]\nderived_path = "s3://{bucket}/derived"\n'
+    config, aws_env, _ = _s3_events(s3_server, tmp_path, "s3.jobs", 5, derived)
+    with sail_elsewhere(tmp_path / "sail", aws_env) as url:
         run = subprocess.run(
             [sys.executable, "-m", "appliance", "spark", "run", "all", "--remote", url,
              "--json", "--config", str(config)],

@@ -33,7 +33,6 @@ import signal
 import socket
 import ssl
 import subprocess
-import sys
 import threading
 import time
 from collections import Counter
@@ -46,6 +45,7 @@ from deltalake import DeltaTable
 from pylogbeat import PyLogBeatClient
 
 from tests.conftest import ApplianceProcess, start_appliance
+from tests.conftest import appliance_cli as cli
 from tests.hostile.support import sha512_hex
 from tests.interop.haproxy import Balancer, HAProxy, ensure_haproxy, start_haproxy
 from tests.interop.test_forward_node import node_send
@@ -72,14 +72,6 @@ LISTENERS = {
 GO_EVENTS = 3000
 #: Seconds to wait for the table to hold what was acked (commit_interval_seconds = 1).
 SETTLE_SECONDS = 60
-
-
-def cli(config: Path, *args: str, stdin: str = "") -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "appliance", *args, "--config", str(config)],
-        input=stdin, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
 
 
 class StreamClient:

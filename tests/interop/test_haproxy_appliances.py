@@ -20,16 +20,14 @@ import contextlib
 import os
 import socket
 import ssl
-import subprocess
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import msgpack
 import pytest
 
 from tests.conftest import ApplianceProcess, start_appliance
+from tests.conftest import appliance_cli as cli
 from tests.hostile.support import sha512_hex
 from tests.interop.haproxy import Balancer, HAProxy, ensure_haproxy, start_haproxy
 
@@ -47,14 +45,6 @@ allow_anonymous_source = false
 proxy_protocol = true
 trusted_proxies = ["127.0.0.1/32"]
 """
-
-
-def cli(config: Path, *args: str, stdin: str = "") -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "appliance", *args, "--config", str(config)],
-        input=stdin, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
 
 
 Fleet = tuple[list[ApplianceProcess], HAProxy]
