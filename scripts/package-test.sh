@@ -167,6 +167,17 @@ print(DeltaTable(sys.argv[1]).to_pyarrow_table().num_rows, flush=True); os._exit
         "$R/var/lib/appliance/lake/events"
 }
 
+# wait_rows N: with ack = "wal" (the default) an ack means the write-ahead log
+# holds the events and the table gets them at the next commit (commit_interval_seconds),
+# so a count taken right after an ack may be short. Poll until the table holds N rows.
+wait_rows() {
+    local want=$1 deadline=$((SECONDS + 60)) have
+    until have=$(rows) && [ "$have" = "$want" ]; do
+        [ $SECONDS -lt $deadline ] || fail "the table holds $have rows, not $want, 60 s after the acks"
+        sleep 0.2
+    done
+}
+
 sqlite_query() { # sqlite_query SQL: against the root's auth database
     "$VENV_PY" -c 'import sqlite3, sys
 con = sqlite3.connect(f"file:{sys.argv[1]}?mode=ro", uri=True)
@@ -456,6 +467,7 @@ EOF
         fail "forward exchange after the watchdog restart"
     }
     ok "after the watchdog restart: TLS forward exchange with ack: $result"
+    check "every acknowledged event reached the table (31 rows)" wait_rows 31
     state_fingerprint >"$WORK/state-before"
     sed 's/^/     /' "$WORK/state-before"
 
