@@ -149,6 +149,10 @@ class LakeConfig:
     min_free_bytes: int = defaults.DISK_MIN_FREE_BYTES
     #: Free share of the table's filesystem, in percent, kept likewise (the larger wins).
     min_free_percent: float = defaults.DISK_MIN_FREE_PERCENT
+    #: Whether other processes write this table too, so a batch this node logged may be
+    #: stored by another: "auto" is on for object storage, off for a local path; "on" for
+    #: worker processes sharing a local table (docs/performance.md).
+    shared: Literal["auto", "on", "off"] = "auto"
 
     def __post_init__(self) -> None:
         if not 0 <= self.min_free_percent < 100:
@@ -178,6 +182,9 @@ class WalConfig:
     group_max_bytes: int = defaults.WAL_GROUP_MAX_BYTES
     #: Longest a batch waits for room under max_bytes before its connection is closed, in seconds.
     full_wait_seconds: float = defaults.WAL_FULL_WAIT_SECONDS
+    #: Bytes of the newest records also kept in memory, decoded, for the next commit
+    #: (no read back from disk); 0 turns this off.
+    cache_bytes: int = defaults.WAL_CACHE_BYTES
 
     def __post_init__(self) -> None:
         defaults.check_wal(**{f.name: getattr(self, f.name) for f in dataclasses.fields(self)})
@@ -406,6 +413,9 @@ class ListenerConfig:
     trusted_proxies: list[str] = field(default_factory=list)
     #: Seconds a connection has to deliver its whole PROXY header.
     proxy_header_timeout_seconds: float = defaults.PROXY_HEADER_TIMEOUT_SECONDS
+    #: Share the port with other appliance processes on this machine (SO_REUSEPORT):
+    #: the kernel spreads connections over them (docs/performance.md, one process per core).
+    reuse_port: bool = False
 
     def __post_init__(self) -> None:
         if self.proxy_protocol and not self.trusted_proxies:

@@ -59,6 +59,7 @@ __all__ = [
     "PROXY_HEADER_TIMEOUT_SECONDS",
     "RETENTION_INTERVAL_SECONDS",
     "VACUUM_RETENTION_HOURS",
+    "WAL_CACHE_BYTES",
     "WAL_FLUSH_BYTES",
     "WAL_FLUSH_DELAY_SECONDS",
     "WAL_FULL_WAIT_SECONDS",
@@ -232,6 +233,12 @@ WAL_FLUSH_BYTES: Final = 1 * _MIB
 WAL_GROUP_MAX_BYTES: Final = 16 * _MIB
 #: Longest an append waits for room under the cap before it fails, in seconds.
 WAL_FULL_WAIT_SECONDS: Final = 30.0
+#: Bytes of the newest records (as stored) the log also keeps in memory with their
+#: decoded batches, so the writer commits them without reading and decoding them
+#: back (docs/wal.md, "The commit path"). Somewhat more than one commit's worth
+#: (``[lake] commit_max_bytes``, 64 MiB) keeps a writer that keeps up off the disk.
+#: Memory: about twice this in Python objects at most. 0 turns the cache off.
+WAL_CACHE_BYTES: Final = 96 * _MIB
 
 # -- the disk guard (appliance/lake/diskguard.py) ---------------------------------------
 
@@ -298,6 +305,7 @@ def check_wal(
     flush_bytes: int,
     group_max_bytes: int,
     full_wait_seconds: float,
+    cache_bytes: int,
 ) -> None:
     """Refuse write-ahead log settings out of range (``[wal]`` and ``WalSettings`` alike).
 
@@ -328,3 +336,5 @@ def check_wal(
         raise ValueError("wal flush_bytes and group_max_bytes must be positive")
     if full_wait_seconds < 0:
         raise ValueError("wal full_wait_seconds must not be negative")
+    if cache_bytes < 0:
+        raise ValueError("wal cache_bytes must not be negative")

@@ -249,20 +249,42 @@ def start_server(
             args.profile_timer,
             "serve",
         ]
-    return harness.start_server(
-        state_dir,
-        args,
-        'name = "forward"\n',
-        server_core,
-        command=command,
-        lake=f'ack = "{args.ack}"\n' if args.ack else "",
-        preamble='[log]\nlevel = "info"\n'
-        + (
-            "[admin]\nenabled = false\n"
-            if args.no_metrics
-            else f'[admin]\nbind = "127.0.0.1:{harness.free_port()}"\n'
-        ),
-    )
+    lake = f'ack = "{args.ack}"\n' if args.ack else ""
+    listener = 'name = "forward"\n'
+    preamble = '[log]\nlevel = "info"\n'
+    processes = args.processes
+    if processes > 1:
+        # One process per core (docs/performance.md): one port, one table.
+        listener += "reuse_port = true\n"
+        lake += f'shared = "on"\npath = "{state_dir / "var" / "lake" / "events"}"\n'
+        preamble += '[maintenance]\nlease = "on"\n'
+
+    def admin() -> str:
+        if args.no_metrics:
+            return "[admin]\nenabled = false\n"
+        return f'[admin]\nbind = "127.0.0.1:{harness.free_port()}"\n'
+
+    def core_of(k: int) -> int | None:
+        if server_core is None:
+            return None
+        cpus = sorted(os.sched_getaffinity(0) | {server_core})
+        return cpus[(cpus.index(server_core) + k) % len(cpus)]
+
+    first = harness.start_server(
+        state_dir, args, listener, server_core, command=command, lake=lake,
+        preamble=preamble + admin(),
+    )  # fmt: skip
+    pki = state_dir / "var" / "pki"
+    tls = f'[tls]\ncert_file = "{pki / "server.pem"}"\nkey_file = "{pki / "server.key"}"\n'
+    for k in range(1, processes):
+        worker_dir = state_dir / f"worker-{k}"
+        worker_dir.mkdir()
+        worker = harness.start_server(
+            worker_dir, args, listener, core_of(k), command=list(harness.APPLIANCE_SERVE),
+            lake=lake, preamble=preamble + admin() + tls, port=first.port,
+        )  # fmt: skip
+        first.workers.append(worker)
+    return first
 
 
 #: The reference server (bench/fluent_server.mjs: npm @fluent-org/logger's FluentServer).
@@ -702,6 +724,13 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="also run each case against npm @fluent-org/logger's FluentServer (TLS, acks, "
         "in memory) with the same client, and print both with their ratio",
+    )
+    parser.add_argument(
+        "--processes",
+        type=int,
+        default=1,
+        help="appliance processes sharing the port (reuse_port) and the table, one per core "
+        "from the server's core on (docs/performance.md); 1",
     )
     parser.add_argument("--spy-rate", type=int, default=100, help="py-spy samples/s (100)")
     parser.add_argument(

@@ -383,6 +383,19 @@ class Server:
     port: int
     ca_file: Path
     log_path: Path
+    #: More processes of the same server sharing its port (``reuse_port``) and its
+    #: table: their CPU and memory count with this one's, and they stop with it.
+    workers: list[Server] = dataclasses.field(default_factory=list)
+
+    @property
+    def pids(self) -> list[int]:
+        """This process and its workers."""
+        return [self.proc.pid, *(w.proc.pid for w in self.workers)]
+
+    def kill(self) -> None:
+        for proc in [self.proc, *(w.proc for w in self.workers)]:
+            proc.kill()
+            proc.wait()
 
     def log_tail(self, lines: int = 30) -> str:
         try:
@@ -401,6 +414,7 @@ def start_server(
     command: Sequence[str] = APPLIANCE_SERVE,
     preamble: str = "",
     lake: str = "",
+    port: int | None = None,
 ) -> Server:
     """``command --config FILE`` in ``state_dir``, pinned to ``core``, once it is ready.
 
@@ -409,9 +423,10 @@ def start_server(
     settings of ``args`` (``commit_delay``, ``commit_max_rows``) and ``lake``
     (more ``[lake]`` lines), and one
     ``[[listeners]]`` entry: ``listener`` (TOML lines) bound to a free port.
-    The server's stderr goes to ``state_dir/server.log``.
+    The server's stderr goes to ``state_dir/server.log``. ``port``: the
+    listener's port (default: a free one).
     """
-    port = free_port()
+    port = free_port() if port is None else port
     config = state_dir / "bench.toml"
     config.write_text(
         f'state_dir = "{state_dir / "var"}"\n'
@@ -455,7 +470,23 @@ def start_server(
 
 
 def stop_server(server: Server, timeout: float = 120) -> tuple[int, dict[str, str]]:
-    """SIGTERM, wait, and the fields of its ``service.stopped`` log line."""
+    """SIGTERM, wait, and the fields of its ``service.stopped`` log line.
+
+    With workers: each is stopped the same way; the exit code is the first
+    that is not 0, and ``commits`` is their sum.
+    """
+    code, stopped = _stop_one(server, timeout)
+    for worker in server.workers:
+        worker_code, worker_stopped = _stop_one(worker, timeout)
+        code = code or worker_code
+        if stopped.get("commits", "?").isdigit() and worker_stopped.get("commits", "?").isdigit():
+            stopped["commits"] = str(int(stopped["commits"]) + int(worker_stopped["commits"]))
+        else:
+            stopped["commits"] = "?"
+    return code, stopped
+
+
+def _stop_one(server: Server, timeout: float) -> tuple[int, dict[str, str]]:
     server.proc.send_signal(signal.SIGTERM)
     try:
         code = server.proc.wait(timeout=timeout)
@@ -718,6 +749,7 @@ def run_window(
     its end. On any failure the server is killed and its log tail printed.
     """
     pid = server.proc.pid
+    pids = server.pids
     sampler: subprocess.Popen[bytes] | None = None
     try:
         context = tls_context(server.ca_file)
@@ -739,13 +771,13 @@ def run_window(
         time.sleep(max(0.0, window_start - time.perf_counter()))
         if start_sampler is not None:
             sampler = start_sampler()
-        cpu0, threads0 = proc_cpu_seconds(pid), thread_cpu_seconds(pid)
+        cpu0, threads0 = sum(map(proc_cpu_seconds, pids)), thread_cpu_seconds(pid)
         gen0 = resource.getrusage(resource.RUSAGE_SELF)
         sys0 = system_cpu_seconds()
         w0 = time.perf_counter()
         time.sleep(max(0.0, window_end - time.perf_counter()))
         w1 = time.perf_counter()
-        cpu1, threads1 = proc_cpu_seconds(pid), thread_cpu_seconds(pid)
+        cpu1, threads1 = sum(map(proc_cpu_seconds, pids)), thread_cpu_seconds(pid)
         gen1 = resource.getrusage(resource.RUSAGE_SELF)
         sys1 = system_cpu_seconds()
         if sampler is not None:
@@ -756,12 +788,11 @@ def run_window(
         errors = [r.error for r in results if r.error is not None]
         if errors:
             raise RuntimeError(f"load generator failed: {errors[0]!r}") from errors[0]
-        peak_rss = vm_hwm_mb(pid)
+        peak_rss = sum(map(vm_hwm_mb, pids))
     except BaseException:
         if sampler is not None and sampler.poll() is None:
             sampler.kill()
-        server.proc.kill()
-        server.proc.wait()
+        server.kill()
         print(server.log_tail(), file=sys.stderr)
         raise
     return Window(

@@ -88,13 +88,18 @@ def _wait_ready(app: ApplianceProcess) -> None:
     raise RuntimeError(f"appliance not ready within {STARTUP_TIMEOUT_SECONDS}s:\n{app.log()}")
 
 
+def unless_given_in(toml: str, key: str, line: str) -> str:
+    """``line``, unless the TOML text ``toml`` sets ``key`` itself."""
+    return "" if re.search(rf"^{key}\s*=", toml, re.MULTILINE) else line
+
+
 def start_appliance(
     directory: Path, listeners: dict[str, str], extra: str = "", index: int = 0, lake: str = ""
 ) -> ApplianceProcess:
     """Start ``appliance serve`` with ``listeners`` (name -> TOML body) under ``directory``.
 
     The config is ``directory/appliance{index}.toml``; every listener binds
-    port 0 on loopback, and :attr:`ApplianceProcess.ports` holds the port it
+    port 0 on loopback unless its body has a ``bind``, and :attr:`ApplianceProcess.ports` holds the port it
     got (from the ``service.ready`` log line). ``lake`` adds keys to ``[lake]``;
     without a ``commit_max_delay_seconds`` in it, commits are 0.1 s apart; without an
     ``ack`` key, ``ack = "commit"``: the tests read the table right after an ack.
@@ -102,13 +107,14 @@ def start_appliance(
     state = directory / f"state{index}"
 
     def unless_given(key: str, line: str) -> str:
-        return "" if re.search(rf"^{key}\s*=", lake, re.MULTILINE) else line
+        return unless_given_in(lake, key, line)
 
     delay = unless_given("commit_max_delay_seconds", "commit_max_delay_seconds = 0.1")
     ack = unless_given("ack", 'ack = "commit"')
     parts = [f'state_dir = "{state}"', extra, "[lake]", delay, ack, lake]
     for name, body in listeners.items():
-        parts += ["[[listeners]]", f'name = "{name}"', 'bind = "127.0.0.1:0"', body]
+        bind = unless_given_in(body, "bind", 'bind = "127.0.0.1:0"')
+        parts += ["[[listeners]]", f'name = "{name}"', bind, body]
     config = directory / f"appliance{index}.toml"
     config.write_text("\n".join(parts) + "\n")
     log_path = directory / f"appliance{index}.log"

@@ -37,7 +37,7 @@ from collections.abc import Callable
 from typing import Final, Literal
 
 from appliance.lake.errors import AppIdInUse
-from appliance.lake.table import EventsTable
+from appliance.lake.table import EventsTable, shared_with_others
 
 __all__ = ["MAINTENANCE_APP_ID", "MaintenanceLease", "lease_applies"]
 
@@ -47,9 +47,7 @@ MAINTENANCE_APP_ID: Final = "maintenance"
 
 def lease_applies(mode: Literal["auto", "on", "off"], uri: str) -> bool:
     """Whether the maintenance of the table at ``uri`` takes the lease (see the module)."""
-    if mode == "auto":
-        return "://" in uri and not uri.startswith("file://")
-    return mode == "on"
+    return shared_with_others(mode, uri)
 
 
 class MaintenanceLease:

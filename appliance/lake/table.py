@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Collection, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -48,7 +48,24 @@ from appliance.lake.schema import (
     WRITER_VERSION,
 )
 
-__all__ = ["EventsTable", "Lease", "lease_app_ids"]
+__all__ = ["EventsTable", "Lease", "lease_app_ids", "on_object_storage", "shared_with_others"]
+
+
+def on_object_storage(uri: str) -> bool:
+    """Whether ``uri`` names object storage (``s3://`` and the like), not a local path."""
+    return "://" in uri and not uri.startswith("file://")
+
+
+def shared_with_others(mode: Literal["auto", "on", "off"], uri: str) -> bool:
+    """Whether other processes write (or maintain) the table at ``uri`` too.
+
+    ``"auto"``: a table on object storage is taken to be shared (a fleet,
+    docs/fleet.md), a local one not; ``"on"`` for worker processes sharing
+    a local table (docs/performance.md).
+    """
+    if mode == "auto":
+        return on_object_storage(uri)
+    return mode == "on"
 
 
 def lease_app_ids(app_id: str) -> tuple[str, str]:

@@ -68,7 +68,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Final, TypeVar, TypeVarTuple, Unpack
+from typing import Final, Literal, TypeVar, TypeVarTuple, Unpack
 
 import pyarrow as pa
 import trio
@@ -78,7 +78,7 @@ from appliance.lake.blocks import DedupeKey, blocks_to_arrow, check_block, dedup
 from appliance.lake.diskguard import DiskGuard
 from appliance.lake.errors import AppIdInUse, BlockRefused, CommitError
 from appliance.lake.schema import EVENTS_SCHEMA
-from appliance.lake.table import EventsTable
+from appliance.lake.table import EventsTable, shared_with_others
 from appliance.logs import get_logger
 from appliance.metrics import NULL_METRICS, Metrics, WalSample
 from appliance.rows.block import RowBlock
@@ -176,6 +176,9 @@ class WriterSettings:
     disk_guard: bool = False
     min_free_bytes: int = 0
     min_free_percent: float = 0.0
+    #: Other processes write the table too ("auto": when it is on object storage):
+    #: each group from the log is checked against the table's recent batch ids.
+    shared: Literal["auto", "on", "off"] = "auto"
 
 
 class CommitTicket:
@@ -326,17 +329,20 @@ class LakeWriter:
         self.wal = wal
         #: Replaying the log at start: its batches are checked against the table first.
         self._replaying = False
-        #: A table other nodes may write too (object storage): every group from the log is
-        #: checked against the table's recent batch ids before it is committed.
-        self._shared_table = "://" in table.uri and not table.uri.startswith("file://")
         #: Logged batches not committed because another node had stored them (fleet resends).
         self.skipped_duplicates = 0
+        #: Commits from the log's memory cache (no read back, no decode).
+        self.cached_reads = 0
         self._input_closed = False
         #: Batch ids whose first copy is taking room in the log (before it is in flight there).
         self._claims: dict[DedupeKey, trio.Event] = {}
         self._last_log_commit = 0.0
         self.app_id = app_id
         self.settings = settings or WriterSettings()
+        #: A table other nodes may write too (object storage, or worker processes): every
+        #: group from the log is checked against the table's recent batch ids before it is
+        #: committed.
+        self._shared_table = shared_with_others(self.settings.shared, table.uri)
         self._send, self._receive = trio.open_memory_channel[tuple[RowBlock, int, CommitTicket]](
             self.settings.queue_blocks
         )
@@ -618,17 +624,37 @@ class LakeWriter:
     async def _commit_log_once(self, wal: WriteAheadLog) -> None:
         """Commit the next group of records from the log's committed position on."""
         end = wal.durable_end
+        cached = wal.read_cached(wal.committed, self.settings.commit_max_bytes)
+        if cached is not None:
+            # Appended by this process and still in memory: the blocks were
+            # checked before they were logged, so nothing is read or decoded.
+            self.cached_reads += 1
+            frames = [frame for frame, _ in cached]
+            await self._commit_frames(wal, frames[-1].end, frames, [b for _, b in cached], [])
+            return
         frames = await wal.read(wal.committed, self.settings.commit_max_bytes)
         if frames:
-            await self._commit_frames(wal, frames)
+            blocks, kept, failed = await trio.to_thread.run_sync(_decode_frames, frames)
+            await self._commit_frames(wal, frames[-1].end, kept, blocks, failed)
             return
         # Only unreadable bytes (logged as lost at recovery) lie before the end.
         log.warning("wal.skipped", start=wal.committed, end=end)
         await wal.mark_committed(end)
 
-    async def _commit_frames(self, wal: WriteAheadLog, frames: Sequence[Frame]) -> None:
-        """Commit the records ``frames`` (in log order) with the log position, then mark them."""
-        blocks, kept, failed = await trio.to_thread.run_sync(_decode_frames, frames)
+    async def _commit_frames(
+        self,
+        wal: WriteAheadLog,
+        end: int,
+        kept: list[Frame],
+        blocks: list[RowBlock],
+        failed: list[tuple[Frame, str]],
+    ) -> None:
+        """Commit records read from the log (in log order) and the position ``end``; mark them.
+
+        ``end``: the position just past the last record read. ``kept`` and
+        ``blocks``: the records that decoded, and their blocks; ``failed``:
+        those that did not, and why (they are lost, and logged).
+        """
         for frame, reason in failed:
             self._lose(frame, reason, protocol=None, peer=None)
         if blocks and (self._replaying or self._shared_table):
@@ -648,7 +674,6 @@ class LakeWriter:
             if frame.key is not None:
                 # Known as committed before the log forgets it: no gap for dedupe.
                 self._remember(frame.key, now)
-        end = frames[-1].end
         if recorded < end:
             # The last records could not be stored: a commit of no rows moves the
             # table's position past them, so a restart does not read them again.

@@ -295,11 +295,16 @@ class _InvalidEvent(Exception):
     """One event inside a valid request is unusable; it is dropped and counted."""
 
 
+#: ``int.__new__``: builds an EventTime without a Python-level ``__new__`` frame,
+#: about 0.2 µs an event less on the PackedForward hot path (bench/codec_micro.py).
+_new_int: Final = int.__new__
+
+
 def _ext_hook(code: int, data: bytes) -> Any:
     if code == _EVENT_TIME_EXT_TYPE and len(data) == _EVENT_TIME.size:
         seconds, nanoseconds = _EVENT_TIME.unpack(data)
         if nanoseconds < _NS_PER_SECOND:
-            return EventTime(seconds, nanoseconds)
+            return _new_int(EventTime, seconds * _NS_PER_SECOND + nanoseconds)
     # Anything else stays an extension value; as an entry time it is invalid
     # ("EventTime nanoseconds out of range" included) and the event is dropped.
     return msgpack.ExtType(code, data)

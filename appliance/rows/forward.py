@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from appliance.protocols.forward import EventsReceived
 from appliance.rows.block import RowBlock
-from appliance.rows.records import record_json
+from appliance.rows.records import records_json
 
 __all__ = ["forward_block"]
 
@@ -42,5 +42,5 @@ def forward_block(
         tag=event.tag,
         host=host,
         times_ns=event.times_ns,
-        records=[record_json(r) for r in event.records],
+        records=records_json(event.records),
     )

@@ -27,6 +27,7 @@ from __future__ import annotations
 import base64
 import json
 import math
+from collections.abc import Sequence
 from typing import Any, Final
 
 import msgpack
@@ -34,7 +35,7 @@ import orjson
 
 from appliance.protocols.text import is_utf8_text
 
-__all__ = ["MAX_DEPTH", "record_json"]
+__all__ = ["MAX_DEPTH", "record_json", "records_json"]
 
 #: Nesting kept in the JSON text; deeper maps and arrays are replaced by a marker.
 MAX_DEPTH: Final = 100
@@ -102,6 +103,20 @@ def _plain(value: Any, depth: int = 0) -> Any:
 
 #: orjson renders non-str keys as JSON text (1 -> "1"), like the convention.
 _ORJSON_OPTIONS: Final = orjson.OPT_NON_STR_KEYS
+
+
+def records_json(records: Sequence[dict[Any, Any]]) -> list[str]:
+    """:func:`record_json` of each record, in one pass when orjson takes them all.
+
+    The hot path of a 1,000-event chunk: one comprehension over orjson, no
+    Python call per record; should orjson refuse any record, each takes
+    :func:`record_json` (the same text either way).
+    """
+    dumps, option = orjson.dumps, _ORJSON_OPTIONS
+    try:
+        return [dumps(record, option=option).decode() for record in records]
+    except (orjson.JSONEncodeError, TypeError):
+        return [record_json(record) for record in records]
 
 
 def record_json(record: dict[Any, Any]) -> str:

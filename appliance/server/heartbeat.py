@@ -12,12 +12,12 @@ headers), so the responder cannot amplify a spoofed flood.
 
 from __future__ import annotations
 
-import socket
 from typing import Final
 
 import trio
 
 from appliance.logs import get_logger
+from appliance.server.binding import bind_udp
 
 __all__ = ["MAX_HEARTBEAT_DATAGRAM_BYTES", "serve_udp_heartbeat"]
 
@@ -28,13 +28,17 @@ MAX_HEARTBEAT_DATAGRAM_BYTES: Final = 128
 
 
 async def serve_udp_heartbeat(
-    host: str, port: int, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED
+    host: str,
+    port: int,
+    *,
+    reuse_port: bool = False,
+    task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Answer heartbeats on ``host:port`` until cancelled; reports the bound port."""
-    info = await trio.socket.getaddrinfo(host, port, type=socket.SOCK_DGRAM)
-    family, _, _, _, address = info[0]
-    with trio.socket.socket(family, socket.SOCK_DGRAM) as sock:
-        await sock.bind(address)
+    """Answer heartbeats on ``host:port`` until cancelled; reports the bound port.
+
+    ``reuse_port``: share the port with other processes (its TCP listener's ``reuse_port``).
+    """
+    with await bind_udp(host, port, reuse_port=reuse_port) as sock:
         task_status.started(sock.getsockname()[1])
         while True:
             try:

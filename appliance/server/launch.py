@@ -19,6 +19,7 @@ import trio
 
 from appliance.config import Config, ListenerConfig
 from appliance.logs import get_logger
+from appliance.server.binding import open_tcp_listeners
 from appliance.server.context import ServiceContext
 from appliance.server.listener import Handler, TcpService
 from appliance.server.proxied import ProxySettings
@@ -98,7 +99,9 @@ async def serve_tcp(
         proxy=ProxySettings.of(listener),
     )
     try:
-        sockets = await trio.open_tcp_listeners(listener.port, host=listener.host)
+        sockets = await open_tcp_listeners(
+            listener.port, listener.host, reuse_port=listener.reuse_port
+        )
     except OSError as exc:
         # Name the listener and its address: "address already in use" alone
         # does not say which of several listeners failed (issue 20).

@@ -77,7 +77,8 @@ class ListenerKind:
 
 async def _udp_heartbeat(listener: ForwardListenerConfig, port: int, nursery: trio.Nursery) -> None:
     if listener.udp_heartbeat:
-        await nursery.start(serve_udp_heartbeat, listener.host, port)
+        serve = functools.partial(serve_udp_heartbeat, reuse_port=listener.reuse_port)
+        await nursery.start(serve, listener.host, port)
 
 
 def _forward_stores(listener: ForwardListenerConfig) -> frozenset[Store]:

@@ -62,6 +62,9 @@ class PendingAppend:
 
     entry: Entry
     key: DedupeKey | None
+    #: The block the record encodes (from :meth:`WriteAheadLog.begin_block`), kept in
+    #: the log's cache once durable so the writer need not read and decode it back.
+    block: RowBlock | None = None
     done: trio.Event = field(default_factory=trio.Event)
     lsn: int | None = None
     error: WalError | None = None
@@ -156,6 +159,12 @@ class WriteAheadLog:
         self._key_order: deque[tuple[int, DedupeKey]] = deque()
         #: Dedupe keys of records appended but not yet durable: key -> its append.
         self._in_flight: dict[DedupeKey, PendingAppend] = {}
+        #: The newest durable records appended by this process, with the blocks they
+        #: encode, contiguous in log order and ending at the durable end: what
+        #: :meth:`read_cached` serves without a read or a decode. At most
+        #: ``settings.cache_bytes`` of records; older ones are read from the files.
+        self._cache: deque[tuple[Frame, RowBlock]] = deque()
+        self._cache_bytes = 0
         #: Appends waiting for room under the cap now (the log is at its cap while > 0).
         self._cap_waiters = 0
         #: Why the last group failed, until a group succeeds again (None: writing works),
@@ -273,9 +282,13 @@ class WriteAheadLog:
             WalFull: no room under ``max_bytes`` / ``max_keys`` within ``full_wait_seconds``.
             WalClosed: the log is closed or stopped.
         """
+        return await self._begin(Entry(kind, encode_key(key), rows, body), key, None)
+
+    async def _begin(
+        self, entry: Entry, key: DedupeKey | None, block: RowBlock | None
+    ) -> PendingAppend:
         if self._closing or self._stopped:
             raise WalClosed("the write-ahead log is closed")
-        entry = Entry(kind, encode_key(key), rows, body)
         if entry.size > self.settings.max_record_bytes:
             raise RecordTooLarge(
                 f"a record of {entry.size} bytes is over the limit of "
@@ -287,7 +300,7 @@ class WriteAheadLog:
             self._reserved -= entry.size
             self._reserved_keys -= key is not None
             raise WalClosed("the write-ahead log is closed")
-        item = PendingAppend(entry, key)
+        item = PendingAppend(entry, key, block)
         if not self._pending:
             self._pending_since = trio.current_time()
         self._pending.append(item)
@@ -308,9 +321,15 @@ class WriteAheadLog:
     async def begin_block(self, block: RowBlock) -> PendingAppend:
         """:meth:`begin` for a checked RowBlock (encoded on the calling task).
 
+        Once durable, the record and ``block`` stay in the log's cache for
+        :meth:`read_cached` (within ``cache_bytes``): the block must not be
+        changed after this call.
+
         Raises: as :meth:`begin`.
         """
-        return await self.begin(encode_block(block), key=dedupe_key(block), rows=block.rows)
+        key = dedupe_key(block)
+        entry = Entry(KIND_ROW_BLOCK, encode_key(key), block.rows, encode_block(block))
+        return await self._begin(entry, key, block)
 
     def _has_room(self, size: int, keyed: bool) -> bool:
         used = self._segments.total_bytes + self._reserved
@@ -406,6 +425,7 @@ class WriteAheadLog:
         count = len(written.lsns)
         for item, lsn in zip(group, written.lsns, strict=False):
             item.lsn = lsn
+            self._cache_record(item, lsn)
             if item.key is not None:
                 self._keys[item.key] = lsn
                 self._key_order.append((lsn, item.key))
@@ -424,6 +444,26 @@ class WriteAheadLog:
         self.stats.last_group = count
         self.stats.group_wait_seconds += now - started
         self._durable.wake()
+
+    def _cache_record(self, item: PendingAppend, lsn: int) -> None:
+        """Keep a durable record and its block for :meth:`read_cached`, within ``cache_bytes``.
+
+        The cache stays one contiguous run ending at the durable end: a record
+        without a block (or one that does not follow the last cached one)
+        empties it, and the oldest records leave it first when it is full.
+        """
+        entry = item.entry
+        contiguous = not self._cache or self._cache[-1][0].end == lsn
+        if item.block is None or not contiguous or entry.size > self.settings.cache_bytes:
+            self._cache.clear()
+            self._cache_bytes = 0
+            if item.block is None or entry.size > self.settings.cache_bytes:
+                return
+        frame = Frame(lsn, entry.size, entry.kind, entry.rows, item.key, entry.body)
+        self._cache.append((frame, item.block))
+        self._cache_bytes += entry.size
+        while self._cache_bytes > self.settings.cache_bytes:
+            self._cache_bytes -= self._cache.popleft()[0].size
 
     def _forget_in_flight(self, item: PendingAppend) -> None:
         if item.key is not None and self._in_flight.get(item.key) is item:
@@ -499,6 +539,8 @@ class WriteAheadLog:
         if position <= self._committed:
             return
         self._committed = position
+        while self._cache and self._cache[0][0].lsn < position:
+            self._cache_bytes -= self._cache.popleft()[0].size
         while self._key_order and self._key_order[0][0] < position:
             lsn, key = self._key_order.popleft()
             if self._keys.get(key) == lsn:
@@ -564,6 +606,30 @@ class WriteAheadLog:
             WalClosed: the log stopped first.
         """
         await self._wait_for(lambda: self._committed > lsn, self._committed_signal, "the commit")
+
+    def read_cached(self, after: int, max_bytes: int) -> list[tuple[Frame, RowBlock]] | None:
+        """What :meth:`read` would return, with each record's block, from memory; else None.
+
+        Served when the records from ``after`` on are still in the cache
+        (this process appended them and the writer keeps up): no read, no
+        CRC, no decode. The same records as :meth:`read`: from ``after`` to the
+        one that reaches ``max_bytes``.
+        None: read them with :meth:`read` and decode them.
+        """
+        if not self._cache or self._cache[0][0].lsn > after or after >= self._durable_end:
+            return None
+        out: list[tuple[Frame, RowBlock]] = []
+        nbytes = 0
+        for frame, block in self._cache:
+            if frame.lsn < after:
+                continue
+            if not out and frame.lsn != after:
+                return None  # not a record boundary of the cache: let read() say why
+            out.append((frame, block))
+            nbytes += frame.size
+            if nbytes >= max_bytes:
+                break  # as read(): the record that reaches max_bytes is the last
+        return out or None
 
     async def read(self, after: int, max_bytes: int) -> list[Frame]:
         """Durable records from the boundary ``after`` on (worker thread), about ``max_bytes``.

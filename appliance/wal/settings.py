@@ -13,6 +13,7 @@ from typing import Final
 from appliance import defaults
 
 __all__ = [
+    "DEFAULT_CACHE_BYTES",
     "DEFAULT_FLUSH_BYTES",
     "DEFAULT_FLUSH_DELAY_SECONDS",
     "DEFAULT_FULL_WAIT_SECONDS",
@@ -36,6 +37,7 @@ MAX_FLUSH_DELAY_SECONDS: Final = defaults.WAL_MAX_FLUSH_DELAY_SECONDS
 DEFAULT_FLUSH_BYTES: Final = defaults.WAL_FLUSH_BYTES
 DEFAULT_GROUP_MAX_BYTES: Final = defaults.WAL_GROUP_MAX_BYTES
 DEFAULT_FULL_WAIT_SECONDS: Final = defaults.WAL_FULL_WAIT_SECONDS
+DEFAULT_CACHE_BYTES: Final = defaults.WAL_CACHE_BYTES
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +57,7 @@ class WalSettings:
     flush_bytes: int = DEFAULT_FLUSH_BYTES
     group_max_bytes: int = DEFAULT_GROUP_MAX_BYTES
     full_wait_seconds: float = DEFAULT_FULL_WAIT_SECONDS
+    cache_bytes: int = DEFAULT_CACHE_BYTES
 
     def __post_init__(self) -> None:
         defaults.check_wal(**asdict(self))

@@ -17,6 +17,7 @@ import logging
 import shutil
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -125,6 +126,31 @@ async def test_commits_come_every_interval_and_at_commit_max_bytes(tmp_path: Pat
             while writer.commits < 2:
                 await trio.sleep(0.02)
     assert batch_ids(tmp_path / "b") == ids("b", 10)
+
+
+@pytest.mark.trio
+@pytest.mark.parametrize("cache_bytes", [64 * 1024, 600, 0])
+async def test_commits_come_from_the_cache_or_the_files_alike(
+    tmp_path: Path, cache_bytes: int
+) -> None:
+    """Blocks the log still holds in memory are committed without a read; older ones are read.
+
+    With the whole log cached every commit is served from memory; with a
+    cache smaller than one commit's records, or none, the writer reads the
+    files and decodes them. The table is the same.
+    """
+    settings = WriterSettings(commit_interval_seconds=3600, commit_max_bytes=1000)
+    wal = replace(SMALL_LOG, cache_bytes=cache_bytes)
+    async with writing(tmp_path, settings, wal=wal) as writer:
+        for i in range(12):
+            await (await writer.submit(block(f"m-{i}"))).wait()
+        with trio.fail_after(30):
+            while writer.commits < 2:
+                await trio.sleep(0.02)
+    assert batch_ids(tmp_path) == ids("m", 12)
+    assert writer.commits == 2  # six records of about 190 bytes reach commit_max_bytes
+    # A cache of 600 bytes holds the last three records: each commit's first is gone.
+    assert writer.cached_reads == (2 if cache_bytes == 64 * 1024 else 0)
 
 
 @pytest.mark.trio

@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from appliance.protocols.forward import EventTime, ForwardServerConnection
-from appliance.rows.records import MAX_DEPTH, record_json
+from appliance.rows.records import MAX_DEPTH, record_json, records_json
 
 FAST = settings(max_examples=200, deadline=None)
 
@@ -78,6 +78,25 @@ def test_fast_path_property(record: dict[str, Any]) -> None:
     text = record_json(record)
     # Same value as the stdlib's compact text (orjson may spell floats differently).
     assert json.loads(text) == json.loads(compact(record)) == record
+
+
+odd_values = st.one_of(
+    json_values,
+    st.binary(max_size=6),
+    st.sampled_from(["\ud800", "caf\u00e9", "\udcff x"]),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.integers(min_value=2**64, max_value=2**70),
+    st.builds(EventTime, st.integers(0, 2**32 - 1), st.integers(0, 10**9 - 1)),
+)
+
+
+@FAST
+@given(st.lists(st.dictionaries(st.text(max_size=4), odd_values, max_size=3), max_size=6))
+def test_a_block_of_records_is_rendered_as_each_record_alone(
+    records: list[dict[str, Any]],
+) -> None:
+    """records_json (one pass over orjson, or each record on its own) is record_json's text."""
+    assert records_json(records) == [record_json(r) for r in records]
 
 
 # -- bytes and strings that are not text -------------------------------------------------

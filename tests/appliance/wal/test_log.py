@@ -7,6 +7,7 @@ import os
 import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
@@ -371,6 +372,54 @@ async def test_mark_committed_checks_its_position(tmp_path: Path) -> None:
         assert wal.committed == wal.durable_end
 
 
+@pytest.mark.trio
+async def test_the_cache_serves_what_read_returns_without_reading(tmp_path: Path) -> None:
+    blocks = [sample_block(i) for i in range(8)]
+    async with open_wal(tmp_path, 0, SMALL) as wal:
+        for b in blocks:
+            await (await wal.begin_block(b)).wait()
+        for after, max_bytes in [(0, 1 << 20), (0, 1), (0, 700)]:
+            cached = wal.read_cached(after, max_bytes)
+            assert cached is not None
+            # The same records as from the files, and the very blocks that were logged.
+            assert [f for f, _ in cached] == await wal.read(after, max_bytes)
+            assert all(got is sent for (_, got), sent in zip(cached, blocks, strict=False))
+        frames = await wal.read(0, 1 << 20)
+        middle = frames[3].lsn
+        cached = wal.read_cached(middle, 1 << 20)
+        assert cached is not None
+        assert [b for _, b in cached] == blocks[3:]
+        # Not a record boundary, or nothing durable after it: read() decides.
+        assert wal.read_cached(middle + 1, 1 << 20) is None
+        assert wal.read_cached(wal.durable_end, 1 << 20) is None
+        await wal.mark_committed(frames[5].end)
+        cached = wal.read_cached(wal.committed, 1 << 20)
+        assert cached is not None
+        assert [b for _, b in cached] == blocks[6:]
+        # A record appended without its block empties the cache: read() serves from there.
+        await wal.append(b"raw body")
+        assert wal.read_cached(wal.committed, 1 << 20) is None
+
+
+@pytest.mark.trio
+async def test_the_cache_keeps_the_newest_records_within_its_bytes(tmp_path: Path) -> None:
+    blocks = [sample_block(i) for i in range(10)]
+    async with open_wal(tmp_path, 0, replace(SMALL, cache_bytes=3 * 250)) as wal:
+        for b in blocks:
+            await (await wal.begin_block(b)).wait()
+        frames = await wal.read(0, 1 << 20)
+        assert all(f.size <= 250 for f in frames)
+        # The oldest records left the cache: the writer reads those from the files.
+        assert wal.read_cached(0, 1 << 20) is None
+        held = [i for i, f in enumerate(frames) if wal.read_cached(f.lsn, 1 << 20) is not None]
+        assert held
+        assert held[-1] == 9
+        assert sum(frames[i].size for i in held) <= 3 * 250
+    async with open_wal(tmp_path, 0, replace(SMALL, cache_bytes=0)) as wal:
+        await (await wal.begin_block(sample_block(11))).wait()
+        assert wal.read_cached(wal.committed, 1 << 20) is None
+
+
 def test_settings_are_validated() -> None:
     with pytest.raises(ValueError, match="max_bytes"):
         WalSettings(segment_bytes=1 << 20, max_record_bytes=1 << 20, max_bytes=1 << 20)
@@ -378,5 +427,7 @@ def test_settings_are_validated() -> None:
         WalSettings(flush_delay_seconds=1.0)
     with pytest.raises(ValueError, match="segment_bytes"):
         WalSettings(segment_bytes=10)
+    with pytest.raises(ValueError, match="cache_bytes"):
+        WalSettings(cache_bytes=-1)
     with pytest.raises(ValueError, match="max_record_bytes"):
         WalSettings(max_record_bytes=2 << 30)

@@ -1,0 +1,81 @@
+"""Binding listening sockets, with ``SO_REUSEPORT`` when several processes share a port.
+
+Worker processes on one machine (docs/performance.md, "Several processes
+on one machine") each bind the same address with ``SO_REUSEPORT``; the
+kernel then spreads new connections (and heartbeat datagrams) over them by
+a hash of the client's address and port. Without it, this is
+:func:`trio.open_tcp_listeners` (``SO_REUSEADDR``, ``IPV6_V6ONLY``).
+"""
+
+from __future__ import annotations
+
+import socket
+from typing import Final
+
+import trio
+
+__all__ = ["LISTEN_BACKLOG", "bind_udp", "open_tcp_listeners"]
+
+#: Connections the kernel queues before accept, per socket (trio's default is the
+#: system's somaxconn, capped at 0xffff; this is what it asks for).
+LISTEN_BACKLOG: Final = 0xFFFF
+
+
+async def open_tcp_listeners(
+    port: int, host: str, *, reuse_port: bool = False
+) -> list[trio.SocketListener]:
+    """Listening sockets for every address ``host`` resolves to, as trio's own.
+
+    Args:
+        reuse_port: set ``SO_REUSEPORT`` (Linux): other processes that set it
+            too may bind the same address, and share its connections.
+
+    Raises:
+        OSError: an address cannot be bound (in use by a process without
+            ``SO_REUSEPORT``, or not available).
+    """
+    if not reuse_port:
+        return await trio.open_tcp_listeners(port, host=host)
+    addresses = await trio.socket.getaddrinfo(
+        host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+    )
+    listeners: list[trio.SocketListener] = []
+    try:
+        for family, kind, proto, _, address in addresses:
+            sock = trio.socket.socket(family, kind, proto)
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+                if family == socket.AF_INET6:
+                    sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+                await sock.bind(address)
+                sock.listen(LISTEN_BACKLOG)
+            except BaseException:
+                sock.close()
+                raise
+            listeners.append(trio.SocketListener(sock))
+    except BaseException:
+        for listener in listeners:
+            listener.socket.close()
+        raise
+    return listeners
+
+
+async def bind_udp(host: str, port: int, *, reuse_port: bool = False) -> trio.socket.SocketType:
+    """A UDP socket bound to ``host:port`` (the first address it resolves to).
+
+    Raises:
+        OSError: the address cannot be bound.
+    """
+    family, _, _, _, address = (await trio.socket.getaddrinfo(host, port, type=socket.SOCK_DGRAM))[
+        0
+    ]
+    sock = trio.socket.socket(family, socket.SOCK_DGRAM)
+    try:
+        if reuse_port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        await sock.bind(address)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
