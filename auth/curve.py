@@ -139,8 +139,7 @@ class CurveKeyStore(TableStore):
 
     def list(self) -> list[CurveKeyInfo]:
         """Every key, active and revoked, by name."""
-        with self._read() as session:
-            return [_info(k) for k in session.scalars(select(CurveKey).order_by(CurveKey.name))]
+        return self._all_by_name(CurveKey, CurveKey.name, _info)
 
     def revoke(self, name: str, *, actor: str) -> CurveKeyInfo:
         """Refuse ``name``'s key from the next handshake on.
@@ -149,12 +148,15 @@ class CurveKeyStore(TableStore):
             NotFoundError: no such key.
             ConflictError: it is revoked already.
         """
-        with self._write() as session:
-            row = session.scalar(select(CurveKey).where(CurveKey.name == name))
-            revoked = self._revoke(
-                session, row, what="CURVE key", name=name, action="curve.revoke", actor=actor
-            )
-            return _info(revoked)
+        return self._revoke_named(
+            CurveKey,
+            CurveKey.name,
+            name,
+            _info,
+            what="CURVE key",
+            action="curve.revoke",
+            actor=actor,
+        )
 
     def active_name(self, public_key: str) -> str | None:
         """The name of the active key ``public_key`` (Z85), or None: the ZAP handler's question."""

@@ -12,13 +12,13 @@ cut to the column's size).
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Final, Protocol, TypeVar
 
-from sqlalchemy import Engine
+from sqlalchemy import Engine, select
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import InstrumentedAttribute, Session
 
 from auth.engine import IMMEDIATE, database_error, first_line
 from auth.errors import ConflictError, InvalidValueError, NotFoundError
@@ -55,6 +55,8 @@ class _Revocable(Protocol):
 
 
 _Row = TypeVar("_Row", bound=_Revocable)
+
+_Info = TypeVar("_Info")
 
 
 class TableStore:
@@ -144,3 +146,32 @@ class TableStore:
         self._audit(session, action, name, actor=actor)
         session.flush()
         return row
+
+    def _all_by_name(
+        self, model: type[_Row], name: InstrumentedAttribute[str], info: Callable[[_Row], _Info]
+    ) -> list[_Info]:
+        """``info`` of every row of ``model``, active and revoked, by its ``name`` column."""
+        with self._read() as session:
+            return [info(row) for row in session.scalars(select(model).order_by(name))]
+
+    def _revoke_named(
+        self,
+        model: type[_Row],
+        column: InstrumentedAttribute[str],
+        name: str,
+        info: Callable[[_Row], _Info],
+        *,
+        what: str,
+        action: str,
+        actor: str,
+    ) -> _Info:
+        """Revoke the ``model`` row whose ``column`` is ``name`` (audited as ``action``); its info.
+
+        Raises:
+            NotFoundError: no such row.
+            ConflictError: it is revoked already.
+        """
+        with self._write() as session:
+            row = session.scalar(select(model).where(column == name))
+            revoked = self._revoke(session, row, what=what, name=name, action=action, actor=actor)
+            return info(revoked)

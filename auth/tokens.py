@@ -173,8 +173,7 @@ class TokenStore(TableStore):
 
     def list(self) -> list[TokenInfo]:
         """Every token, active and revoked, by name."""
-        with self._read() as session:
-            return [_info(t) for t in session.scalars(select(ApiToken).order_by(ApiToken.name))]
+        return self._all_by_name(ApiToken, ApiToken.name, _info)
 
     def revoke(self, name: str, *, actor: str) -> TokenInfo:
         """Refuse ``name`` from the next handshake on.
@@ -183,12 +182,9 @@ class TokenStore(TableStore):
             NotFoundError: no such token.
             ConflictError: it is revoked already.
         """
-        with self._write() as session:
-            row = session.scalar(select(ApiToken).where(ApiToken.name == name))
-            revoked = self._revoke(
-                session, row, what="token", name=name, action="token.revoke", actor=actor
-            )
-            return _info(revoked)
+        return self._revoke_named(
+            ApiToken, ApiToken.name, name, _info, what="token", action="token.revoke", actor=actor
+        )
 
     def verify(self, token: str) -> TokenGrant | None:
         """What an active ``token`` allows, or None: the listener's question (blocking).

@@ -99,8 +99,9 @@ def start_appliance(
     """Start ``appliance serve`` with ``listeners`` (name -> TOML body) under ``directory``.
 
     The config is ``directory/appliance{index}.toml``; every listener binds
-    port 0 on loopback unless its body has a ``bind``, and :attr:`ApplianceProcess.ports` holds the port it
-    got (from the ``service.ready`` log line). ``lake`` adds keys to ``[lake]``;
+    port 0 on loopback unless its body has a ``bind``, and
+    :attr:`ApplianceProcess.ports` holds the port it got (from the
+    ``service.ready`` log line). ``lake`` adds keys to ``[lake]``;
     without a ``commit_max_delay_seconds`` in it, commits are 0.1 s apart; without an
     ``ack`` key, ``ack = "commit"``: the tests read the table right after an ack.
     """

@@ -121,6 +121,7 @@ __all__ = [
     "DECODE_MEMORY_FACTOR",
     "MAX_BINARY_CHUNK_BYTES",
     "MAX_PING_BYTES",
+    "REQUEST_HEAD_BYTES",
     "ZSTD_MAX_EXPANSION",
     "Chunk",
     "EventTime",
@@ -132,6 +133,7 @@ __all__ = [
     "Heartbeat",
     "PingReceived",
     "gunzip_members",
+    "packed_request_min_bytes",
     "unzstd_frames",
 ]
 
@@ -370,6 +372,43 @@ def gunzip_members(data: bytes, limit: int) -> bytes:
         raise RemoteProtocolError(f"gzip entries are invalid: {exc.detail}") from None
 
 
+#: Bytes of a request's start kept to read its declared size: a fixarray, the
+#: tag (a str of up to 255 bytes with its header, 2 bytes more than the 1-byte
+#: headers) and the entries' bin or str header (at most 5 bytes).
+REQUEST_HEAD_BYTES: Final = 1 + 2 + 255 + 5
+
+#: msgpack headers whose length follows in 1, 2 or 4 big-endian bytes: str 8/16/32, bin 8/16/32.
+_SIZED_HEADERS: Final = {0xD9: 1, 0xDA: 2, 0xDB: 4, 0xC4: 1, 0xC5: 2, 0xC6: 4}
+
+
+def packed_request_min_bytes(head: bytes | bytearray) -> int:
+    """The fewest bytes a request starting with ``head`` can take; 0 when it cannot be told.
+
+    Told for ``[tag, entries, option?]`` with ``entries`` a str or bin (the
+    PackedForward modes): the array and tag headers, the tag, the entries'
+    header and the length it declares, and one byte of option when the
+    array has three elements. A wrong guess only costs a worker thread or
+    spares one: the codec itself reads every byte as before.
+    """
+    if len(head) < 2 or head[0] not in (0x92, 0x93):
+        return 0
+    at = 1
+    tag = head[at]
+    if 0xA0 <= tag <= 0xBF:
+        at += 1 + (tag - 0xA0)
+    elif tag == 0xD9 and len(head) > at + 1:
+        at += 2 + head[at + 1]
+    else:
+        return 0
+    if len(head) <= at:
+        return 0
+    width = _SIZED_HEADERS.get(head[at])
+    if width is None or len(head) < at + 1 + width:
+        return 0
+    declared = int.from_bytes(head[at + 1 : at + 1 + width], "big")
+    return at + 1 + width + declared + (1 if head[0] == 0x93 else 0)
+
+
 #: The most a zstd ``entries`` stream may expand, output bytes per input byte:
 #: deflate's own ceiling (about 1032:1). zstd can expand far more (192 bytes
 #: to 250,000 events), which would break the driver's bound on work done on
@@ -500,6 +539,9 @@ class ForwardServerConnection:
         self._framed = 0
         #: Most bytes the unpackers have had to buffer at once (they never shrink).
         self._buffered_high = 0
+        #: The first bytes of the unfinished request (at most REQUEST_HEAD_BYTES):
+        #: enough to read its declared size (:attr:`bytes_short`).
+        self._head = bytearray()
         self._json = _JsonFramer(self.limits.max_request_bytes)
 
     @property
@@ -515,6 +557,26 @@ class ForwardServerConnection:
         """
         return self._fed - self._framed + self._json.buffered_bytes
 
+    def completes_nothing(self, data: bytes | bytearray) -> bool:
+        """True when receiving ``data`` cannot complete a request: it only fills the buffer.
+
+        A PackedForward request (spec "PackedForward Mode") declares its
+        entries' length in the header of its second element, so from the
+        request's first bytes (held, or at the start of ``data``) the codec
+        knows the fewest bytes it can take (:func:`packed_request_min_bytes`).
+        Reads that leave it short complete nothing: the driver takes them on
+        the event loop, without a worker thread (appliance/server/connection.py).
+        False whenever it cannot tell: other modes, JSON, the handshake.
+        """
+        if self._state is not ForwardState.TRANSPORT_MSGPACK or not data:
+            return False
+        held = self._fed - self._framed
+        head = self._head if held else b""
+        if len(head) < REQUEST_HEAD_BYTES:
+            head = bytes(head) + bytes(data[: REQUEST_HEAD_BYTES - len(head)])
+        need = packed_request_min_bytes(head)
+        return need > 0 and held + len(data) < need
+
     def _move(self, new: ForwardState) -> None:
         if new not in _TRANSITIONS[self._state]:
             raise LocalProtocolError(f"no transition from {self._state.value} to {new.value}")
@@ -526,6 +588,7 @@ class ForwardServerConnection:
         # Nothing more is read: free what the connection held.
         self._framer = self._decoder = _new_framer(1, {})
         self._fed = self._framed = 0
+        self._head = bytearray()
         self._json = _JsonFramer(self.limits.max_request_bytes)
         return RemoteProtocolError(reason, reply=reply)
 
@@ -597,14 +660,25 @@ class ForwardServerConnection:
                 piece, view = view[:room], view[room:]
                 self._framer.feed(piece)
                 self._decoder.feed(piece)
+                started = self._fed
                 self._fed += len(piece)
                 self._buffered_high = max(self._buffered_high, self._fed - self._framed)
                 self._drain(events)
+                self._keep_head(piece, started)
         if self._fed == self._framed and self._buffered_high > _UNPACKER_KEEP_BYTES:
             # msgpack's buffers never shrink: drop them after a large request.
             self._framer = _new_framer(self._buffer_limit, self._options)
             self._decoder = _new_decoder(self._buffer_limit, self._options)
             self._fed = self._framed = self._buffered_high = 0
+
+    def _keep_head(self, piece: memoryview, started: int) -> None:
+        """Keep the first bytes of the unfinished request; ``piece`` was fed from ``started``."""
+        if self._framed >= started:
+            # The unfinished request (if any) starts inside this piece.
+            begin = self._framed - started
+            self._head = bytearray(piece[begin : begin + REQUEST_HEAD_BYTES])
+        elif len(self._head) < REQUEST_HEAD_BYTES:
+            self._head += piece[: REQUEST_HEAD_BYTES - len(self._head)]
 
     def _drain(self, events: list[ForwardEvent]) -> None:
         """Decode the complete requests buffered (none while a PING is being checked)."""

@@ -89,6 +89,10 @@ class ForwardSession(ByteStreamSession):
         the PING is checked); 0 between requests."""
         return self._codec.buffered_bytes
 
+    def completes_nothing(self, data: bytes | bytearray) -> bool:
+        """What the codec's PackedForward header says: ``data`` leaves the request short."""
+        return self._codec.completes_nothing(data)
+
     def receive(self, data: bytes | bytearray, arrival: Arrival) -> list[Action[bytes]]:
         """The actions of the requests ``data`` completes (a violation's Close last)."""
         # No trio here: the loop may run this in a worker thread (one at a time).

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import gzip
+import itertools
 import json
 import math
 import struct
@@ -31,6 +32,7 @@ from appliance.protocols.forward import (
     ForwardState,
     Heartbeat,
     gunzip_members,
+    packed_request_min_bytes,
 )
 from appliance.rows.records import record_json
 from tests.appliance.protocols import support
@@ -1267,3 +1269,64 @@ def test_fluentd_chunk_id_is_base64_of_16_bytes() -> None:
     event = only(feed(pack(["t", T0, {}, {"chunk": chunk_id}])))
     assert event.chunk is not None
     assert event.chunk.text() == chunk_id
+
+
+# -- the size a PackedForward request declares (ForwardServerConnection.bytes_short) ----------
+
+requests_strategy = st.lists(
+    st.one_of(
+        # PackedForward: str or bin entries, with or without an option.
+        st.tuples(
+            st.text(min_size=1, max_size=40),
+            st.binary(max_size=300) | st.text(max_size=300),
+            st.none() | st.fixed_dictionaries({"chunk": st.text(min_size=1, max_size=8)}),
+        ).map(lambda t: msgpack.packb([t[0], t[1]] if t[2] is None else list(t))),
+        # Message and Forward modes: no size to read.
+        st.builds(
+            lambda tag, n: msgpack.packb([tag, n, {"m": "x"}]),
+            st.text(max_size=5),
+            st.integers(1, 2**31),
+        ),
+        st.builds(lambda tag: msgpack.packb([tag, [[1, {"m": 1}]]]), st.text(max_size=5)),
+    ),
+    min_size=1,
+    max_size=4,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(requests_strategy, st.integers(1, 64))
+def test_completes_nothing_is_never_wrong(requests: list[bytes], step: int) -> None:
+    """A read it calls short never completes a request (so no decode is ever moved)."""
+    codec = ForwardServerConnection()
+    data = b"".join(requests)
+    ends = list(itertools.accumulate(len(r) for r in requests))
+    for start in range(0, len(data), step):
+        if codec.state is ForwardState.CLOSED:
+            break  # random entries need not be valid: the property holds up to there
+        piece = data[start : start + step]
+        short = codec.completes_nothing(piece)
+        events = codec.receive_data(piece)
+        if short:
+            assert not any(start < end <= start + len(piece) for end in ends)
+            assert events == []
+
+
+def test_completes_nothing_reads_the_declared_entries_length() -> None:
+    entries = b"\x00" * 70_000
+    request = msgpack.packb(["app", entries, {"chunk": "c"}], use_bin_type=True)
+    assert packed_request_min_bytes(request[:3]) == 0  # the entries' header is not in yet
+    # The option map is at least one byte: everything but the option's other bytes.
+    option = msgpack.packb({"chunk": "c"})
+    assert packed_request_min_bytes(request) == len(request) - len(option) + 1
+    codec = ForwardServerConnection()
+    assert not codec.completes_nothing(request[:100])  # the first read picks the transport
+    codec.receive_data(request[:100])
+    assert codec.completes_nothing(request[100:50_000])
+    codec.receive_data(request[100:50_000])
+    assert not codec.completes_nothing(request[50_000:])
+    (event,) = codec.receive_data(request[50_000:])
+    assert isinstance(event, EventsReceived)
+    # Nothing held: the head of the next request is the read's own start.
+    assert codec.completes_nothing(request[:20_000])
+    assert not codec.completes_nothing(b"\xc0")  # a heartbeat: nothing to tell

@@ -186,6 +186,42 @@ def test_session_buffered_bytes_follows_the_codec() -> None:
     assert session.buffered_bytes() == 0
 
 
+def packed_request(chunk: str, events: int) -> bytes:
+    entries = b"".join(
+        msgpack.packb([1_767_225_600 + i, {"message": "x" * 100, "n": i}]) for i in range(events)
+    )
+    return msgpack.packb(["app.bench", entries, {"chunk": chunk, "size": events}])
+
+
+def test_reads_that_cannot_finish_a_packed_request_are_taken_without_a_thread() -> None:
+    """Only the read that completes a PackedForward request counts its bytes for a thread.
+
+    Pieces of 16 KiB (one TLS record each) of two 1,000-event requests: every
+    piece that merely fills the unfinished request has decode_bytes 0 (the
+    loop takes it inline), and the loop still hands the read that completes
+    a request, with all the bytes held, to a worker thread. The connection's
+    first read goes to a thread too: it picks msgpack or JSON.
+    """
+    session = ForwardSession(ForwardListenerConfig(), INFO, None)
+    requests = [packed_request("p1", 1000), packed_request("p2", 1000)]
+    data = b"".join(requests)
+    ends = [len(requests[0]), len(data)]
+    submits = 0
+    for start in range(0, len(data), 16384):
+        piece = data[start : start + 16384]
+        completes = any(start < end <= start + len(piece) for end in ends)
+        cost = session.decode_bytes(piece)
+        if completes:
+            assert cost == len(piece) + session.buffered_bytes()
+            assert cost > 16384
+        elif start == 0:
+            assert cost == len(piece)  # the connection's first read picks its transport
+        else:
+            assert cost == 0
+        submits += sum(isinstance(a, Submit) for a in session.receive(piece, arrival(0)))
+    assert submits == 2
+
+
 # -- with the handshake (security = "shared_key") ---------------------------------------
 
 KEY = b"foobar1"
