@@ -281,7 +281,7 @@ def start_server(
         worker_dir.mkdir()
         worker = harness.start_server(
             worker_dir, args, listener, core_of(k), command=list(harness.APPLIANCE_SERVE),
-            lake=lake, preamble=preamble + admin() + tls, port=first.port,
+            lake=lake, preamble=preamble + admin() + tls, port=first.port, ca_file=first.ca_file,
         )  # fmt: skip
         first.workers.append(worker)
     return first

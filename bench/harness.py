@@ -54,6 +54,8 @@ VENV_BIN = Path(sys.executable).parent
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 #: What ``appliance serve`` prints once it listens; the rest of the line is a path.
 READY_LINE = b"CA certificate for clients:"
+#: The log line of a server that is ready (and prints no CA line).
+LOG_READY = b"event=service.ready"
 #: ``appliance serve`` of this tree (run with :func:`tree_env`).
 APPLIANCE_SERVE = (sys.executable, "-m", "appliance", "serve")
 
@@ -415,6 +417,7 @@ def start_server(
     preamble: str = "",
     lake: str = "",
     port: int | None = None,
+    ca_file: Path | None = None,
 ) -> Server:
     """``command --config FILE`` in ``state_dir``, pinned to ``core``, once it is ready.
 
@@ -424,7 +427,9 @@ def start_server(
     (more ``[lake]`` lines), and one
     ``[[listeners]]`` entry: ``listener`` (TOML lines) bound to a free port.
     The server's stderr goes to ``state_dir/server.log``. ``port``: the
-    listener's port (default: a free one).
+    listener's port (default: a free one). ``ca_file``: the CA of the
+    certificate it serves when the config gives one (it then prints no CA
+    line; it is ready at its ``service.ready`` log line).
     """
     port = free_port() if port is None else port
     config = state_dir / "bench.toml"
@@ -451,21 +456,28 @@ def start_server(
             [*command, "--config", str(config)],
             stdout=subprocess.PIPE, stderr=log, preexec_fn=pin, cwd=state_dir, env=tree_env(),
         )  # fmt: skip
-    server = Server(proc, state_dir, port, Path(), log_path)
+    server = Server(proc, state_dir, port, ca_file or Path(), log_path)
     assert proc.stdout is not None
     deadline = time.monotonic() + 60
+
+    def ready(buffer: bytes) -> bool:
+        if ca_file is not None:  # the server prints no CA line: it serves a given certificate
+            return LOG_READY in log_path.read_bytes()
+        return READY_LINE in buffer and buffer.endswith(b"\n")
+
     buffer = b""
     with selectors.DefaultSelector() as sel:
         sel.register(proc.stdout, selectors.EVENT_READ)
-        while READY_LINE not in buffer or not buffer.endswith(b"\n"):
+        while not ready(buffer):
             left = deadline - time.monotonic()
             if left <= 0 or proc.poll() is not None:
                 proc.kill()
                 raise RuntimeError(f"server did not become ready:\n{server.log_tail()}")
-            if sel.select(timeout=min(left, 0.5)):
+            if sel.select(timeout=min(left, 0.2)):
                 buffer += os.read(proc.stdout.fileno(), 4096)
-    line = next(x for x in buffer.decode().splitlines() if READY_LINE.decode() in x)
-    server.ca_file = Path(line.split(":", 1)[1].strip())
+    if ca_file is None:
+        line = next(x for x in buffer.decode().splitlines() if READY_LINE.decode() in x)
+        server.ca_file = Path(line.split(":", 1)[1].strip())
     return server
 
 
