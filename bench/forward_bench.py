@@ -53,6 +53,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -274,6 +275,26 @@ def start_server(
         state_dir, args, listener, server_core, command=command, lake=lake,
         preamble=preamble + admin(),
     )  # fmt: skip
+    try:
+        start_workers(first, state_dir, processes, listener, lake, preamble, admin, core_of, args)
+    except BaseException:
+        first.kill()  # and the workers already started: none may outlive the case
+        raise
+    return first
+
+
+def start_workers(
+    first: Server,
+    state_dir: Path,
+    processes: int,
+    listener: str,
+    lake: str,
+    preamble: str,
+    admin: Callable[[], str],
+    core_of: Callable[[int], int | None],
+    args: argparse.Namespace,
+) -> None:
+    """Processes 1.. of a ``--processes`` case: the first's port, table and certificate."""
     pki = state_dir / "var" / "pki"
     tls = f'[tls]\ncert_file = "{pki / "server.pem"}"\nkey_file = "{pki / "server.key"}"\n'
     for k in range(1, processes):
@@ -284,7 +305,6 @@ def start_server(
             lake=lake, preamble=preamble + admin() + tls, port=first.port, ca_file=first.ca_file,
         )  # fmt: skip
         first.workers.append(worker)
-    return first
 
 
 #: The reference server (bench/fluent_server.mjs: npm @fluent-org/logger's FluentServer).

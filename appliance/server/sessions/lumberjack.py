@@ -62,6 +62,10 @@ class LumberjackSession(ByteStreamSession):
         """
         return self._codec.frame_bytes
 
+    def completes_nothing(self, data: bytes | bytearray) -> bool:
+        """What the codec's frame headers say: ``data`` leaves the unfinished frame short."""
+        return self._codec.completes_nothing(data)
+
     def receive(self, data: bytes | bytearray, arrival: Arrival) -> list[Action[bytes]]:
         """The actions of the windows ``data`` completes (a violation's Close last)."""
         actions: list[Action[bytes]] = []

@@ -537,3 +537,47 @@ def test_garbage_after_a_valid_prefix_parses_or_ends_in_a_violation(
     if compress:
         chunks = [zlib.compress(chunk) for chunk in chunks]
     run_garbage(conn(**SMALL), [prefix, *chunks])
+
+
+# -- reads that cannot finish a frame (LumberjackServerConnection.completes_nothing) ----------
+
+
+@FAST
+@given(streams(), st.integers(1, 40))
+def test_a_read_said_to_complete_nothing_completes_nothing(
+    stream: tuple[bytes, int, list[tuple[list[int], list[dict[str, Any]]]]], step: int
+) -> None:
+    """The driver takes such reads without a worker thread: they must yield no window."""
+    raw, _, expected = stream
+    connection = conn()
+    windows: list[Window] = []
+    for start in range(0, len(raw), step):
+        piece = raw[start : start + step]
+        short = connection.completes_nothing(piece)
+        events = connection.receive_data(piece)
+        if short:
+            assert events == []
+        windows += [e for e in events if isinstance(e, Window)]
+    # The hint changed nothing: every window came out.
+    assert [(s, r) for _, s, r in shape(windows)] == expected
+
+
+def test_the_hint_reads_c_and_j_lengths_and_a_d_frames_pairs_left() -> None:
+    body = c(j(1, rec(1)) + j(2, {"pad": "x" * 5000}))
+    connection = conn()
+    connection.receive_data(w(2) + body[:100])
+    assert connection.completes_nothing(body[100:-1])  # one byte short of the C frame
+    assert not connection.completes_nothing(body[100:])
+    assert len(connection.receive_data(body[100:])) == 1
+    # Nothing held: the next frame's own header, at the start of the read.
+    plain = j(3, {"pad": "y" * 300})
+    connection.receive_data(w(1))
+    assert connection.completes_nothing(plain[:200])
+    assert not connection.completes_nothing(plain)
+    assert not connection.completes_nothing(w(1))  # a W frame completes at once
+    # A v1 D frame being scanned: each pair still to come takes 8 bytes or more.
+    v1 = conn()
+    frame = d(1, {f"k{i}": "v" for i in range(100)})
+    v1.receive_data(w(1, 1) + frame[:300])
+    assert v1.completes_nothing(frame[300:310])
+    assert not v1.completes_nothing(frame[300:])
