@@ -17,15 +17,14 @@ from __future__ import annotations
 
 import re
 import socket
-import ssl
 import time
 from collections import Counter
 from pathlib import Path
 
-import msgpack
 import pytest
 from deltalake import DeltaTable
 
+from tests.appliance.test_one_writer import send_chunk
 from tests.conftest import ApplianceProcess, free_port, start_appliance
 
 #: Connections per round: with two processes, the chance that the kernel hands
@@ -41,25 +40,11 @@ def worker(tmp_path: Path, index: int, port: int, table: Path, tls: str) -> Appl
     return start_appliance(tmp_path, {"forward": listener}, extra, index, lake=lake)
 
 
-def send_chunk(context: ssl.SSLContext, port: int, chunk: str) -> str:
-    """One PackedForward chunk on a new connection; returns the ack's chunk id."""
-    entries = b"".join(
-        msgpack.packb([1_767_225_600 + i, {"message": f"{chunk} event {i}"}])
-        for i in range(EVENTS_PER_CHUNK)
-    )
-    request = msgpack.packb(["workers.test", entries, {"chunk": chunk, "size": EVENTS_PER_CHUNK}])
-    with (
-        socket.create_connection(("127.0.0.1", port), timeout=30) as raw,
-        context.wrap_socket(raw, server_hostname="localhost") as tls,
-    ):
-        tls.sendall(request)
-        unpacker = msgpack.Unpacker(raw=False)
-        while True:
-            data = tls.recv(65536)
-            assert data, "closed before the ack"
-            unpacker.feed(data)
-            for answer in unpacker:
-                return str(answer["ack"])
+def acked(app: ApplianceProcess, port: int, chunk: str) -> str:
+    """One PackedForward chunk on a new connection (to either process); the ack's chunk id."""
+    answer = send_chunk(app, port, chunk, events=EVENTS_PER_CHUNK)
+    assert isinstance(answer, dict), answer
+    return str(answer["ack"])
 
 
 def heartbeat(port: int) -> bytes:
@@ -96,9 +81,8 @@ def test_two_processes_share_a_port_and_a_table_exactly_once(tmp_path: Path) -> 
     second = worker(tmp_path, 1, port, table, tls)
     try:
         assert first.ports["forward"] == second.ports["forward"] == port
-        context = ssl.create_default_context(cafile=str(first.ca_file))
         chunks = [f"chunk-{i}" for i in range(CONNECTIONS)]
-        assert [send_chunk(context, port, chunk) for chunk in chunks] == chunks
+        assert [acked(first, port, chunk) for chunk in chunks] == chunks
         assert opened(first) > 0
         assert opened(second) > 0, "the kernel gave every connection to one process"
         assert heartbeat(port) == b"\x00"
@@ -107,7 +91,7 @@ def test_two_processes_share_a_port_and_a_table_exactly_once(tmp_path: Path) -> 
         # process) is acked and not stored again.
         counts = wait_for_rows(table, CONNECTIONS * EVENTS_PER_CHUNK)
         assert counts == dict.fromkeys(chunks, EVENTS_PER_CHUNK)
-        assert [send_chunk(context, port, chunk) for chunk in chunks] == chunks
+        assert [acked(first, port, chunk) for chunk in chunks] == chunks
     finally:
         assert second.stop() == 0
         assert first.stop() == 0
