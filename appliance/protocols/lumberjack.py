@@ -164,6 +164,8 @@ _U32: Final = struct.Struct(">I")
 _HEADER: Final = 2  # version byte, type byte
 _DATA_HEADER: Final = _HEADER + 8  # sequence, then pair count or JSON length
 _W, _D, _J, _C, _A = (ord(c) for c in "WDJCA")
+
+
 def _frame_min_bytes(head: bytes | bytearray) -> int:
     """Bytes of the ``C`` or ``J`` frame that ``head`` starts with, from its header; else 0."""
     if len(head) < _HEADER or head[0] not in _VERSIONS:
