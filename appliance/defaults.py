@@ -55,6 +55,7 @@ __all__ = [
     "MAINTENANCE_LEASE_SECONDS",
     "MAINTENANCE_TARGET_FILE_BYTES",
     "MAINTENANCE_VACUUM_INTERVAL_SECONDS",
+    "MAX_WORKERS",
     "MIN_VACUUM_RETENTION_HOURS",
     "PROXY_HEADER_TIMEOUT_SECONDS",
     "RETENTION_INTERVAL_SECONDS",
@@ -199,6 +200,9 @@ LAKE_DEDUPE_MAX_KEYS: Final = 1_000_000
 #: Seconds a writer's claim on its app id lasts without a commit; an idle
 #: writer renews it (a commit of no rows) every third of it.
 LAKE_LEASE_SECONDS: Final = 120.0
+
+#: Most worker processes one appliance runs (``workers``): one per core of a large machine.
+MAX_WORKERS: Final = 64
 
 # -- the write-ahead log (appliance/wal/, docs/wal.md) -----------------------------------
 

@@ -38,9 +38,11 @@ def _logfmt_value(value: Any) -> str:
 
 
 class _Formatter(logging.Formatter):
-    def __init__(self, style: Literal["logfmt", "json"]) -> None:
+    def __init__(self, style: Literal["logfmt", "json"], worker: int | None = None) -> None:
         super().__init__()
         self._line_style = style
+        #: A worker process of the supervisor (``workers = N``) names itself on every line.
+        self._worker = worker
 
     def format(self, record: logging.LogRecord) -> str:
         fields: dict[str, Any] = {
@@ -50,6 +52,8 @@ class _Formatter(logging.Formatter):
             "logger": record.name.removeprefix(_ROOT + ".") or _ROOT,
             "event": record.getMessage(),
         }
+        if self._worker is not None:
+            fields["worker"] = self._worker
         for key, value in getattr(record, "fields", {}).items():
             fields[key] = _masked(key, value)
         if record.exc_info:
@@ -95,12 +99,14 @@ def get_logger(name: str) -> StructLogger:
     return StructLogger(name)
 
 
-def configure(level: str = "info", style: Literal["logfmt", "json"] = "logfmt") -> None:
-    """Send the appliance's logs to stderr, one event per line."""
+def configure(
+    level: str = "info", style: Literal["logfmt", "json"] = "logfmt", *, worker: int | None = None
+) -> None:
+    """Send the appliance's logs to stderr, one event per line (a worker's: ``worker=k``)."""
     root = logging.getLogger(_ROOT)
     root.handlers.clear()
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(_Formatter(style))
+    handler.setFormatter(_Formatter(style, worker))
     root.addHandler(handler)
     root.setLevel(level.upper())
     root.propagate = False

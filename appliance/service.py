@@ -385,7 +385,9 @@ class _Reloader:
         if config.source is not None:
             try:
                 new = load_config(config.source)
-            except ConfigError as exc:
+                if config.worker is not None:
+                    new = new.for_worker(config.worker)  # what this worker runs with
+            except (ConfigError, ValueError) as exc:
                 log.error("config.reload_failed", trigger=why, reason=str(exc))
                 return ReloadStatus(os.getpid(), self._generation, ok=False, error=str(exc))
             plan = plan_reload(config, new)

@@ -53,7 +53,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -251,60 +250,18 @@ def start_server(
             "serve",
         ]
     lake = f'ack = "{args.ack}"\n' if args.ack else ""
-    listener = 'name = "forward"\n'
-    preamble = '[log]\nlevel = "info"\n'
-    processes = args.processes
-    if processes > 1:
-        # One process per core (docs/performance.md): one port, one table.
-        listener += "reuse_port = true\n"
-        lake += f'shared = "on"\npath = "{state_dir / "var" / "lake" / "events"}"\n'
-        preamble += '[maintenance]\nlease = "on"\n'
-
-    def admin() -> str:
-        if args.no_metrics:
-            return "[admin]\nenabled = false\n"
-        return f'[admin]\nbind = "127.0.0.1:{harness.free_port()}"\n'
-
-    def core_of(k: int) -> int | None:
-        if server_core is None:
-            return None
-        cpus = sorted(os.sched_getaffinity(0) | {server_core})
-        return cpus[(cpus.index(server_core) + k) % len(cpus)]
-
-    first = harness.start_server(
-        state_dir, args, listener, server_core, command=command, lake=lake,
-        preamble=preamble + admin(),
+    # workers = N: the supervisor runs N appliance processes on the port and the table
+    # (docs/performance.md); pinned to N cores from the server's on, they float on those.
+    preamble = f"workers = {args.processes}\n" if args.processes > 1 else ""
+    preamble += '[log]\nlevel = "info"\n'
+    if args.no_metrics:
+        preamble += "[admin]\nenabled = false\n"
+    else:
+        preamble += f'[admin]\nbind = "127.0.0.1:{harness.free_port()}"\n'
+    return harness.start_server(
+        state_dir, args, 'name = "forward"\n', server_core, command=command, lake=lake,
+        preamble=preamble, cores=args.processes,
     )  # fmt: skip
-    try:
-        start_workers(first, state_dir, processes, listener, lake, preamble, admin, core_of, args)
-    except BaseException:
-        first.kill()  # and the workers already started: none may outlive the case
-        raise
-    return first
-
-
-def start_workers(
-    first: Server,
-    state_dir: Path,
-    processes: int,
-    listener: str,
-    lake: str,
-    preamble: str,
-    admin: Callable[[], str],
-    core_of: Callable[[int], int | None],
-    args: argparse.Namespace,
-) -> None:
-    """Processes 1.. of a ``--processes`` case: the first's port, table and certificate."""
-    pki = state_dir / "var" / "pki"
-    tls = f'[tls]\ncert_file = "{pki / "server.pem"}"\nkey_file = "{pki / "server.key"}"\n'
-    for k in range(1, processes):
-        worker_dir = state_dir / f"worker-{k}"
-        worker_dir.mkdir()
-        worker = harness.start_server(
-            worker_dir, args, listener, core_of(k), command=list(harness.APPLIANCE_SERVE),
-            lake=lake, preamble=preamble + admin() + tls, port=first.port, ca_file=first.ca_file,
-        )  # fmt: skip
-        first.workers.append(worker)
 
 
 #: The reference server (bench/fluent_server.mjs: npm @fluent-org/logger's FluentServer).
@@ -458,6 +415,8 @@ class CaseResult:
     record_bytes: float
     ceilings: dict[str, float]
     ok: bool
+    #: Connections per worker (``--processes``): how the kernel spread them.
+    connections_by_worker: dict[int, int] = dataclasses.field(default_factory=dict)
 
     @property
     def label(self) -> str:
@@ -517,6 +476,7 @@ def run_case(
         request_bytes=workload.request_bytes,
         record_bytes=workload.record_bytes,
         ceilings=ceilings,
+        connections_by_worker=run.connections_by_worker,
         ok=(
             run.table_rows == acked_events
             and run.table_batches == run.acked
@@ -565,7 +525,14 @@ def print_case(r: CaseResult) -> None:
         f"    server CPU by thread over {r.window_seconds:.1f}s: {fmt_threads(r.server_threads)}\n"
         f"    other processes used {r.other_cpu_pct:.0f}% of a core in the window, "
         f"hypervisor steal {r.steal_pct:.0f}%\n"
-        f"    verify: acked {r.acked_events:,} events in {r.acked_chunks:,} chunks; "
+        + (
+            "    connections per worker: "
+            + ", ".join(f"worker {k}: {n}" for k, n in r.connections_by_worker.items())
+            + "\n"
+            if r.connections_by_worker
+            else ""
+        )
+        + f"    verify: acked {r.acked_events:,} events in {r.acked_chunks:,} chunks; "
         f"table has {r.table_rows:,} rows in {r.table_chunks:,} batch ids; "
         f"server exit {r.server_exit}: {verdict}",
         flush=True,
@@ -749,8 +716,8 @@ def main(argv: list[str] | None = None) -> int:
         "--processes",
         type=int,
         default=1,
-        help="appliance processes sharing the port (reuse_port) and the table, one per core "
-        "from the server's core on (docs/performance.md); 1",
+        help="appliance processes: workers = N (a supervisor and N workers on one port and "
+        "one table, docs/performance.md), on N cores from the server's core on; 1",
     )
     parser.add_argument("--spy-rate", type=int, default=100, help="py-spy samples/s (100)")
     parser.add_argument(

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import dataclasses
 import functools
 import importlib.metadata
@@ -54,8 +55,6 @@ VENV_BIN = Path(sys.executable).parent
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 #: What ``appliance serve`` prints once it listens; the rest of the line is a path.
 READY_LINE = b"CA certificate for clients:"
-#: The log line of a server that is ready (and prints no CA line).
-LOG_READY = b"event=service.ready"
 #: ``appliance serve`` of this tree (run with :func:`tree_env`).
 APPLIANCE_SERVE = (sys.executable, "-m", "appliance", "serve")
 
@@ -385,19 +384,19 @@ class Server:
     port: int
     ca_file: Path
     log_path: Path
-    #: More processes of the same server sharing its port (``reuse_port``) and its
-    #: table: their CPU and memory count with this one's, and they stop with it.
-    workers: list[Server] = dataclasses.field(default_factory=list)
 
     @property
     def pids(self) -> list[int]:
-        """This process and its workers."""
-        return [self.proc.pid, *(w.proc.pid for w in self.workers)]
+        """This process and its children (a supervisor's workers, ``workers = N``)."""
+        return [self.proc.pid, *child_pids(self.proc.pid)]
 
     def kill(self) -> None:
-        for proc in [self.proc, *(w.proc for w in self.workers)]:
-            proc.kill()
-            proc.wait()
+        """SIGKILL the server and its children; returns once the server is reaped."""
+        for pid in child_pids(self.proc.pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        self.proc.kill()
+        self.proc.wait()
 
     def log_tail(self, lines: int = 30) -> str:
         try:
@@ -405,6 +404,22 @@ class Server:
         except OSError:
             return ""
         return "\n".join(text.splitlines()[-lines:])
+
+
+def child_pids(pid: int) -> list[int]:
+    """The children of ``pid``, started by any of its threads ([] once it is gone).
+
+    From Linux's ``/proc/<pid>/task/<tid>/children`` of every thread: trio
+    starts a child from a worker thread, which is then its parent task.
+    """
+    children: list[int] = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            text = (task / "children").read_text(encoding="ascii")
+        except OSError:
+            continue
+        children += [int(field) for field in text.split()]
+    return sorted(children)
 
 
 def start_server(
@@ -416,8 +431,7 @@ def start_server(
     command: Sequence[str] = APPLIANCE_SERVE,
     preamble: str = "",
     lake: str = "",
-    port: int | None = None,
-    ca_file: Path | None = None,
+    cores: int = 1,
 ) -> Server:
     """``command --config FILE`` in ``state_dir``, pinned to ``core``, once it is ready.
 
@@ -426,12 +440,10 @@ def start_server(
     settings of ``args`` (``commit_delay``, ``commit_max_rows``) and ``lake``
     (more ``[lake]`` lines), and one
     ``[[listeners]]`` entry: ``listener`` (TOML lines) bound to a free port.
-    The server's stderr goes to ``state_dir/server.log``. ``port``: the
-    listener's port (default: a free one). ``ca_file``: the CA of the
-    certificate it serves when the config gives one (it then prints no CA
-    line; it is ready at its ``service.ready`` log line).
+    The server's stderr goes to ``state_dir/server.log``. ``cores``: how
+    many cores, from ``core`` on, the server (and its children) may use.
     """
-    port = free_port() if port is None else port
+    port = free_port()
     config = state_dir / "bench.toml"
     config.write_text(
         f'state_dir = "{state_dir / "var"}"\n'
@@ -446,9 +458,15 @@ def start_server(
         encoding="utf-8",
     )
 
+    allowed: set[int] | None = None
+    if core is not None:
+        cpus = sorted(os.sched_getaffinity(0) | {core})
+        start = cpus.index(core)
+        allowed = {cpus[(start + k) % len(cpus)] for k in range(cores)}
+
     def pin() -> None:
-        if core is not None:
-            os.sched_setaffinity(0, {core})
+        if allowed is not None:
+            os.sched_setaffinity(0, allowed)
 
     log_path = state_dir / "server.log"
     with open(log_path, "wb") as log:
@@ -456,13 +474,11 @@ def start_server(
             [*command, "--config", str(config)],
             stdout=subprocess.PIPE, stderr=log, preexec_fn=pin, cwd=state_dir, env=tree_env(),
         )  # fmt: skip
-    server = Server(proc, state_dir, port, ca_file or Path(), log_path)
+    server = Server(proc, state_dir, port, Path(), log_path)
     assert proc.stdout is not None
     deadline = time.monotonic() + 60
 
     def ready(buffer: bytes) -> bool:
-        if ca_file is not None:  # the server prints no CA line: it serves a given certificate
-            return LOG_READY in log_path.read_bytes()
         return READY_LINE in buffer and buffer.endswith(b"\n")
 
     buffer = b""
@@ -475,42 +491,35 @@ def start_server(
                 raise RuntimeError(f"server did not become ready:\n{server.log_tail()}")
             if sel.select(timeout=min(left, 0.2)):
                 buffer += os.read(proc.stdout.fileno(), 4096)
-    if ca_file is None:
-        line = next(x for x in buffer.decode().splitlines() if READY_LINE.decode() in x)
-        server.ca_file = Path(line.split(":", 1)[1].strip())
+    line = next(x for x in buffer.decode().splitlines() if READY_LINE.decode() in x)
+    server.ca_file = Path(line.split(":", 1)[1].strip())
     return server
 
 
 def stop_server(server: Server, timeout: float = 120) -> tuple[int, dict[str, str]]:
-    """SIGTERM, wait, and the fields of its ``service.stopped`` log line.
+    """SIGTERM, wait, and the fields of its ``service.stopped`` log line(s).
 
-    With workers: each is stopped the same way; the exit code is the first
-    that is not 0, and ``commits`` is their sum.
+    A supervisor (``workers = N``) stops its workers itself; their
+    ``commits`` are summed.
     """
-    code, stopped = _stop_one(server, timeout)
-    for worker in server.workers:
-        worker_code, worker_stopped = _stop_one(worker, timeout)
-        code = code or worker_code
-        if stopped.get("commits", "?").isdigit() and worker_stopped.get("commits", "?").isdigit():
-            stopped["commits"] = str(int(stopped["commits"]) + int(worker_stopped["commits"]))
-        else:
-            stopped["commits"] = "?"
-    return code, stopped
-
-
-def _stop_one(server: Server, timeout: float) -> tuple[int, dict[str, str]]:
     server.proc.send_signal(signal.SIGTERM)
     try:
         code = server.proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
-        server.proc.kill()
-        code = server.proc.wait()
+        server.kill()
+        code = server.proc.returncode
     if server.proc.stdout is not None:
         server.proc.stdout.close()
     stopped: dict[str, str] = {}
+    commits = 0
     for line in server.log_path.read_text(encoding="utf-8", errors="replace").splitlines():
         if "event=service.stopped" in line:
             stopped = dict(re.findall(r"(\w+)=(\S+)", line))
+            commits += (
+                int(stopped.get("commits", "0")) if stopped.get("commits", "").isdigit() else 0
+            )
+    if stopped:
+        stopped["commits"] = str(commits)
     return code, stopped
 
 
@@ -760,8 +769,9 @@ def run_window(
     ``start_sampler`` starts a profiler at the window's start; it gets SIGINT at
     its end. On any failure the server is killed and its log tail printed.
     """
-    pid = server.proc.pid
     pids = server.pids
+    # Threads are sampled in one process: the server, or a supervisor's first worker.
+    pid = pids[1] if len(pids) > 1 else pids[0]
     sampler: subprocess.Popen[bytes] | None = None
     try:
         context = tls_context(server.ca_file)
@@ -834,6 +844,9 @@ class CaseRun:
     commits: str
     table_rows: int
     table_batches: int
+    #: Connections each worker accepted (``workers = N``: the kernel's SO_REUSEPORT
+    #: spread); empty for a single process.
+    connections_by_worker: dict[int, int] = dataclasses.field(default_factory=dict)
 
     @property
     def acked(self) -> int:
@@ -879,6 +892,7 @@ def run_tls_case(
     sampler = None if start_sampler is None else functools.partial(start_sampler, server.proc.pid)
     window = run_window(server, senders, results, args.warmup, args.duration, sampler)
     code, stopped = stop_server(server)
+    spread = connections_by_worker(server.log_path)
     table_rows, table_batches = table_counts(state_dir / "var" / "lake" / "events")
     discard_state(state_dir, args.keep)
     return CaseRun(
@@ -889,7 +903,17 @@ def run_tls_case(
         stopped.get("commits", "?"),
         table_rows,
         table_batches,
+        spread,
     )
+
+
+def connections_by_worker(log_path: Path) -> dict[int, int]:
+    """Connections each worker logged (``connection.open ... worker=k``); {} for one process."""
+    counts: dict[int, int] = {}
+    text = log_path.read_text(encoding="utf-8", errors="replace")
+    for worker in re.findall(r"event=connection\.open worker=(\d+)", text):
+        counts[int(worker)] = counts.get(int(worker), 0) + 1
+    return dict(sorted(counts.items()))
 
 
 # -- a benchmark's cases -------------------------------------------------------

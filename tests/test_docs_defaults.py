@@ -123,8 +123,9 @@ TABLES: Final[dict[tuple[str, str, int], Section]] = {
     ("configuration.md", "Top level", 0): Section(
         Config,
         omitted=frozenset(
-            # Sections have their own headings; ``source`` is not a key (the file read).
-            {*SECTIONS, "listeners", "source"}
+            # Sections have their own headings; ``source`` (the file read) and ``worker``
+            # (set by the supervisor, refused in a file) are not keys.
+            {*SECTIONS, "listeners", "source", "worker"}
         ),
     ),
     ("configuration.md", "`[log]`", 0): Section(LogConfig),

@@ -32,10 +32,22 @@ def _serve(args: argparse.Namespace) -> int:
     from appliance.service import serve  # trio and deltalake load only when serving
 
     config = load(args.config)
-    configure(config.log.level, config.log.format)
+    configure(config.log.level, config.log.format, worker=args.worker)
+    if args.worker is not None:
+        # Started by the supervisor (workers = N): run as its worker ``args.worker``.
+        if not 0 <= args.worker < config.workers:
+            print(f"appliance: --worker {args.worker}: the config has workers = "
+                  f"{config.workers}", file=sys.stderr)  # fmt: skip
+            return 2
+        config = config.for_worker(args.worker)
     failures: list[str] = []
     try:
-        trio.run(serve, config)
+        if config.workers > 1:
+            from appliance.supervisor import supervise
+
+            trio.run(supervise, config)
+        else:
+            trio.run(serve, config)
     except* (OSError, LakeError, AuthError, PkiError) as group:
         # Start-up failures an operator can fix: a port in use, an unreadable
         # table, an auth database behind the code's schema (the message names
@@ -55,4 +67,6 @@ def add_parser(commands: Subparsers, common: argparse.ArgumentParser) -> None:
     serve = commands.add_parser(
         "serve", help="run the service (embedded default without a file)", parents=[common]
     )
+    # Set by the supervisor for the processes it starts (workers = N); not for operators.
+    serve.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
     serve.set_defaults(func=_serve)

@@ -28,6 +28,7 @@ FIXED_KEYS: tuple[str, ...] = (
     "state_dir",
     "node_id",
     "shutdown_timeout_seconds",
+    "workers",
     "log",
     "lake",
     "auth",

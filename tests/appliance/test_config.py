@@ -194,3 +194,64 @@ def test_version_command() -> None:
         [sys.executable, "-m", "appliance", "--version"], capture_output=True, text=True
     )
     assert result.stdout.strip() == f"appliance {__version__}"
+
+
+# -- workers (appliance/supervisor.py) ---------------------------------------------
+
+
+WORKERS_TOML = """
+state_dir = "/srv/appliance"
+workers = 3
+[admin]
+bind = "127.0.0.1:9880"
+[[listeners]]
+name = "fwd"
+bind = "0.0.0.0:24224"
+[[listeners]]
+name = "jam"
+protocol = "logjam"
+bind = "0.0.0.0:9604"
+"""
+
+
+def test_a_worker_has_its_own_state_and_shares_everything_else() -> None:
+    config = parse_config(WORKERS_TOML)
+    worker = config.for_worker(2)
+    assert worker.state_dir == Path("/srv/appliance/workers/2")
+    assert (worker.workers, worker.worker, worker.node_id) == (1, 2, None)
+    # One table, checked for batches the other workers stored; one maintainer at a time.
+    assert worker.table_uri == "/srv/appliance/lake/events"
+    assert (worker.lake.shared, worker.maintenance.lease) == ("on", "on")
+    # One PKI, one auth database, one place for derived tables: the supervisor's.
+    pki = Path("/srv/appliance/pki")
+    assert (worker.tls.cert_file, worker.tls.key_file) == (pki / "server.pem", pki / "server.key")
+    assert (worker.tls.client_ca_file, worker.tls.crl_file) == (pki / "ca.pem", pki / "crl.pem")
+    assert worker.auth_database_url == config.auth_database_url
+    assert worker.auth_secret_key_file == config.auth_secret_key_file
+    assert worker.derived_table_uri("x") == "/srv/appliance/lake/x"
+    # Ports: shared listeners, an admin port each; Logjam (ZeroMQ) in worker 0 only.
+    assert [(lc.name, lc.reuse_port) for lc in worker.listeners] == [("fwd", True)]
+    assert [lc.name for lc in config.for_worker(0).listeners] == ["fwd", "jam"]
+    assert worker.admin.bind == "127.0.0.1:9882"
+    assert config.for_worker(0).admin.bind == "127.0.0.1:9880"
+
+
+def test_an_explicit_node_id_and_files_stay_the_operators() -> None:
+    text = WORKERS_TOML.replace(
+        "workers = 3", 'workers = 2\nnode_id = "edge-1"\n[lake]\nshared = "off"'
+    )
+    config = parse_config(text)
+    worker = config.for_worker(1)
+    assert worker.node_id == "edge-1-w1"
+    assert worker.lake.shared == "off"
+
+
+@pytest.mark.parametrize("bad", ["workers = 0", "workers = 65", "worker = 1"])
+def test_workers_out_of_range_and_a_worker_key_are_refused(bad: str) -> None:
+    with pytest.raises(ConfigError, match="worker"):
+        parse_config(bad)
+
+
+def test_for_worker_refuses_a_worker_the_config_does_not_have() -> None:
+    with pytest.raises(ValueError, match="worker 3 of 3"):
+        parse_config(WORKERS_TOML).for_worker(3)

@@ -1,0 +1,322 @@
+"""The supervisor of ``workers`` appliance processes on one machine (docs/performance.md).
+
+One Python process uses one core (the GIL), so ``workers = N`` runs N
+appliance processes, ``appliance serve --worker k``, each with the
+configuration :meth:`~appliance.config.Config.for_worker` gives it: its own
+state directory (node id, write-ahead log), the listeners' ports shared
+with ``SO_REUSEPORT``, one table, one PKI, one auth database. This process
+serves nothing itself:
+
+* before the workers start, it makes the PKI (CA, server certificate, CRL)
+  and opens the auth database once, so that they share them and no two
+  create them at once;
+* it starts worker ``k`` and waits until it is ready (its pid file names
+  it), restarts one that exits (after 1 s, doubling to 30 s), and tells
+  systemd ``READY=1`` once all are up (the workers do not talk to systemd);
+* SIGHUP (``appliance cert ...``, ``systemctl reload``) goes to every
+  worker; the supervisor writes the combined outcome to its own
+  ``reload-status.json`` once every worker has answered;
+* SIGTERM or SIGINT stops every worker (each drains and acks as a single
+  service does) and ends once they have, killing a worker that takes
+  longer than ``shutdown_timeout_seconds`` plus :data:`STOP_GRACE_SECONDS`;
+* it re-signs the CRL before it runs out and has the workers reload it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from typing import Final
+
+import trio
+
+from appliance.config import Config, ConfigError, load_config
+from appliance.logs import get_logger
+from appliance.reload_status import ReloadStatus, read_status, write_status
+from appliance.server.registry import stores_needed
+from appliance.server.sdnotify import Notifier
+from appliance.server.tls import TlsManager
+from appliance.state_lock import PID_FILE, StateLock
+
+__all__ = [
+    "RELOAD_WAIT_SECONDS",
+    "RESTART_INITIAL_SECONDS",
+    "RESTART_MAX_SECONDS",
+    "STOP_GRACE_SECONDS",
+    "WORKER_START_TIMEOUT_SECONDS",
+    "WorkerFailed",
+    "supervise",
+]
+
+log = get_logger("supervisor")
+
+#: Longest a worker may take to become ready (open its table, replay its log, bind).
+WORKER_START_TIMEOUT_SECONDS: Final = 300.0
+#: First wait before a worker that exited is started again, in seconds (doubles).
+RESTART_INITIAL_SECONDS: Final = 1.0
+#: Longest wait between restarts of a worker that keeps exiting, in seconds.
+RESTART_MAX_SECONDS: Final = 30.0
+#: Seconds a stopping worker gets beyond its own shutdown_timeout_seconds before SIGKILL.
+STOP_GRACE_SECONDS: Final = 30.0
+#: Longest the supervisor waits for every worker to answer a reload, in seconds.
+RELOAD_WAIT_SECONDS: Final = 60.0
+#: Seconds between looks at a worker's pid file or reload status.
+POLL_SECONDS: Final = 0.1
+#: Seconds between checks that the CRL the workers serve is not about to run out.
+CRL_CHECK_SECONDS: Final = 3600.0
+#: What the workers must not inherit: systemd talks to the supervisor only.
+_SYSTEMD_VARIABLES: Final = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID")
+
+
+class WorkerFailed(OSError):
+    """A worker did not start (the message says which, and its exit code)."""
+
+
+@dataclass(eq=False)
+class _Worker:
+    index: int
+    process: trio.Process | None = None
+    restarts: int = 0
+
+    @property
+    def pid(self) -> int | None:
+        return None if self.process is None else self.process.pid
+
+    def signal(self, signum: int) -> None:
+        if self.process is not None and self.process.returncode is None:
+            self.process.send_signal(signum)
+
+
+def worker_command(config: Config, index: int) -> list[str]:
+    """The command line of worker ``index``: this interpreter, ``appliance serve --worker``."""
+    command = [sys.executable, "-m", "appliance", "serve", "--worker", str(index)]
+    if config.source is not None:
+        command += ["--config", str(config.source)]
+    return command
+
+
+def _worker_environment() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k not in _SYSTEMD_VARIABLES}
+
+
+async def supervise(config: Config) -> None:
+    """Run ``config.workers`` workers until SIGTERM or SIGINT, then stop them all.
+
+    Raises:
+        WorkerFailed: a worker did not become ready at the first start (the
+            others are stopped first).
+        OSError, PkiError, AuthError: the shared PKI or auth database cannot
+            be prepared.
+    """
+    config.state_dir.mkdir(parents=True, exist_ok=True)
+    os.chmod(config.state_dir, 0o750)  # noqa: S103 -- as the service's own, DESIGN §5
+    state_lock = await trio.to_thread.run_sync(StateLock, config.state_dir)
+    try:
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
+            await _supervise(config, state_lock, signals)
+    finally:
+        state_lock.release()
+
+
+async def _supervise(config: Config, state_lock: StateLock, signals: AsyncIterator[int]) -> None:
+    tls = TlsManager(config)
+    ca_file = await trio.to_thread.run_sync(tls.prepare)  # the PKI every worker serves
+    if stores_needed(config.listeners) or any(
+        listener.tls and listener.client_auth != "off" for listener in config.listeners
+    ):
+        # Created and upgraded once, here, not by N workers at the same moment.
+        from auth.database import open_database
+
+        await trio.to_thread.run_sync(open_database, config.auth_settings)
+    workers = [_Worker(index) for index in range(config.workers)]
+    stopping = trio.Event()
+    notifier = Notifier()
+    async with trio.open_nursery() as background:
+        async with trio.open_nursery() as children:
+            for worker in workers:
+                await children.start(_run_worker, config, worker, stopping)
+            state_lock.write_pid_file()
+            write_status(config.state_dir, ReloadStatus(os.getpid(), 0, ok=True))
+            log.info(
+                "supervisor.ready",
+                workers=len(workers),
+                pids=",".join(str(worker.pid) for worker in workers),
+                table=config.table_uri,
+                ca=str(ca_file) if ca_file else None,
+            )
+            if ca_file:
+                print(f"CA certificate for clients: {ca_file}", flush=True)
+            notifier.notify("READY=1", f"STATUS=workers: {len(workers)}")
+            background.start_soon(notifier.keep_alive)
+            if config.tls.client_ca_file is None:
+                background.start_soon(_refresh_crl, tls, workers)
+            generation = 0
+            async for signum in signals:
+                if signum == signal.SIGHUP:
+                    generation += 1
+                    await _reload(config, workers, generation)
+                    continue
+                log.info("supervisor.stopping", signal=signal.Signals(signum).name)
+                notifier.notify("STOPPING=1")
+                break
+            stopping.set()
+            await _stop(config, workers)
+        background.cancel_scope.cancel()
+    log.info("supervisor.stopped", workers=len(workers))
+
+
+async def _run_worker(
+    config: Config,
+    worker: _Worker,
+    stopping: trio.Event,
+    *,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Start worker ``worker.index``, report once it is ready, and restart it until stopping."""
+    backoff = RESTART_INITIAL_SECONDS
+    started = False
+    while True:
+        process = await trio.lowlevel.open_process(
+            worker_command(config, worker.index), env=_worker_environment()
+        )
+        worker.process = process
+        try:
+            try:
+                await _wait_ready(config, worker.index, process)
+            except WorkerFailed:
+                if not started:
+                    raise  # the first start fails the supervisor's start
+                log.error("worker.start_failed", worker=worker.index, code=process.returncode)
+            else:
+                if not started:
+                    started = True
+                    task_status.started()
+                else:
+                    log.info("worker.restarted", worker=worker.index, pid=process.pid)
+                    backoff = RESTART_INITIAL_SECONDS
+            code = await process.wait()
+        finally:
+            if process.returncode is None:
+                # Cancelled (the supervisor failed): no worker may outlive it.
+                with trio.CancelScope(shield=True):
+                    await _terminate(process, config.shutdown_timeout_seconds + STOP_GRACE_SECONDS)
+        if stopping.is_set():
+            log.info("worker.stopped", worker=worker.index, code=code)
+            return
+        worker.restarts += 1
+        log.error(
+            "worker.exited", worker=worker.index, code=code, restart_in_seconds=backoff,
+            restarts=worker.restarts,
+        )  # fmt: skip
+        await trio.sleep(backoff)
+        if stopping.is_set():
+            return
+        backoff = min(backoff * 2, RESTART_MAX_SECONDS)
+
+
+async def _wait_ready(config: Config, index: int, process: trio.Process) -> None:
+    """Return once worker ``index`` has written its pid file (it does so when ready).
+
+    Raises:
+        WorkerFailed: it exited first, or took longer than the start timeout.
+    """
+    pid_path = config.worker_state_dir(index) / PID_FILE
+    with trio.move_on_after(WORKER_START_TIMEOUT_SECONDS):
+        while process.poll() is None:
+            try:
+                if pid_path.read_text(encoding="ascii").strip() == str(process.pid):
+                    return
+            except OSError:
+                pass  # not written yet
+            await trio.sleep(POLL_SECONDS)
+        raise WorkerFailed(f"worker {index} exited with {process.returncode} before it was ready")
+    process.kill()
+    await process.wait()
+    raise WorkerFailed(f"worker {index} was not ready within {WORKER_START_TIMEOUT_SECONDS:g}s")
+
+
+async def _terminate(process: trio.Process, grace: float) -> None:
+    """SIGTERM, then SIGKILL after ``grace`` seconds; returns once it has exited."""
+    if process.returncode is None:
+        process.send_signal(signal.SIGTERM)
+    with trio.move_on_after(grace):
+        await process.wait()
+        return
+    process.kill()
+    await process.wait()
+
+
+async def _stop(config: Config, workers: Sequence[_Worker]) -> None:
+    """SIGTERM every worker; each drains as a single service does. SIGKILL the late ones."""
+    for worker in workers:
+        worker.signal(signal.SIGTERM)
+    with trio.move_on_after(config.shutdown_timeout_seconds + STOP_GRACE_SECONDS):
+        for worker in workers:
+            if worker.process is not None:
+                await worker.process.wait()
+        return
+    for worker in workers:
+        if worker.process is not None and worker.process.returncode is None:
+            log.error("worker.killed", worker=worker.index, reason="did not stop in time")
+            worker.process.kill()
+
+
+async def _reload(config: Config, workers: Sequence[_Worker], generation: int) -> None:
+    """Forward SIGHUP, wait for every worker's reload status, and write the combined one."""
+    before = {w.index: _generation(config, w.index) for w in workers}
+    for worker in workers:
+        worker.signal(signal.SIGHUP)
+    answers: dict[int, ReloadStatus] = {}
+    with trio.move_on_after(RELOAD_WAIT_SECONDS):
+        while len(answers) < len(workers):
+            for worker in workers:
+                status = read_status(config.worker_state_dir(worker.index))
+                if status is not None and status.generation > before[worker.index]:
+                    answers[worker.index] = status
+            if len(answers) < len(workers):
+                await trio.sleep(POLL_SECONDS)
+    restart: set[str] = set()
+    if config.source is not None:
+        try:
+            if load_config(config.source).workers != config.workers:
+                restart.add("workers")
+        except ConfigError:
+            pass  # each worker reports the broken file itself
+    errors = [
+        f"worker {index}: {status.error}"
+        for index, status in sorted(answers.items())
+        if not status.ok and status.error
+    ]
+    missing = sorted({w.index for w in workers} - set(answers))
+    errors += [f"worker {index} did not answer the reload" for index in missing]
+    applied = sorted({item for status in answers.values() for item in status.applied})
+    for status in answers.values():
+        restart.update(status.restart_required)
+    status = ReloadStatus(
+        os.getpid(), generation, ok=not errors, applied=applied,
+        restart_required=sorted(restart), error="; ".join(errors) or None,
+    )  # fmt: skip
+    write_status(config.state_dir, status)
+    log.info(
+        "supervisor.reloaded", ok=status.ok, applied=applied,
+        restart_required=status.restart_required, error=status.error,
+    )  # fmt: skip
+
+
+def _generation(config: Config, index: int) -> int:
+    status = read_status(config.worker_state_dir(index))
+    return -1 if status is None else status.generation
+
+
+async def _refresh_crl(tls: TlsManager, workers: Sequence[_Worker]) -> None:
+    """Re-sign the CRL before it runs out, and have the workers reload it, every hour."""
+    while True:
+        await trio.sleep(CRL_CHECK_SECONDS)
+        if tls.ca.exists and tls.ca.crl_needs_refresh():
+            await trio.to_thread.run_sync(tls.ca.write_crl)
+            log.info("supervisor.crl_refreshed", workers=len(workers))
+            for worker in workers:
+                worker.signal(signal.SIGHUP)

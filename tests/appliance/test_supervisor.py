@@ -1,0 +1,147 @@
+"""``workers = 2``: ``appliance serve`` supervising two worker processes (appliance/supervisor.py).
+
+Real processes, real TLS, a real table. The supervisor makes the PKI once,
+starts ``appliance serve --worker 0`` and ``--worker 1`` (each its own state
+directory under ``<state>/workers/``, one port shared with SO_REUSEPORT, one
+table), restarts a worker that dies, forwards SIGHUP and combines the
+workers' reload answers, and stops them all on SIGTERM. Every acknowledged
+chunk is in the table once, also across a worker's SIGKILL and the
+client's resend.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections import Counter
+from pathlib import Path
+
+from deltalake import DeltaTable
+
+from appliance.reload_status import read_status
+from tests.appliance.test_one_writer import send_chunk
+from tests.conftest import ApplianceProcess, free_port, start_appliance
+
+CHUNKS = 40
+EVENTS = 10
+
+
+def wait_for(predicate: object, what: str, seconds: float = 60) -> None:
+    deadline = time.monotonic() + seconds
+    while not predicate():  # type: ignore[operator]
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {seconds}s: {what}")
+        time.sleep(0.1)
+
+
+def worker_pid(app: ApplianceProcess, index: int) -> int:
+    return int((app.state_dir / "workers" / str(index) / "appliance.pid").read_text())
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def acked(app: ApplianceProcess, port: int, chunk: str) -> str:
+    answer = send_chunk(app, port, chunk, events=EVENTS)
+    assert isinstance(answer, dict), answer
+    return str(answer["ack"])
+
+
+def test_two_workers_share_the_port_and_the_table_and_survive_a_kill(tmp_path: Path) -> None:
+    port = free_port()
+    app = start_appliance(
+        tmp_path,
+        {"forward": f'protocol = "forward"\nbind = "127.0.0.1:{port}"'},
+        "workers = 2",
+        lake='commit_interval_seconds = 0.2\nack = "wal"',
+    )
+    try:
+        wait_for(lambda: "event=supervisor.ready" in app.log(), "supervisor.ready")
+        pids = [worker_pid(app, 0), worker_pid(app, 1)]
+        assert len(set(pids)) == 2
+        assert all(alive(pid) for pid in pids)
+        table = app.state_dir / "lake" / "events"
+        chunks = [f"chunk-{i}" for i in range(CHUNKS)]
+        assert [acked(app, port, chunk) for chunk in chunks[: CHUNKS // 2]] == chunks[: CHUNKS // 2]
+
+        # A worker dies: the supervisor starts it again on its own state directory.
+        os.kill(pids[1], signal.SIGKILL)
+        wait_for(lambda: "event=worker.restarted" in app.log(), "worker.restarted")
+        assert worker_pid(app, 1) != pids[1]
+        assert "event=worker.exited worker=1" in app.log()
+        # Each worker's lines say which worker wrote them.
+        assert "event=service.ready worker=1 " in app.log()
+        # Every chunk, the first half again (a client resending what it is unsure of).
+        assert [acked(app, port, chunk) for chunk in chunks] == chunks
+
+        # SIGHUP: every worker reloads, and the supervisor writes the combined answer.
+        os.kill(app.process.pid, signal.SIGHUP)
+        wait_for(lambda: (read_status(app.state_dir) or _none()).generation == 1, "reload")
+        status = read_status(app.state_dir)
+        assert status is not None
+        assert status.ok, status
+        assert "tls" in status.applied
+        workers_now = [worker_pid(app, 0), worker_pid(app, 1)]
+    finally:
+        code = app.stop()
+    assert code == 0, app.log()
+    assert not any(alive(pid) for pid in workers_now)
+    assert "event=supervisor.stopped" in app.log()
+    rows = DeltaTable(str(table)).to_pyarrow_table(columns=["batch_id"]).to_pylist()
+    assert Counter(str(row["batch_id"]) for row in rows) == dict.fromkeys(chunks, EVENTS)
+    # Both workers committed, each from its own log under its own node id.
+    delta = DeltaTable(str(table))
+    for index in (0, 1):
+        node = (app.state_dir / "workers" / str(index) / "node-id").read_text().strip()
+        assert delta.transaction_version(f"{node}#wal") is not None, index
+
+
+def _none() -> object:
+    class _NoStatus:
+        generation = -1
+
+    return _NoStatus()
+
+
+def test_a_worker_that_cannot_start_fails_the_start_and_leaves_nothing_running(
+    tmp_path: Path,
+) -> None:
+    port = free_port()
+    # The port is taken by a process without SO_REUSEPORT: no worker can bind it.
+    import socket
+
+    with socket.socket() as blocker:
+        blocker.bind(("127.0.0.1", port))
+        blocker.listen()
+        try:
+            start_appliance(
+                tmp_path,
+                {"forward": f'protocol = "forward"\nbind = "127.0.0.1:{port}"'},
+                "workers = 2",
+            )
+        except RuntimeError as exc:
+            message = str(exc)
+        else:
+            raise AssertionError("the supervisor started")
+    assert "worker 0 exited with 1 before it was ready" in message
+    assert "cannot bind" in message
+
+
+def test_worker_is_only_for_the_supervisor_s_own_workers(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "APPLIANCE_CONFIG"}
+    done = subprocess.run(
+        [sys.executable, "-m", "appliance", "serve", "--worker", "1"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert "--worker 1: the config has workers = 1" in done.stderr
+    assert not (tmp_path / "var").exists()  # nothing was started or written
