@@ -542,6 +542,9 @@ class ForwardServerConnection:
         #: The first bytes of the unfinished request (at most REQUEST_HEAD_BYTES):
         #: enough to read its declared size (:attr:`bytes_short`).
         self._head = bytearray()
+        #: Where ``_head`` starts (a position in the bytes fed): it describes the
+        #: unfinished request only while this equals ``_framed``.
+        self._head_at = 0
         self._json = _JsonFramer(self.limits.max_request_bytes)
 
     @property
@@ -571,6 +574,10 @@ class ForwardServerConnection:
         if self._state is not ForwardState.TRANSPORT_MSGPACK or not data:
             return False
         held = self._fed - self._framed
+        if held and self._head_at != self._framed:
+            # Requests were taken from the buffer since the head was kept (the
+            # handshake's verdict drains what came after the PING): no head.
+            return False
         head = self._head if held else b""
         if len(head) < REQUEST_HEAD_BYTES:
             head = bytes(head) + bytes(data[: REQUEST_HEAD_BYTES - len(head)])
@@ -669,7 +676,7 @@ class ForwardServerConnection:
             # msgpack's buffers never shrink: drop them after a large request.
             self._framer = _new_framer(self._buffer_limit, self._options)
             self._decoder = _new_decoder(self._buffer_limit, self._options)
-            self._fed = self._framed = self._buffered_high = 0
+            self._fed = self._framed = self._buffered_high = self._head_at = 0
 
     def _keep_head(self, piece: memoryview, started: int) -> None:
         """Keep the first bytes of the unfinished request; ``piece`` was fed from ``started``."""
@@ -677,6 +684,7 @@ class ForwardServerConnection:
             # The unfinished request (if any) starts inside this piece.
             begin = self._framed - started
             self._head = bytearray(piece[begin : begin + REQUEST_HEAD_BYTES])
+            self._head_at = self._framed
         elif len(self._head) < REQUEST_HEAD_BYTES:
             self._head += piece[: REQUEST_HEAD_BYTES - len(self._head)]
 

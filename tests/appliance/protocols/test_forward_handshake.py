@@ -356,3 +356,32 @@ def test_held_requests_get_the_full_request_limit_after_the_pong() -> None:
     assert len(big) > MAX_PING_BYTES
     (event,) = codec.receive_data(big)
     assert isinstance(event, EventsReceived)
+
+
+def test_requests_drained_by_the_verdict_leave_no_stale_size_hint() -> None:
+    """A request held after the PING, and part of the next: the next read must count.
+
+    The verdict drains what came after the PING; the codec's head of the
+    unfinished request was kept before that, and must not be taken for the
+    second request's (its declared size would say a read that completes
+    the second request "completes nothing", and a large decode would run on
+    the event loop: found by review).
+    """
+    # The first is PackedForward too, and larger: its size would be read for the second's.
+    first = msgpack.packb(["tag", b"\x92\x01\x80" * 1000, {"chunk": "c1"}], use_bin_type=True)
+    second = msgpack.packb(["tag", b"\x92\x01\x80" * 100, {"chunk": "c2"}], use_bin_type=True)
+    assert len(ping_bytes() + first + second[:10]) < MAX_PING_BYTES
+    codec = secured()
+    codec.receive_data(ping_bytes() + first + second[:10])
+    verdict = codec.check_ping(shared_keys=[KEY], users_required=False, password=None)
+    _, held = codec.finish_handshake(verdict, "server.example")
+    assert [e.chunk.text() for e in held if isinstance(e, EventsReceived) and e.chunk] == ["c1"]
+    rest = second[10:]
+    assert not codec.completes_nothing(rest)
+    (event,) = codec.receive_data(rest)
+    assert isinstance(event, EventsReceived)
+    # Once a read starts the head again, the hint works as before.
+    third = msgpack.packb(["tag", b"\x92\x01\x80" * 400, {"chunk": "c3"}], use_bin_type=True)
+    codec.receive_data(third[:10])
+    assert codec.completes_nothing(third[10:-11])  # the entries are not all in
+    assert not codec.completes_nothing(third[10:])
