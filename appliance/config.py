@@ -183,7 +183,7 @@ class WalConfig:
     #: Longest a batch waits for room under max_bytes before its connection is closed, in seconds.
     full_wait_seconds: float = defaults.WAL_FULL_WAIT_SECONDS
     #: Bytes of the newest records also kept in memory, decoded, for the next commit
-    #: (no read back from disk); 0 turns this off.
+    #: (no read back from disk), counting each record's bytes and its block's; 0: off.
     cache_bytes: int = defaults.WAL_CACHE_BYTES
 
     def __post_init__(self) -> None:

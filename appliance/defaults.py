@@ -241,7 +241,7 @@ WAL_FULL_WAIT_SECONDS: Final = 30.0
 #: decoded batches, so the writer commits them without reading and decoding them
 #: back (docs/wal.md, "The commit path"). Somewhat more than one commit's worth
 #: (``[lake] commit_max_bytes``, 64 MiB) keeps a writer that keeps up off the disk.
-#: Memory: about twice this in Python objects at most. 0 turns the cache off.
+#: Each record counts its bytes plus its block's ``nbytes`` (its Python objects). 0: off.
 WAL_CACHE_BYTES: Final = 96 * _MIB
 
 # -- the disk guard (appliance/lake/diskguard.py) ---------------------------------------

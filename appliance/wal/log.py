@@ -162,7 +162,8 @@ class WriteAheadLog:
         #: The newest durable records appended by this process, with the blocks they
         #: encode, contiguous in log order and ending at the durable end: what
         #: :meth:`read_cached` serves without a read or a decode. At most
-        #: ``settings.cache_bytes`` of records; older ones are read from the files.
+        #: ``settings.cache_bytes``, counting each record's bytes and its block's
+        #: (:func:`_cache_cost`); older ones are read from the files.
         self._cache: deque[tuple[Frame, RowBlock]] = deque()
         self._cache_bytes = 0
         #: Appends waiting for room under the cap now (the log is at its cap while > 0).
@@ -454,16 +455,18 @@ class WriteAheadLog:
         """
         entry = item.entry
         contiguous = not self._cache or self._cache[-1][0].end == lsn
-        if item.block is None or not contiguous or entry.size > self.settings.cache_bytes:
+        cost = 0 if item.block is None else _cache_cost(entry.size, item.block)
+        if item.block is None or not contiguous or cost > self.settings.cache_bytes:
             self._cache.clear()
             self._cache_bytes = 0
-            if item.block is None or entry.size > self.settings.cache_bytes:
+            if item.block is None or cost > self.settings.cache_bytes:
                 return
         frame = Frame(lsn, entry.size, entry.kind, entry.rows, item.key, entry.body)
         self._cache.append((frame, item.block))
-        self._cache_bytes += entry.size
+        self._cache_bytes += cost
         while self._cache_bytes > self.settings.cache_bytes:
-            self._cache_bytes -= self._cache.popleft()[0].size
+            old_frame, old_block = self._cache.popleft()
+            self._cache_bytes -= _cache_cost(old_frame.size, old_block)
 
     def _forget_in_flight(self, item: PendingAppend) -> None:
         if item.key is not None and self._in_flight.get(item.key) is item:
@@ -540,7 +543,8 @@ class WriteAheadLog:
             return
         self._committed = position
         while self._cache and self._cache[0][0].lsn < position:
-            self._cache_bytes -= self._cache.popleft()[0].size
+            old_frame, old_block = self._cache.popleft()
+            self._cache_bytes -= _cache_cost(old_frame.size, old_block)
         while self._key_order and self._key_order[0][0] < position:
             lsn, key = self._key_order.popleft()
             if self._keys.get(key) == lsn:
@@ -645,6 +649,16 @@ class WriteAheadLog:
         return await trio.to_thread.run_sync(
             self._segments.read, after, max_bytes, self._durable_end, limiter=self._read_limiter
         )
+
+
+def _cache_cost(record_bytes: int, block: RowBlock) -> int:
+    """What one cached record counts against ``cache_bytes``: its encoded body and its block.
+
+    ``block.nbytes`` is the block's own estimate of its memory (its strings
+    plus a per-row overhead, appliance/rows/block.py), so small records,
+    whose Python objects outweigh their bytes, count for what they hold.
+    """
+    return record_bytes + block.nbytes
 
 
 @asynccontextmanager

@@ -404,17 +404,22 @@ async def test_the_cache_serves_what_read_returns_without_reading(tmp_path: Path
 @pytest.mark.trio
 async def test_the_cache_keeps_the_newest_records_within_its_bytes(tmp_path: Path) -> None:
     blocks = [sample_block(i) for i in range(10)]
-    async with open_wal(tmp_path, 0, replace(SMALL, cache_bytes=3 * 250)) as wal:
+    limit = 1500
+    async with open_wal(tmp_path, 0, replace(SMALL, cache_bytes=limit)) as wal:
         for b in blocks:
             await (await wal.begin_block(b)).wait()
         frames = await wal.read(0, 1 << 20)
-        assert all(f.size <= 250 for f in frames)
+        # Each record counts its bytes and its block's (the Python objects it keeps).
+        costs = [f.size + b.nbytes for f, b in zip(frames, blocks, strict=True)]
+        assert sum(costs) > limit
         # The oldest records left the cache: the writer reads those from the files.
         assert wal.read_cached(0, 1 << 20) is None
         held = [i for i, f in enumerate(frames) if wal.read_cached(f.lsn, 1 << 20) is not None]
         assert held
         assert held[-1] == 9
-        assert sum(frames[i].size for i in held) <= 3 * 250
+        assert held == list(range(held[0], 10))
+        assert sum(costs[i] for i in held) <= limit
+        assert sum(costs[i] for i in range(held[0] - 1, 10)) > limit  # no more than fits
     async with open_wal(tmp_path, 0, replace(SMALL, cache_bytes=0)) as wal:
         await (await wal.begin_block(sample_block(11))).wait()
         assert wal.read_cached(wal.committed, 1 << 20) is None
