@@ -785,6 +785,15 @@ class Config:
         )
 
     @property
+    def home_dir(self) -> Path:
+        """This appliance's own state directory: for a worker, its supervisor's.
+
+        Where what the workers share lives beside the PKI: the Logjam CURVE
+        keypair and the maintenance lock the CLI's table commands take.
+        """
+        return self.state_dir.parent.parent if self.worker is not None else self.state_dir
+
+    @property
     def table_uri(self) -> str:
         """Where the ``events`` table lives."""
         return self.lake.path or str(self.state_dir / "lake" / "events")

@@ -216,6 +216,25 @@ async def _handle_signals(
             return
 
 
+#: Seconds between a worker's looks at whether its supervisor is still its parent.
+SUPERVISOR_CHECK_SECONDS: Final = 1.0
+
+
+async def _follow_supervisor(supervisor: int, stop: trio.Event) -> None:
+    """A worker (``workers = N``) stops, draining as on SIGTERM, once its supervisor is gone.
+
+    Its parent changes when the supervisor dies, even by SIGKILL; a worker
+    left running would hold the ports and its state directory, and the next
+    start would fail. (``PR_SET_PDEATHSIG`` would do it at once, but it fires
+    when the parent *thread* that started the worker exits, and trio starts
+    processes from its worker threads, which come and go.)
+    """
+    while os.getppid() == supervisor:
+        await trio.sleep(SUPERVISOR_CHECK_SECONDS)
+    log.warning("service.supervisor_gone", supervisor=supervisor)
+    stop.set()
+
+
 async def _refresh_tls(tls: TlsManager, running: Running) -> None:
     """Re-sign the CRL before it runs out, and repeat expiry warnings, every hour."""
     while True:
@@ -301,6 +320,8 @@ async def _serve_locked(
                     running.reload = reloader.reload
                     if stop is None:
                         await acceptors.start(_handle_signals, stop_event, reloader.reload)
+                    if config.worker is not None:
+                        acceptors.start_soon(_follow_supervisor, os.getppid(), stop_event)
                     if ca_file is not None:
                         acceptors.start_soon(_refresh_tls, tls, running)
                     # Compaction, checkpoints and vacuum, serialized with commits;

@@ -28,18 +28,20 @@ import os
 import signal
 import sys
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Final
 
 import trio
 
-from appliance.config import Config, ConfigError, load_config
+from appliance.config import Config, ConfigError, load_config, settings_from
 from appliance.logs import get_logger
 from appliance.reload_status import ReloadStatus, read_status, write_status
 from appliance.server.registry import stores_needed
 from appliance.server.sdnotify import Notifier
 from appliance.server.tls import TlsManager
 from appliance.state_lock import PID_FILE, StateLock
+from pki.errors import PkiError
 
 __all__ = [
     "RELOAD_WAIT_SECONDS",
@@ -48,7 +50,9 @@ __all__ = [
     "STOP_GRACE_SECONDS",
     "WORKER_START_TIMEOUT_SECONDS",
     "WorkerFailed",
+    "drain_left_logs",
     "supervise",
+    "worker_command",
 ]
 
 log = get_logger("supervisor")
@@ -61,8 +65,9 @@ RESTART_INITIAL_SECONDS: Final = 1.0
 RESTART_MAX_SECONDS: Final = 30.0
 #: Seconds a stopping worker gets beyond its own shutdown_timeout_seconds before SIGKILL.
 STOP_GRACE_SECONDS: Final = 30.0
-#: Longest the supervisor waits for every worker to answer a reload, in seconds.
-RELOAD_WAIT_SECONDS: Final = 60.0
+#: Longest the supervisor waits for every worker to answer a reload, in seconds: under
+#: the CLI's own wait (RELOAD_CONFIRM_TIMEOUT_SECONDS, 10 s), so it gets the answer.
+RELOAD_WAIT_SECONDS: Final = 8.0
 #: Seconds between looks at a worker's pid file or reload status.
 POLL_SECONDS: Final = 0.1
 #: Seconds between checks that the CRL the workers serve is not about to run out.
@@ -80,6 +85,8 @@ class _Worker:
     index: int
     process: trio.Process | None = None
     restarts: int = 0
+    #: Its current process is ready (its pid file names it) and handles SIGHUP.
+    ready: bool = False
 
     @property
     def pid(self) -> int | None:
@@ -108,22 +115,28 @@ async def supervise(config: Config) -> None:
     Raises:
         WorkerFailed: a worker did not become ready at the first start (the
             others are stopped first).
-        OSError, PkiError, AuthError: the shared PKI or auth database cannot
-            be prepared.
+        OSError, PkiError, AuthError, LakeError: the shared PKI, auth
+            database or table cannot be prepared.
     """
     config.state_dir.mkdir(parents=True, exist_ok=True)
     os.chmod(config.state_dir, 0o750)  # noqa: S103 -- as the service's own, DESIGN §5
     state_lock = await trio.to_thread.run_sync(StateLock, config.state_dir)
     try:
+        # Caught from the start: a stop during the workers' start stops them too.
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
             await _supervise(config, state_lock, signals)
     finally:
         state_lock.release()
 
 
-async def _supervise(config: Config, state_lock: StateLock, signals: AsyncIterator[int]) -> None:
+async def _prepare(config: Config) -> tuple[TlsManager, Path | None]:
+    """What the workers share, made once before any starts; the PKI and its CA file, if any."""
     tls = TlsManager(config)
-    ca_file = await trio.to_thread.run_sync(tls.prepare)  # the PKI every worker serves
+    ca_file = await trio.to_thread.run_sync(tls.prepare)
+    tls_files = config.tls.cert_file and config.tls.key_file
+    if config.admin.enabled and config.admin.tls and not tls_files:
+        # The workers serve the admin listener with this certificate too.
+        await trio.to_thread.run_sync(tls.ca.ensure, config.tls.server_names)
     if stores_needed(config.listeners) or any(
         listener.tls and listener.client_auth != "off" for listener in config.listeners
     ):
@@ -131,57 +144,85 @@ async def _supervise(config: Config, state_lock: StateLock, signals: AsyncIterat
         from auth.database import open_database
 
         await trio.to_thread.run_sync(open_database, config.auth_settings)
+    await drain_left_logs(config)
+    return tls, ca_file
+
+
+async def _supervise(config: Config, state_lock: StateLock, signals: AsyncIterator[int]) -> None:
+    tls, ca_file = await _prepare(config)
     workers = [_Worker(index) for index in range(config.workers)]
     stopping = trio.Event()
     notifier = Notifier()
-    async with trio.open_nursery() as background:
-        async with trio.open_nursery() as children:
-            for worker in workers:
-                await children.start(_run_worker, config, worker, stopping)
-            state_lock.write_pid_file()
-            write_status(config.state_dir, ReloadStatus(os.getpid(), 0, ok=True))
-            log.info(
-                "supervisor.ready",
-                workers=len(workers),
-                pids=",".join(str(worker.pid) for worker in workers),
-                table=config.table_uri,
-                ca=str(ca_file) if ca_file else None,
-            )
-            if ca_file:
-                print(f"CA certificate for clients: {ca_file}", flush=True)
-            notifier.notify("READY=1", f"STATUS=workers: {len(workers)}")
-            background.start_soon(notifier.keep_alive)
-            if config.tls.client_ca_file is None:
-                background.start_soon(_refresh_crl, tls, workers)
-            generation = 0
+    reloads = trio.Lock()
+    async with trio.open_nursery() as nursery:
+        # The workers start together; a stop signal meanwhile stops them (no wait).
+        children = trio.CancelScope()
+
+        async def run_children(*, task_status: trio.TaskStatus[None]) -> None:
+            with children:
+                async with trio.open_nursery() as inner:
+                    for worker in workers:
+                        inner.start_soon(_run_worker, config, worker, stopping)
+                    task_status.started()
+
+        async def watch_signals() -> None:
             async for signum in signals:
                 if signum == signal.SIGHUP:
-                    generation += 1
-                    await _reload(config, workers, generation)
+                    nursery.start_soon(_reload_serialized, reloads, config, workers)
                     continue
                 log.info("supervisor.stopping", signal=signal.Signals(signum).name)
                 notifier.notify("STOPPING=1")
-                break
-            stopping.set()
-            await _stop(config, workers)
-        background.cancel_scope.cancel()
+                stopping.set()
+                # Every worker's task then sends its process one SIGTERM (a second
+                # would end it without draining) and waits; SIGKILL after the grace.
+                children.cancel()
+                nursery.cancel_scope.cancel()
+                return
+
+        nursery.start_soon(watch_signals)
+        await nursery.start(run_children)
+        with trio.move_on_after(WORKER_START_TIMEOUT_SECONDS + 1):
+            while not all(worker.ready for worker in workers):
+                await trio.sleep(POLL_SECONDS)
+        if stopping.is_set():
+            return
+        state_lock.write_pid_file()
+        write_status(config.state_dir, ReloadStatus(os.getpid(), 0, ok=True))
+        log.info(
+            "supervisor.ready",
+            workers=len(workers),
+            pids=",".join(str(worker.pid) for worker in workers),
+            table=config.table_uri,
+            ca=str(ca_file) if ca_file else None,
+        )
+        if ca_file:
+            print(f"CA certificate for clients: {ca_file}", flush=True)
+        notifier.notify("READY=1", f"STATUS=workers: {len(workers)}")
+        nursery.start_soon(notifier.keep_alive)
+        if config.tls.client_ca_file is None:
+            nursery.start_soon(_refresh_crl, tls, workers)
     log.info("supervisor.stopped", workers=len(workers))
 
 
-async def _run_worker(
-    config: Config,
-    worker: _Worker,
-    stopping: trio.Event,
-    *,
-    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
-) -> None:
-    """Start worker ``worker.index``, report once it is ready, and restart it until stopping."""
+async def _run_worker(config: Config, worker: _Worker, stopping: trio.Event) -> None:
+    """Start worker ``worker.index`` and keep it running until stopping.
+
+    Cancelled (a stop, or another worker failed its first start), it waits
+    for its process: SIGTERM, then SIGKILL after the shutdown timeout plus
+    :data:`STOP_GRACE_SECONDS`, so no worker outlives the supervisor.
+
+    Raises:
+        WorkerFailed: the first start failed.
+    """
     backoff = RESTART_INITIAL_SECONDS
     started = False
-    while True:
-        process = await trio.lowlevel.open_process(
-            worker_command(config, worker.index), env=_worker_environment()
-        )
+    grace = config.shutdown_timeout_seconds + STOP_GRACE_SECONDS
+    while not stopping.is_set():
+        with trio.CancelScope(shield=True):
+            # Never cancelled halfway: a process that was spawned is always awaited below.
+            process = await trio.lowlevel.open_process(
+                worker_command(config, worker.index), env=_worker_environment()
+            )
         worker.process = process
         try:
             try:
@@ -191,18 +232,18 @@ async def _run_worker(
                     raise  # the first start fails the supervisor's start
                 log.error("worker.start_failed", worker=worker.index, code=process.returncode)
             else:
-                if not started:
-                    started = True
-                    task_status.started()
-                else:
+                worker.ready = True
+                if started:
                     log.info("worker.restarted", worker=worker.index, pid=process.pid)
                     backoff = RESTART_INITIAL_SECONDS
+                started = True
             code = await process.wait()
         finally:
+            worker.ready = False
             if process.returncode is None:
-                # Cancelled (the supervisor failed): no worker may outlive it.
                 with trio.CancelScope(shield=True):
-                    await _terminate(process, config.shutdown_timeout_seconds + STOP_GRACE_SECONDS)
+                    await _terminate(process, grace)
+                log.info("worker.stopped", worker=worker.index, code=process.returncode)
         if stopping.is_set():
             log.info("worker.stopped", worker=worker.index, code=code)
             return
@@ -211,9 +252,8 @@ async def _run_worker(
             "worker.exited", worker=worker.index, code=code, restart_in_seconds=backoff,
             restarts=worker.restarts,
         )  # fmt: skip
-        await trio.sleep(backoff)
-        if stopping.is_set():
-            return
+        with trio.move_on_after(backoff):
+            await stopping.wait()
         backoff = min(backoff * 2, RESTART_MAX_SECONDS)
 
 
@@ -249,34 +289,31 @@ async def _terminate(process: trio.Process, grace: float) -> None:
     await process.wait()
 
 
-async def _stop(config: Config, workers: Sequence[_Worker]) -> None:
-    """SIGTERM every worker; each drains as a single service does. SIGKILL the late ones."""
-    for worker in workers:
-        worker.signal(signal.SIGTERM)
-    with trio.move_on_after(config.shutdown_timeout_seconds + STOP_GRACE_SECONDS):
-        for worker in workers:
-            if worker.process is not None:
-                await worker.process.wait()
-        return
-    for worker in workers:
-        if worker.process is not None and worker.process.returncode is None:
-            log.error("worker.killed", worker=worker.index, reason="did not stop in time")
-            worker.process.kill()
+async def _reload_serialized(lock: trio.Lock, config: Config, workers: Sequence[_Worker]) -> None:
+    """One reload at a time; each writes the next generation of the combined status."""
+    async with lock:
+        previous = read_status(config.state_dir)
+        await _reload(config, workers, (previous.generation if previous else 0) + 1)
 
 
 async def _reload(config: Config, workers: Sequence[_Worker], generation: int) -> None:
-    """Forward SIGHUP, wait for every worker's reload status, and write the combined one."""
-    before = {w.index: _generation(config, w.index) for w in workers}
-    for worker in workers:
+    """Forward SIGHUP to the ready workers, wait for their answers, write the combined one.
+
+    A worker that is starting is not signalled (it would die of SIGHUP before
+    it handles it); it reads the files as they are now when it is ready.
+    """
+    ready = [worker for worker in workers if worker.ready]
+    before = {w.index: _generation(config, w.index) for w in ready}
+    for worker in ready:
         worker.signal(signal.SIGHUP)
     answers: dict[int, ReloadStatus] = {}
     with trio.move_on_after(RELOAD_WAIT_SECONDS):
-        while len(answers) < len(workers):
-            for worker in workers:
+        while len(answers) < len(ready):
+            for worker in ready:
                 status = read_status(config.worker_state_dir(worker.index))
                 if status is not None and status.generation > before[worker.index]:
                     answers[worker.index] = status
-            if len(answers) < len(workers):
+            if len(answers) < len(ready):
                 await trio.sleep(POLL_SECONDS)
     restart: set[str] = set()
     if config.source is not None:
@@ -290,7 +327,7 @@ async def _reload(config: Config, workers: Sequence[_Worker], generation: int) -
         for index, status in sorted(answers.items())
         if not status.ok and status.error
     ]
-    missing = sorted({w.index for w in workers} - set(answers))
+    missing = sorted({w.index for w in ready} - set(answers))
     errors += [f"worker {index} did not answer the reload" for index in missing]
     applied = sorted({item for status in answers.values() for item in status.applied})
     for status in answers.values():
@@ -316,7 +353,70 @@ async def _refresh_crl(tls: TlsManager, workers: Sequence[_Worker]) -> None:
     while True:
         await trio.sleep(CRL_CHECK_SECONDS)
         if tls.ca.exists and tls.ca.crl_needs_refresh():
-            await trio.to_thread.run_sync(tls.ca.write_crl)
+            try:
+                await trio.to_thread.run_sync(tls.ca.write_crl)
+            except (PkiError, OSError) as exc:
+                # The workers keep serving the current CRL; try again in an hour.
+                log.error("supervisor.crl_refresh_failed", reason=str(exc))
+                continue
             log.info("supervisor.crl_refreshed", workers=len(workers))
             for worker in workers:
-                worker.signal(signal.SIGHUP)
+                if worker.ready:
+                    worker.signal(signal.SIGHUP)
+
+
+def _left_log_dirs(config: Config) -> list[Path]:
+    """State directories whose write-ahead logs no worker of ``config`` will replay.
+
+    This directory's own (from a run with ``workers = 1``), and those of
+    workers beyond ``workers`` (from a run with more): what they hold was
+    acknowledged.
+    """
+    found: list[Path] = []
+    if (config.state_dir / "wal").is_dir():
+        found.append(config.state_dir)
+    workers_dir = config.state_dir / "workers"
+    if workers_dir.is_dir():
+        for entry in sorted(workers_dir.iterdir(), key=lambda p: p.name):
+            beyond = entry.name.isdigit() and int(entry.name) >= config.workers
+            if beyond and (entry / "wal").is_dir():
+                found.append(entry)
+    return found
+
+
+async def drain_left_logs(config: Config) -> None:
+    """Commit every record of the logs no worker will replay, before the workers start.
+
+    Each is committed under the node id and writer token of the directory
+    that wrote it, as its own service would at start (exactly once: the
+    table's app transaction records how far each log is committed), then
+    its segments are gone. Changing ``workers`` thus loses nothing.
+
+    Raises:
+        LakeError: the table cannot be written.
+    """
+    from appliance.lake.table import EventsTable
+    from appliance.lake.writer import LakeWriter, WriterSettings
+    from appliance.service import node_id, write_ahead_log, writer_token
+
+    shared = config.for_worker(0)
+    for state_dir in _left_log_dirs(config):
+        if state_dir == config.state_dir:
+            owner = replace(shared, state_dir=state_dir, node_id=config.node_id, worker=None)
+        else:
+            index = int(state_dir.name)
+            node = f"{config.node_id}-w{index}" if config.node_id else None
+            owner = replace(shared, state_dir=state_dir, node_id=node, worker=None)
+        owner = replace(owner, lake=replace(owner.lake, ack="wal"))
+        wal = write_ahead_log(owner)
+        if wal is None:
+            continue
+        writer = LakeWriter(
+            EventsTable(owner.table_uri, owner.lake.storage_options or None),
+            node_id(owner),
+            settings_from(owner.lake, WriterSettings),
+            token=writer_token(owner),
+        )
+        await writer.open()
+        await writer.drain_log(wal)
+        log.info("supervisor.log_drained", state_dir=str(state_dir), commits=writer.commits)

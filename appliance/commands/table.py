@@ -262,9 +262,14 @@ def _delete_events(
         return retention.hand_off(config.state_dir, request, pid, progress)
     running = holder_pid(config.state_dir)
     if running is not None:
+        why = (
+            f"its {config.workers} workers hand table requests to no one"
+            if config.workers > 1
+            else "[maintenance] enabled = false"
+        )
         print(
-            f"note: the running service (pid {running}) takes no table requests "
-            "([maintenance] enabled = false): deleting alongside its commits",
+            f"note: the running service (pid {running}) takes no table requests ({why}): "
+            "deleting alongside its commits, under the maintenance lock it shares",
             file=sys.stderr,
         )
     return _locked(config, here)

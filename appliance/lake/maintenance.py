@@ -360,7 +360,8 @@ async def run_maintenance(writer: LakeWriter, config: Config) -> None:
         return
     uri = writer.table.uri
     options = config.lake.storage_options or None
-    lock = lock_path(config.state_dir)
+    # Shared by a supervisor's workers and the CLI's table commands (Config.home_dir).
+    lock = lock_path(config.home_dir)
     operations: dict[Operation, Callable[[], MaintenanceResult]] = {
         "compact": lambda: compact(uri, options, target_file_bytes=settings.target_file_bytes),
         "checkpoint": lambda: checkpoint(uri, options),

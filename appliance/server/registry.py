@@ -107,7 +107,7 @@ async def _start_logjam(listener: LogjamListenerConfig, site: ListenerSite) -> N
             serve_logjam,
             listener,
             site.context,
-            config.state_dir,
+            config.home_dir,  # a worker's CURVE keypair is the supervisor's
             auth=config.auth_settings,
         )
     )

@@ -145,3 +145,54 @@ def test_worker_is_only_for_the_supervisor_s_own_workers(tmp_path: Path) -> None
     assert done.returncode == 2
     assert "--worker 1: the config has workers = 1" in done.stderr
     assert not (tmp_path / "var").exists()  # nothing was started or written
+
+
+def table_chunks(path: Path) -> Counter[str]:
+    rows = DeltaTable(str(path)).to_pyarrow_table(columns=["batch_id"]).to_pylist()
+    return Counter(str(row["batch_id"]) for row in rows)
+
+
+def test_going_from_one_process_to_workers_commits_what_the_one_had_logged(
+    tmp_path: Path,
+) -> None:
+    """Acked batches left in ``<state>/wal`` by a single process reach the table, once."""
+    port = free_port()
+    listener = {"forward": f'protocol = "forward"\nbind = "127.0.0.1:{port}"'}
+    # An hour between commits: what is acked stays in the log.
+    lake = 'ack = "wal"\ncommit_interval_seconds = 3600'
+    single = start_appliance(tmp_path, listener, "", lake=lake)
+    chunks = [f"left-{i}" for i in range(5)]
+    assert [acked(single, port, chunk) for chunk in chunks] == chunks
+    single.process.kill()  # SIGKILL: the log holds them, the table does not
+    single.process.wait()
+    table = single.state_dir / "lake" / "events"
+    assert not DeltaTable(str(table)).to_pyarrow_table().num_rows
+    # The same state directory, now with workers: the supervisor commits the old log first.
+    app = start_appliance(tmp_path, listener, "workers = 2", lake=lake)
+    try:
+        wait_for(lambda: "event=supervisor.ready" in app.log(), "supervisor.ready")
+        assert "event=supervisor.log_drained" in app.log()
+        assert table_chunks(table) == dict.fromkeys(chunks, EVENTS)
+        # A resend of them now is a duplicate, whichever worker takes it.
+        assert [acked(app, port, chunk) for chunk in chunks] == chunks
+    finally:
+        assert app.stop() == 0
+    assert table_chunks(table) == dict.fromkeys(chunks, EVENTS)
+
+
+def test_workers_stop_by_themselves_when_the_supervisor_is_killed(tmp_path: Path) -> None:
+    port = free_port()
+    app = start_appliance(
+        tmp_path, {"forward": f'protocol = "forward"\nbind = "127.0.0.1:{port}"'}, "workers = 2"
+    )
+    wait_for(lambda: "event=supervisor.ready" in app.log(), "supervisor.ready")
+    pids = [worker_pid(app, 0), worker_pid(app, 1)]
+    app.process.kill()
+    app.process.wait()
+    wait_for(lambda: not any(alive(pid) for pid in pids), "the workers to exit", 60)
+    assert "event=service.supervisor_gone" in app.log()
+    # The port and the state directories are free: a new start on them works.
+    again = start_appliance(
+        tmp_path, {"forward": f'protocol = "forward"\nbind = "127.0.0.1:{port}"'}, "workers = 2"
+    )
+    assert again.stop() == 0
