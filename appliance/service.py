@@ -26,6 +26,7 @@ import hashlib
 import os
 import secrets
 import signal
+import threading
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -220,18 +221,31 @@ async def _handle_signals(
 SUPERVISOR_CHECK_SECONDS: Final = 1.0
 
 
+#: Set from a signal handler of a worker (:func:`request_stop`): a stop to make.
+_stop_requested = threading.Event()
+
+
+def request_stop() -> None:
+    """Ask the running worker to stop (safe in a signal handler): see ``_follow_supervisor``."""
+    _stop_requested.set()
+
+
 async def _follow_supervisor(supervisor: int, stop: trio.Event) -> None:
     """A worker (``workers = N``) stops, draining as on SIGTERM, once its supervisor is gone.
 
-    Its parent changes when the supervisor dies, even by SIGKILL; a worker
-    left running would hold the ports and its state directory, and the next
-    start would fail. (``PR_SET_PDEATHSIG`` would do it at once, but it fires
-    when the parent *thread* that started the worker exits, and trio starts
-    processes from its worker threads, which come and go.)
+    ``supervisor`` is the supervisor's pid, given on the command line: the
+    worker's parent is another once the supervisor has died, even by
+    SIGKILL, even before this worker was ready. A worker left running would
+    hold the ports and its state directory, and the next start would fail.
+    (``PR_SET_PDEATHSIG`` would do it at once, but it fires when the parent
+    *thread* that started the worker exits, and trio starts processes from
+    its worker threads, which come and go.) A SIGTERM taken by the worker's
+    standing handler (:func:`request_stop`) stops it the same way.
     """
-    while os.getppid() == supervisor:
+    while os.getppid() == supervisor and not _stop_requested.is_set():
         await trio.sleep(SUPERVISOR_CHECK_SECONDS)
-    log.warning("service.supervisor_gone", supervisor=supervisor)
+    if not _stop_requested.is_set():
+        log.warning("service.supervisor_gone", supervisor=supervisor)
     stop.set()
 
 
@@ -249,15 +263,20 @@ async def serve(
     config: Config,
     *,
     stop: trio.Event | None = None,
+    supervisor: int | None = None,
     task_status: trio.TaskStatus[Running] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Run the appliance until ``stop`` is set, or SIGTERM/SIGINT when ``stop`` is None."""
+    """Run the appliance until ``stop`` is set, or SIGTERM/SIGINT when ``stop`` is None.
+
+    ``supervisor``: the pid of the supervisor this process is a worker of
+    (``workers = N``); it stops once that process is gone.
+    """
     prepare_state(config)
     # One process per state directory (issue 20): before anything is written.
     # StateLock retries for up to half a second: in a worker thread, not on the loop.
     state_lock = await trio.to_thread.run_sync(StateLock, config.state_dir)
     try:
-        await _serve_locked(config, state_lock, stop, task_status)
+        await _serve_locked(config, state_lock, stop, supervisor, task_status)
     finally:
         state_lock.release()
 
@@ -266,10 +285,16 @@ async def _serve_locked(
     config: Config,
     state_lock: StateLock,
     stop: trio.Event | None,
+    supervisor: int | None,
     task_status: trio.TaskStatus[Running],
 ) -> None:
     tls = TlsManager(config)
     ca_file = tls.prepare()
+    if config.worker is None:
+        # Logs left by workers of an earlier ``workers = N`` run: acked, so committed first.
+        from appliance.supervisor import drain_left_logs
+
+        await drain_left_logs(config)
     # Counted only when the admin listener can serve them (docs/observability.md).
     metrics = Metrics(enabled=config.admin.enabled)
     log_wal = config.lake.ack == "wal"
@@ -320,8 +345,8 @@ async def _serve_locked(
                     running.reload = reloader.reload
                     if stop is None:
                         await acceptors.start(_handle_signals, stop_event, reloader.reload)
-                    if config.worker is not None:
-                        acceptors.start_soon(_follow_supervisor, os.getppid(), stop_event)
+                    if supervisor is not None:
+                        acceptors.start_soon(_follow_supervisor, supervisor, stop_event)
                     if ca_file is not None:
                         acceptors.start_soon(_refresh_tls, tls, running)
                     # Compaction, checkpoints and vacuum, serialized with commits;

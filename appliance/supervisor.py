@@ -25,6 +25,7 @@ serves nothing itself:
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import sys
 from collections.abc import AsyncIterator, Sequence
@@ -40,7 +41,7 @@ from appliance.reload_status import ReloadStatus, read_status, write_status
 from appliance.server.registry import stores_needed
 from appliance.server.sdnotify import Notifier
 from appliance.server.tls import TlsManager
-from appliance.state_lock import PID_FILE, StateLock
+from appliance.state_lock import PID_FILE, StateLock, StateLocked
 from pki.errors import PkiError
 
 __all__ = [
@@ -100,6 +101,7 @@ class _Worker:
 def worker_command(config: Config, index: int) -> list[str]:
     """The command line of worker ``index``: this interpreter, ``appliance serve --worker``."""
     command = [sys.executable, "-m", "appliance", "serve", "--worker", str(index)]
+    command += ["--supervisor", str(os.getpid())]
     if config.source is not None:
         command += ["--config", str(config.source)]
     return command
@@ -165,10 +167,16 @@ async def _supervise(config: Config, state_lock: StateLock, signals: AsyncIterat
                         inner.start_soon(_run_worker, config, worker, stopping)
                     task_status.started()
 
+        ready = trio.Event()
+
         async def watch_signals() -> None:
             async for signum in signals:
                 if signum == signal.SIGHUP:
-                    nursery.start_soon(_reload_serialized, reloads, config, workers)
+                    if ready.is_set():
+                        nursery.start_soon(_reload_serialized, reloads, config, workers)
+                    else:
+                        # Starting workers read the files as they are now.
+                        log.info("supervisor.reload_skipped", reason="workers starting")
                     continue
                 log.info("supervisor.stopping", signal=signal.Signals(signum).name)
                 notifier.notify("STOPPING=1")
@@ -186,6 +194,10 @@ async def _supervise(config: Config, state_lock: StateLock, signals: AsyncIterat
                 await trio.sleep(POLL_SECONDS)
         if stopping.is_set():
             return
+        late = [worker.index for worker in workers if not worker.ready]
+        if late:
+            raise WorkerFailed(f"workers {late} were not ready within the start timeout")
+        ready.set()
         state_lock.write_pid_file()
         write_status(config.state_dir, ReloadStatus(os.getpid(), 0, ok=True))
         log.info(
@@ -368,17 +380,18 @@ async def _refresh_crl(tls: TlsManager, workers: Sequence[_Worker]) -> None:
 def _left_log_dirs(config: Config) -> list[Path]:
     """State directories whose write-ahead logs no worker of ``config`` will replay.
 
-    This directory's own (from a run with ``workers = 1``), and those of
-    workers beyond ``workers`` (from a run with more): what they hold was
-    acknowledged.
+    With workers, this directory's own (from a run with ``workers = 1``);
+    always, those of workers beyond ``workers`` (from a run with more; all
+    of them for a single process): what they hold was acknowledged.
     """
     found: list[Path] = []
-    if (config.state_dir / "wal").is_dir():
+    if config.workers > 1 and (config.state_dir / "wal").is_dir():
         found.append(config.state_dir)
     workers_dir = config.state_dir / "workers"
+    running = config.workers if config.workers > 1 else 0  # a single process runs no worker
     if workers_dir.is_dir():
         for entry in sorted(workers_dir.iterdir(), key=lambda p: p.name):
-            beyond = entry.name.isdigit() and int(entry.name) >= config.workers
+            beyond = entry.name.isdigit() and int(entry.name) >= running
             if beyond and (entry / "wal").is_dir():
                 found.append(entry)
     return found
@@ -408,15 +421,28 @@ async def drain_left_logs(config: Config) -> None:
             node = f"{config.node_id}-w{index}" if config.node_id else None
             owner = replace(shared, state_dir=state_dir, node_id=node, worker=None)
         owner = replace(owner, lake=replace(owner.lake, ack="wal"))
-        wal = write_ahead_log(owner)
-        if wal is None:
-            continue
-        writer = LakeWriter(
-            EventsTable(owner.table_uri, owner.lake.storage_options or None),
-            node_id(owner),
-            settings_from(owner.lake, WriterSettings),
-            token=writer_token(owner),
-        )
-        await writer.open()
-        await writer.drain_log(wal)
-        log.info("supervisor.log_drained", state_dir=str(state_dir), commits=writer.commits)
+        lock: StateLock | None = None
+        if state_dir != config.state_dir:  # this process holds that one already
+            try:
+                # A process still running there (a worker of a supervisor that died) keeps it.
+                lock = await trio.to_thread.run_sync(StateLock, state_dir)
+            except StateLocked as exc:
+                raise WorkerFailed(f"cannot commit the log left in {state_dir}: {exc}") from None
+        try:
+            wal = write_ahead_log(owner)
+            if wal is None:
+                continue
+            writer = LakeWriter(
+                EventsTable(owner.table_uri, owner.lake.storage_options or None),
+                node_id(owner),
+                settings_from(owner.lake, WriterSettings),
+                token=writer_token(owner),
+            )
+            await writer.open()
+            await writer.drain_log(wal)
+            # Everything in it is in the table now: no later start needs to look again.
+            await trio.to_thread.run_sync(shutil.rmtree, state_dir / "wal")
+            log.info("supervisor.log_drained", state_dir=str(state_dir), commits=writer.commits)
+        finally:
+            if lock is not None:
+                lock.release()

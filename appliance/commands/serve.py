@@ -6,6 +6,8 @@ trio and the service's modules load only when the command runs.
 from __future__ import annotations
 
 import argparse
+import functools
+import signal
 import sys
 
 from appliance.commands.common import Subparsers, load
@@ -26,6 +28,21 @@ def _leaves(error: BaseException) -> list[BaseException]:
     return [error]
 
 
+def _worker_signals() -> None:
+    """A worker stops when its supervisor says so, once, and drains.
+
+    Ctrl-C reaches every process of the terminal's group and systemd may
+    signal the whole cgroup: a worker ignores SIGINT, and a SIGTERM that
+    arrives outside the service's own handling (during start, or a second
+    one during the drain, which would otherwise end it at once) only asks
+    the service to stop (``appliance.service.stop_requested``).
+    """
+    from appliance.service import request_stop
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, lambda _signum, _frame: request_stop())
+
+
 def _serve(args: argparse.Namespace) -> int:
     import trio
 
@@ -33,13 +50,16 @@ def _serve(args: argparse.Namespace) -> int:
 
     config = load(args.config)
     configure(config.log.level, config.log.format, worker=args.worker)
+    supervisor: int | None = None
     if args.worker is not None:
         # Started by the supervisor (workers = N): run as its worker ``args.worker``.
-        if not 0 <= args.worker < config.workers:
+        if not 0 <= args.worker < config.workers or args.supervisor is None:
             print(f"appliance: --worker {args.worker}: the config has workers = "
                   f"{config.workers}", file=sys.stderr)  # fmt: skip
             return 2
         config = config.for_worker(args.worker)
+        supervisor = args.supervisor
+        _worker_signals()
     failures: list[str] = []
     try:
         if config.workers > 1:
@@ -47,7 +67,7 @@ def _serve(args: argparse.Namespace) -> int:
 
             trio.run(supervise, config)
         else:
-            trio.run(serve, config)
+            trio.run(functools.partial(serve, config, supervisor=supervisor))
     except* (OSError, LakeError, AuthError, PkiError) as group:
         # Start-up failures an operator can fix: a port in use, an unreadable
         # table, an auth database behind the code's schema (the message names
@@ -69,4 +89,5 @@ def add_parser(commands: Subparsers, common: argparse.ArgumentParser) -> None:
     )
     # Set by the supervisor for the processes it starts (workers = N); not for operators.
     serve.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
+    serve.add_argument("--supervisor", type=int, default=None, help=argparse.SUPPRESS)
     serve.set_defaults(func=_serve)
