@@ -26,7 +26,6 @@ import hashlib
 import os
 import secrets
 import signal
-import threading
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -221,13 +220,15 @@ async def _handle_signals(
 SUPERVISOR_CHECK_SECONDS: Final = 1.0
 
 
-#: Set from a signal handler of a worker (:func:`request_stop`): a stop to make.
-_stop_requested = threading.Event()
+#: Set by a worker's standing SIGTERM handler (:func:`request_stop`): a stop to make.
+#: A plain bool: a handler may run again inside itself, and a lock would deadlock.
+_stop_requested = False
 
 
 def request_stop() -> None:
-    """Ask the running worker to stop (safe in a signal handler): see ``_follow_supervisor``."""
-    _stop_requested.set()
+    """Ask the running worker to stop (its SIGTERM handler): see ``_follow_supervisor``."""
+    global _stop_requested
+    _stop_requested = True
 
 
 async def _follow_supervisor(supervisor: int, stop: trio.Event) -> None:
@@ -242,9 +243,9 @@ async def _follow_supervisor(supervisor: int, stop: trio.Event) -> None:
     its worker threads, which come and go.) A SIGTERM taken by the worker's
     standing handler (:func:`request_stop`) stops it the same way.
     """
-    while os.getppid() == supervisor and not _stop_requested.is_set():
+    while os.getppid() == supervisor and not _stop_requested:
         await trio.sleep(SUPERVISOR_CHECK_SECONDS)
-    if not _stop_requested.is_set():
+    if not _stop_requested:
         log.warning("service.supervisor_gone", supervisor=supervisor)
     stop.set()
 

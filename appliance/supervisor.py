@@ -412,8 +412,11 @@ async def drain_left_logs(config: Config) -> None:
     from appliance.lake.writer import LakeWriter, WriterSettings
     from appliance.service import node_id, write_ahead_log, writer_token
 
+    left = _left_log_dirs(config)
+    if not left:
+        return
     shared = config.for_worker(0)
-    for state_dir in _left_log_dirs(config):
+    for state_dir in left:
         if state_dir == config.state_dir:
             owner = replace(shared, state_dir=state_dir, node_id=config.node_id, worker=None)
         else:
@@ -440,8 +443,10 @@ async def drain_left_logs(config: Config) -> None:
             )
             await writer.open()
             await writer.drain_log(wal)
-            # Everything in it is in the table now: no later start needs to look again.
-            await trio.to_thread.run_sync(shutil.rmtree, state_dir / "wal")
+            if writer.lost_records == 0:
+                # Everything in it is in the table now: no later start needs to look again.
+                # (Records logged as lost stay on disk, for whoever investigates.)
+                await trio.to_thread.run_sync(shutil.rmtree, state_dir / "wal")
             log.info("supervisor.log_drained", state_dir=str(state_dir), commits=writer.commits)
         finally:
             if lock is not None:

@@ -29,17 +29,21 @@ def _leaves(error: BaseException) -> list[BaseException]:
 
 
 def _worker_signals() -> None:
-    """A worker stops when its supervisor says so, once, and drains.
+    """A worker stops when asked, once, and drains; no signal ends it undrained.
 
-    Ctrl-C reaches every process of the terminal's group and systemd may
-    signal the whole cgroup: a worker ignores SIGINT, and a SIGTERM that
-    arrives outside the service's own handling (during start, or a second
-    one during the drain, which would otherwise end it at once) only asks
-    the service to stop (``appliance.service.stop_requested``).
+    Ctrl-C reaches every process of the terminal's group, and systemd
+    signals the whole cgroup besides the supervisor's own SIGTERM: a worker
+    ignores SIGINT (the supervisor stops it), ignores SIGHUP outside the
+    service's own handling (a reload that reaches it while it starts or
+    drains), and a SIGTERM outside that handling (during the start, or a
+    second one, also one trio passes on when its receiver closes) only asks
+    the service to stop (:func:`appliance.service.request_stop`). These are
+    the handlers trio's signal receiver restores when it closes.
     """
     from appliance.service import request_stop
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, lambda _signum, _frame: request_stop())
 
 
@@ -53,9 +57,13 @@ def _serve(args: argparse.Namespace) -> int:
     supervisor: int | None = None
     if args.worker is not None:
         # Started by the supervisor (workers = N): run as its worker ``args.worker``.
-        if not 0 <= args.worker < config.workers or args.supervisor is None:
+        if not 0 <= args.worker < config.workers:
             print(f"appliance: --worker {args.worker}: the config has workers = "
                   f"{config.workers}", file=sys.stderr)  # fmt: skip
+            return 2
+        if args.supervisor is None:
+            print("appliance: --worker needs --supervisor PID (the supervisor starts workers)",
+                  file=sys.stderr)  # fmt: skip
             return 2
         config = config.for_worker(args.worker)
         supervisor = args.supervisor

@@ -227,3 +227,28 @@ def test_going_from_workers_to_one_process_commits_what_the_workers_had_logged(
     finally:
         assert single.stop() == 0
     assert table_chunks(table) == dict.fromkeys(chunks, EVENTS)
+
+
+def test_systemd_s_stop_of_the_whole_group_drains_every_worker(tmp_path: Path) -> None:
+    """``systemctl stop`` SIGTERMs every process of the unit: each worker gets two SIGTERMs.
+
+    A worker takes the first, drains, and ignores the second (its own
+    supervisor's); none dies undrained, and the supervisor exits 0.
+    """
+    port = free_port()
+    lake = 'ack = "wal"\ncommit_interval_seconds = 3600'
+    app = start_appliance(
+        tmp_path, {"forward": f'protocol = "forward"\nbind = "127.0.0.1:{port}"'},
+        "workers = 2", lake=lake,
+    )  # fmt: skip
+    wait_for(lambda: "event=supervisor.ready" in app.log(), "supervisor.ready")
+    chunks = [f"g-{i}" for i in range(6)]
+    assert [acked(app, port, chunk) for chunk in chunks] == chunks
+    for pid in (worker_pid(app, 0), worker_pid(app, 1), app.process.pid):
+        os.kill(pid, signal.SIGTERM)
+    assert app.process.wait(timeout=120) == 0, app.log()
+    log = app.log()
+    assert "event=worker.stopped worker=0 code=0" in log
+    assert "event=worker.stopped worker=1 code=0" in log
+    # Drained, not killed: the logs were committed at the stop, an hour early.
+    assert table_chunks(app.state_dir / "lake" / "events") == dict.fromkeys(chunks, EVENTS)
