@@ -26,13 +26,23 @@ from tests.conftest import ApplianceProcess, free_port, start_appliance
 
 CHUNKS = 40
 EVENTS = 10
+#: An hour between commits: what is acked stays in the write-ahead log until a stop.
+LOGGED = 'ack = "wal"\ncommit_interval_seconds = 3600'
 
 
-def wait_for(predicate: object, what: str, seconds: float = 60) -> None:
+def forward_on(port: int) -> dict[str, str]:
+    """One forward listener on ``port`` (the workers share it)."""
+    return {"forward": f'protocol = "forward"\nbind = "127.0.0.1:{port}"'}
+
+
+def wait_for(
+    predicate: object, what: str, seconds: float = 60, app: ApplianceProcess | None = None
+) -> None:
     deadline = time.monotonic() + seconds
     while not predicate():  # type: ignore[operator]
         if time.monotonic() > deadline:
-            raise AssertionError(f"not within {seconds}s: {what}")
+            tail = "" if app is None else "\n" + "\n".join(app.log().splitlines()[-40:])
+            raise AssertionError(f"not within {seconds}s: {what}{tail}")
         time.sleep(0.1)
 
 
@@ -41,11 +51,12 @@ def worker_pid(app: ApplianceProcess, index: int) -> int:
 
 
 def alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie not yet reaped by whoever adopted it does not)."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
         return False
-    return True
+    return stat.rpartition(")")[2].split()[0] != "Z"
 
 
 def acked(app: ApplianceProcess, port: int, chunk: str) -> str:
@@ -58,12 +69,12 @@ def test_two_workers_share_the_port_and_the_table_and_survive_a_kill(tmp_path: P
     port = free_port()
     app = start_appliance(
         tmp_path,
-        {"forward": f'protocol = "forward"\nbind = "127.0.0.1:{port}"'},
+        forward_on(port),
         "workers = 2",
         lake='commit_interval_seconds = 0.2\nack = "wal"',
     )
     try:
-        wait_for(lambda: "event=supervisor.ready" in app.log(), "supervisor.ready")
+        wait_for(lambda: "event=supervisor.ready" in app.log(), "supervisor.ready", app=app)
         pids = [worker_pid(app, 0), worker_pid(app, 1)]
         assert len(set(pids)) == 2
         assert all(alive(pid) for pid in pids)
@@ -73,7 +84,7 @@ def test_two_workers_share_the_port_and_the_table_and_survive_a_kill(tmp_path: P
 
         # A worker dies: the supervisor starts it again on its own state directory.
         os.kill(pids[1], signal.SIGKILL)
-        wait_for(lambda: "event=worker.restarted" in app.log(), "worker.restarted")
+        wait_for(lambda: "event=worker.restarted" in app.log(), "worker.restarted", app=app)
         assert worker_pid(app, 1) != pids[1]
         assert "event=worker.exited worker=1" in app.log()
         # Each worker's lines say which worker wrote them.
@@ -83,10 +94,10 @@ def test_two_workers_share_the_port_and_the_table_and_survive_a_kill(tmp_path: P
 
         # SIGHUP: every worker reloads, and the supervisor writes the combined answer.
         os.kill(app.process.pid, signal.SIGHUP)
-        wait_for(lambda: (read_status(app.state_dir) or _none()).generation == 1, "reload")
+        wait_for(lambda: (read_status(app.state_dir) or _none()).generation == 1, "reload", app=app)
         status = read_status(app.state_dir)
         assert status is not None
-        assert status.ok, status
+        assert status.ok, (status, app.log())
         assert "tls" in status.applied
         workers_now = [worker_pid(app, 0), worker_pid(app, 1)]
     finally:
@@ -123,7 +134,7 @@ def test_a_worker_that_cannot_start_fails_the_start_and_leaves_nothing_running(
         try:
             start_appliance(
                 tmp_path,
-                {"forward": f'protocol = "forward"\nbind = "127.0.0.1:{port}"'},
+                forward_on(port),
                 "workers = 2",
             )
         except RuntimeError as exc:
@@ -159,10 +170,7 @@ def test_going_from_one_process_to_workers_commits_what_the_one_had_logged(
 ) -> None:
     """Acked batches left in ``<state>/wal`` by a single process reach the table, once."""
     port = free_port()
-    listener = {"forward": f'protocol = "forward"\nbind = "127.0.0.1:{port}"'}
-    # An hour between commits: what is acked stays in the log.
-    lake = 'ack = "wal"\ncommit_interval_seconds = 3600'
-    single = start_appliance(tmp_path, listener, "", lake=lake)
+    single = start_appliance(tmp_path, forward_on(port), "", lake=LOGGED)
     chunks = [f"left-{i}" for i in range(5)]
     assert [acked(single, port, chunk) for chunk in chunks] == chunks
     single.process.kill()  # SIGKILL: the log holds them, the table does not
@@ -170,9 +178,9 @@ def test_going_from_one_process_to_workers_commits_what_the_one_had_logged(
     table = single.state_dir / "lake" / "events"
     assert not DeltaTable(str(table)).to_pyarrow_table().num_rows
     # The same state directory, now with workers: the supervisor commits the old log first.
-    app = start_appliance(tmp_path, listener, "workers = 2", lake=lake)
+    app = start_appliance(tmp_path, forward_on(port), "workers = 2", lake=LOGGED)
     try:
-        wait_for(lambda: "event=supervisor.ready" in app.log(), "supervisor.ready")
+        wait_for(lambda: "event=supervisor.ready" in app.log(), "supervisor.ready", app=app)
         assert "event=supervisor.log_drained" in app.log()
         assert table_chunks(table) == dict.fromkeys(chunks, EVENTS)
         # A resend of them now is a duplicate, whichever worker takes it.
@@ -184,19 +192,15 @@ def test_going_from_one_process_to_workers_commits_what_the_one_had_logged(
 
 def test_workers_stop_by_themselves_when_the_supervisor_is_killed(tmp_path: Path) -> None:
     port = free_port()
-    app = start_appliance(
-        tmp_path, {"forward": f'protocol = "forward"\nbind = "127.0.0.1:{port}"'}, "workers = 2"
-    )
-    wait_for(lambda: "event=supervisor.ready" in app.log(), "supervisor.ready")
+    app = start_appliance(tmp_path, forward_on(port), "workers = 2")
+    wait_for(lambda: "event=supervisor.ready" in app.log(), "supervisor.ready", app=app)
     pids = [worker_pid(app, 0), worker_pid(app, 1)]
     app.process.kill()
     app.process.wait()
-    wait_for(lambda: not any(alive(pid) for pid in pids), "the workers to exit", 60)
+    wait_for(lambda: not any(alive(pid) for pid in pids), "the workers to exit", 60, app=app)
     assert "event=service.supervisor_gone" in app.log()
     # The port and the state directories are free: a new start on them works.
-    again = start_appliance(
-        tmp_path, {"forward": f'protocol = "forward"\nbind = "127.0.0.1:{port}"'}, "workers = 2"
-    )
+    again = start_appliance(tmp_path, forward_on(port), "workers = 2")
     assert again.stop() == 0
 
 
@@ -205,10 +209,8 @@ def test_going_from_workers_to_one_process_commits_what_the_workers_had_logged(
 ) -> None:
     """Acked batches left in ``workers/<k>/wal`` reach the table when ``workers`` goes back to 1."""
     port = free_port()
-    listener = {"forward": f'protocol = "forward"\nbind = "127.0.0.1:{port}"'}
-    lake = 'ack = "wal"\ncommit_interval_seconds = 3600'
-    app = start_appliance(tmp_path, listener, "workers = 2", lake=lake)
-    wait_for(lambda: "event=supervisor.ready" in app.log(), "supervisor.ready")
+    app = start_appliance(tmp_path, forward_on(port), "workers = 2", lake=LOGGED)
+    wait_for(lambda: "event=supervisor.ready" in app.log(), "supervisor.ready", app=app)
     chunks = [f"w-{i}" for i in range(8)]
     assert [acked(app, port, chunk) for chunk in chunks] == chunks
     # Everything at once, with no chance to drain: the logs keep what was acked.
@@ -217,10 +219,10 @@ def test_going_from_workers_to_one_process_commits_what_the_workers_had_logged(
         os.kill(pid, signal.SIGKILL)
     app.process.kill()
     app.process.wait()
-    wait_for(lambda: not any(alive(pid) for pid in pids), "the workers to be gone")
+    wait_for(lambda: not any(alive(pid) for pid in pids), "the workers to be gone", app=app)
     table = app.state_dir / "lake" / "events"
     assert sum(table_chunks(table).values()) < len(chunks) * EVENTS
-    single = start_appliance(tmp_path, listener, "", lake=lake)
+    single = start_appliance(tmp_path, forward_on(port), "", lake=LOGGED)
     try:
         assert "event=supervisor.log_drained" in single.log()
         assert table_chunks(table) == dict.fromkeys(chunks, EVENTS)
@@ -236,12 +238,8 @@ def test_systemd_s_stop_of_the_whole_group_drains_every_worker(tmp_path: Path) -
     supervisor's); none dies undrained, and the supervisor exits 0.
     """
     port = free_port()
-    lake = 'ack = "wal"\ncommit_interval_seconds = 3600'
-    app = start_appliance(
-        tmp_path, {"forward": f'protocol = "forward"\nbind = "127.0.0.1:{port}"'},
-        "workers = 2", lake=lake,
-    )  # fmt: skip
-    wait_for(lambda: "event=supervisor.ready" in app.log(), "supervisor.ready")
+    app = start_appliance(tmp_path, forward_on(port), "workers = 2", lake=LOGGED)
+    wait_for(lambda: "event=supervisor.ready" in app.log(), "supervisor.ready", app=app)
     chunks = [f"g-{i}" for i in range(6)]
     assert [acked(app, port, chunk) for chunk in chunks] == chunks
     for pid in (worker_pid(app, 0), worker_pid(app, 1), app.process.pid):
