@@ -477,19 +477,15 @@ def start_server(
     server = Server(proc, state_dir, port, Path(), log_path)
     assert proc.stdout is not None
     deadline = time.monotonic() + 60
-
-    def ready(buffer: bytes) -> bool:
-        return READY_LINE in buffer and buffer.endswith(b"\n")
-
     buffer = b""
     with selectors.DefaultSelector() as sel:
         sel.register(proc.stdout, selectors.EVENT_READ)
-        while not ready(buffer):
+        while READY_LINE not in buffer or not buffer.endswith(b"\n"):
             left = deadline - time.monotonic()
             if left <= 0 or proc.poll() is not None:
                 proc.kill()
                 raise RuntimeError(f"server did not become ready:\n{server.log_tail()}")
-            if sel.select(timeout=min(left, 0.2)):
+            if sel.select(timeout=min(left, 0.5)):
                 buffer += os.read(proc.stdout.fileno(), 4096)
     line = next(x for x in buffer.decode().splitlines() if READY_LINE.decode() in x)
     server.ca_file = Path(line.split(":", 1)[1].strip())

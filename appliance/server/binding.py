@@ -9,6 +9,7 @@ a hash of the client's address and port. Without it, this is
 
 from __future__ import annotations
 
+import contextlib
 import socket
 from typing import Final
 
@@ -40,24 +41,17 @@ async def open_tcp_listeners(
         host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
     )
     listeners: list[trio.SocketListener] = []
-    try:
+    with contextlib.ExitStack() as opened:  # on any failure, close what was opened
         for family, kind, proto, _, address in addresses:
-            sock = trio.socket.socket(family, kind, proto)
-            try:
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-                if family == socket.AF_INET6:
-                    sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-                await sock.bind(address)
-                sock.listen(LISTEN_BACKLOG)
-            except BaseException:
-                sock.close()
-                raise
+            sock = opened.enter_context(trio.socket.socket(family, kind, proto))
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            await sock.bind(address)
+            sock.listen(LISTEN_BACKLOG)
             listeners.append(trio.SocketListener(sock))
-    except BaseException:
-        for listener in listeners:
-            listener.socket.close()
-        raise
+        opened.pop_all()  # all bound: the listeners own them now
     return listeners
 
 
@@ -67,15 +61,12 @@ async def bind_udp(host: str, port: int, *, reuse_port: bool = False) -> trio.so
     Raises:
         OSError: the address cannot be bound.
     """
-    family, _, _, _, address = (await trio.socket.getaddrinfo(host, port, type=socket.SOCK_DGRAM))[
-        0
-    ]
-    sock = trio.socket.socket(family, socket.SOCK_DGRAM)
-    try:
+    addresses = await trio.socket.getaddrinfo(host, port, type=socket.SOCK_DGRAM)
+    family, _, _, _, address = addresses[0]
+    with contextlib.ExitStack() as opened:  # closed unless bound
+        sock = opened.enter_context(trio.socket.socket(family, socket.SOCK_DGRAM))
         if reuse_port:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         await sock.bind(address)
-    except BaseException:
-        sock.close()
-        raise
+        opened.pop_all()
     return sock
