@@ -560,6 +560,11 @@ class WalSample:
     cap_refusals: int
     #: Seconds from each group's first append to its durability, summed over the groups.
     sync_wait_seconds: float
+    #: What the cache of the newest records holds (their bytes and their blocks').
+    cache_bytes: int
+    #: Commit groups served from the cache, and those read back from the files and decoded.
+    groups_from_cache: int
+    groups_read_back: int
 
 
 class _WalCollector:
@@ -583,6 +588,9 @@ class _WalCollector:
             ("appliance_wal_at_cap",
              "1 while an append waits for room under the cap (connections stop reading), else 0.",
              int(found.at_cap)),
+            ("appliance_wal_cache_bytes",
+             "What the cache of the newest records holds (the records' bytes and their blocks').",
+             found.cache_bytes),
         ):  # fmt: skip
             yield GaugeMetricFamily(name, doc, value=value)
         for name, doc, count in (
@@ -600,6 +608,12 @@ class _WalCollector:
             ("appliance_wal_sync_wait_seconds",
              "Seconds from each group's first append to its durability, summed (divide by syncs).",
              found.sync_wait_seconds),
+            ("appliance_wal_groups_from_cache",
+             "Commit groups served from the cache: no read back, no decode.",
+             found.groups_from_cache),
+            ("appliance_wal_groups_read_back",
+             "Commit groups read back from the files and decoded (replay, or a cache too small).",
+             found.groups_read_back),
         ):  # fmt: skip
             yield CounterMetricFamily(name, doc, value=count)
 

@@ -331,8 +331,10 @@ class LakeWriter:
         self._replaying = False
         #: Logged batches not committed because another node had stored them (fleet resends).
         self.skipped_duplicates = 0
-        #: Commits from the log's memory cache (no read back, no decode).
+        #: Commit groups served from the log's memory cache (no read back, no
+        #: decode), and those read back from the files and decoded.
         self.cached_reads = 0
+        self.file_reads = 0
         self._input_closed = False
         #: Batch ids whose first copy is taking room in the log (before it is in flight there).
         self._claims: dict[DedupeKey, trio.Event] = {}
@@ -540,7 +542,8 @@ class LakeWriter:
             at_cap=wal.at_cap, appends=stats.appends, syncs=stats.groups,
             failed_syncs=stats.failed_groups, written_bytes=stats.bytes_written,
             cap_waits=stats.cap_waits, cap_refusals=stats.cap_refusals,
-            sync_wait_seconds=stats.group_wait_seconds,
+            sync_wait_seconds=stats.group_wait_seconds, cache_bytes=wal.cache_bytes,
+            groups_from_cache=self.cached_reads, groups_read_back=self.file_reads,
         )  # fmt: skip
 
     # -- ack = "wal": the front ------------------------------------------------
@@ -606,11 +609,12 @@ class LakeWriter:
             self._last_log_commit = trio.current_time()
 
     async def _log_commit_due(self, wal: WriteAheadLog) -> None:
-        """Return once a commit is due: interval passed, bytes reached, or the log stopped."""
+        """Return once a commit is due: interval passed, bytes reached, the cache half
+        full (:attr:`WriteAheadLog.cache_half_full`), or the log stopped."""
         interval = self.settings.commit_interval_seconds
         while True:
             waiting = wal.uncommitted_bytes
-            if wal.stopped or waiting >= self.settings.commit_max_bytes:
+            if wal.stopped or waiting >= self.settings.commit_max_bytes or wal.cache_half_full:
                 return
             due = self._last_log_commit + interval if waiting else math.inf
             if trio.current_time() >= due:
@@ -634,6 +638,7 @@ class LakeWriter:
             return
         frames = await wal.read(wal.committed, self.settings.commit_max_bytes)
         if frames:
+            self.file_reads += 1
             blocks, kept, failed = await trio.to_thread.run_sync(_decode_frames, frames)
             await self._commit_frames(wal, frames[-1].end, kept, blocks, failed)
             return

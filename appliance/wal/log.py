@@ -519,6 +519,26 @@ class WriteAheadLog:
         return self._durable_end - self._committed
 
     @property
+    def cache_bytes(self) -> int:
+        """What the cache holds, counted as ``cache_bytes`` counts it (:func:`_cache_cost`)."""
+        return self._cache_bytes
+
+    @property
+    def cache_half_full(self) -> bool:
+        """Whether the cache holds half its bytes (all of them uncommitted records).
+
+        The committer commits then, before ``commit_interval_seconds`` or
+        ``commit_max_bytes`` would have it: the records logged while that
+        commit runs need the other half, so the next group is still served
+        from memory. Without this, at full load the oldest uncommitted
+        records left the cache before their commit, and every group was
+        read back and decoded (docs/wal.md, "The cache"). Always false with
+        the cache off.
+        """
+        limit = self.settings.cache_bytes
+        return limit > 0 and self._cache_bytes * 2 >= limit
+
+    @property
     def total_bytes(self) -> int:
         """Bytes of the log's segment files (what the cap counts, with pending appends)."""
         return self._segments.total_bytes

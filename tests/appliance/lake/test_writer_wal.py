@@ -129,15 +129,14 @@ async def test_commits_come_every_interval_and_at_commit_max_bytes(tmp_path: Pat
 
 
 @pytest.mark.trio
-@pytest.mark.parametrize("cache_bytes", [64 * 1024, 600, 0])
+@pytest.mark.parametrize("cache_bytes", [64 * 1024, 0])
 async def test_commits_come_from_the_cache_or_the_files_alike(
     tmp_path: Path, cache_bytes: int
 ) -> None:
-    """Blocks the log still holds in memory are committed without a read; older ones are read.
+    """Blocks the log still holds in memory are committed without a read; else they are read.
 
-    With the whole log cached every commit is served from memory; with a
-    cache smaller than one commit's records, or none, the writer reads the
-    files and decodes them. The table is the same.
+    With the whole log cached every commit is served from memory; with no
+    cache the writer reads the files and decodes them. The table is the same.
     """
     settings = WriterSettings(commit_interval_seconds=3600, commit_max_bytes=1000)
     wal = replace(SMALL_LOG, cache_bytes=cache_bytes)
@@ -149,8 +148,37 @@ async def test_commits_come_from_the_cache_or_the_files_alike(
                 await trio.sleep(0.02)
     assert batch_ids(tmp_path) == ids("m", 12)
     assert writer.commits == 2  # six records of about 190 bytes reach commit_max_bytes
-    # A cache of 600 bytes holds the last three records: each commit's first is gone.
-    assert writer.cached_reads == (2 if cache_bytes == 64 * 1024 else 0)
+    assert (writer.cached_reads, writer.file_reads) == ((2, 0) if cache_bytes else (0, 2))
+
+
+@pytest.mark.trio
+async def test_a_half_full_cache_starts_a_commit_before_its_records_leave_it(
+    tmp_path: Path,
+) -> None:
+    """A busy log commits once its cache is half full, so no group is ever read back.
+
+    Neither the interval (an hour) nor ``commit_max_bytes`` (1 MiB) would
+    start a commit here; the cache, room for about four records, does.
+    Without the rule the cache would keep only the newest records and the
+    one commit at the stop would read the rest back from the files.
+    """
+    settings = WriterSettings(commit_interval_seconds=3600, commit_max_bytes=1 << 20)
+    async with writing(tmp_path / "probe", settings) as writer:
+        await (await writer.submit(block("h-0"))).wait()
+        assert writer.wal is not None
+        cost = writer.wal.cache_bytes  # what one record counts in the cache
+    assert cost > 0
+    wal = replace(SMALL_LOG, cache_bytes=4 * cost + cost // 2)
+    async with writing(tmp_path, settings, wal=wal) as writer:
+        for round_ in range(4):
+            # Three records pass half of 4.5 records' room: a commit is due.
+            for i in range(3 * round_, 3 * round_ + 3):
+                await (await writer.submit(block(f"h-{i}"))).wait()
+            with trio.fail_after(30):
+                while writer.commits < round_ + 1:
+                    await trio.sleep(0.02)
+    assert batch_ids(tmp_path) == ids("h", 12)
+    assert (writer.commits, writer.cached_reads, writer.file_reads) == (4, 4, 0)
 
 
 @pytest.mark.trio
