@@ -77,7 +77,7 @@ package-test: env
 fuzz: FUZZ_RUNS ?= 1000000
 fuzz: FUZZ_MAX_LEN ?= 65536
 fuzz: FUZZ_TIMEOUT ?= 20
-fuzz: FUZZ_TARGETS ?= forward lumberjack courier logjam websocket wal proxy
+fuzz: FUZZ_TARGETS ?= forward lumberjack courier logjam websocket wal proxy forward_fast
 fuzz: env
 	$(BIN)/python -c 'import atheris' 2>/dev/null || $(BIN)/python -m pip install --quiet -e '.[fuzz]'
 	@set -e; for target in $(FUZZ_TARGETS); do \

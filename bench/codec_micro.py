@@ -17,10 +17,10 @@ from typing import Any
 
 import msgpack
 
-from appliance.protocols.forward import EventTime, ForwardServerConnection
-from appliance.rows.records import record_json
+from appliance.protocols.forward import EventsReceived, EventTime, ForwardServerConnection
+from appliance.rows.records import record_json, records_json
 from bench import harness
-from bench.forward_bench import Workload, chunk_id
+from bench.forward_bench import TAG, Workload, chunk_id
 
 _EVENT_TIME = struct.Struct(">II")
 
@@ -95,8 +95,24 @@ def measure() -> int:
         ensure_ascii=False, separators=(",", ":"), allow_nan=False, check_circular=False
     ).encode
     stream = workload.entries
+    # The same request without its "size" option: the general path only.
+    general_request = msgpack.packb(
+        [TAG, workload.entries, {"chunk": chunk_id(1, 0, 0)}], use_bin_type=True
+    )
+
+    def general_with_texts() -> object:
+        (event,) = codec.receive_data(general_request)
+        assert isinstance(event, EventsReceived) and event.texts is None
+        return records_json(event.records)
+
+    def fast_with_texts() -> object:
+        (event,) = codec.receive_data(request)
+        assert isinstance(event, EventsReceived) and event.texts is not None
+        return event.texts
+
     cases: list[tuple[str, Callable[[], object]]] = [
-        ("codec: ForwardServerConnection.receive_data", lambda: codec.receive_data(request)),
+        ("codec + texts, fast path (size given; forward_fast.py)", fast_with_texts),
+        ("codec + texts, general path (no size) + records_json", general_with_texts),
         ("  msgpack entries, default ExtType", lambda: unpack(stream, msgpack.ExtType)),
         ("  msgpack entries, ext_hook -> EventTime", lambda: unpack(stream, hook_event_time)),
         ("  msgpack entries, ext_hook -> int ns", lambda: unpack(stream, hook_ns)),

@@ -666,6 +666,43 @@ def proxy_seeds() -> Iterable[Seed]:
     yield seed("v2-truncated", valid["v2-tcp6"][:30], BYTEWISE)
 
 
+# -- forward_fast -------------------------------------------------------------------
+
+
+def forward_fast_seeds() -> Iterable[Seed]:
+    """Plain streams the fast path takes, and each shape it leaves to the general path."""
+    from fuzz.fuzz_forward_fast import COUNT_VALUES, GZIP
+
+    def entries(*pairs: tuple[Any, Any]) -> bytes:
+        return b"".join(msgpack.packb([t, r], use_bin_type=True, datetime=False) for t, r in pairs)
+
+    now = 1_700_000_000
+    plain = entries(*((_event_time(now, i), {"seq": i, "msg": f"line {i}"}) for i in range(20)))
+    streams = {
+        "plain": plain,
+        "nested": entries((_event_time(now), {"a": [1, {"b": None}], "f": 1.5, "t": True})),
+        "unicode": entries((_event_time(now), {"msg": "ünïcødé ✓"})),
+        "int-seconds": entries((now, {"a": 1})),
+        "nanoseconds-out-of-range": entries((_event_time(now, 10**9), {"a": 1})),
+        "record-not-map": entries((_event_time(now), [1, 2])),
+        "bytes-value": entries((_event_time(now), {"a": b"\xff"})),
+        "int-key": entries((_event_time(now), {1: "a"})),
+        "timestamp-value": entries((_event_time(now), {"t": msgpack.Timestamp(1, 2)})),
+        "timestamp-key": entries((_event_time(now), {msgpack.Timestamp(1, 2): 1})),
+        "ext-value": entries((_event_time(now), {"x": msgpack.ExtType(5, b"ab")})),
+        "not-utf8": b"\x92\xd7\x00" + bytes(8) + b"\x81\xa1a\xa2\xff\xfe",
+        "array-key": b"\x92\xd7\x00" + bytes(8) + b"\x81\x91\x01\x02",
+        "truncated": plain[:-3],
+        "deep": b"\x92\xd7\x00" + bytes(8) + b"\x81\xa1a" * 400 + b"\xc0",
+    }
+    for name, stream in streams.items():
+        yield seed(name, stream, cut_a=COUNT_VALUES)
+    yield seed("plain-gzip", plain, GZIP, cut_a=COUNT_VALUES)
+    yield seed("plain-small-limits", plain, SMALL_LIMITS, cut_a=COUNT_VALUES)
+    yield seed("size-too-small", plain, cut_a=19)
+    yield seed("size-too-large", plain, cut_a=21)
+
+
 TARGETS: Final = {
     "forward": forward_seeds,
     "lumberjack": lumberjack_seeds,
@@ -674,6 +711,7 @@ TARGETS: Final = {
     "websocket": websocket_seeds,
     "wal": wal_seeds,
     "proxy": proxy_seeds,
+    "forward_fast": forward_fast_seeds,
 }
 
 

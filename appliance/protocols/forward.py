@@ -113,6 +113,7 @@ from appliance.protocols.forward_handshake import (
     refusal_bytes,
     verify_ping,
 )
+from appliance.protocols.forward_fast import fast_entries
 from appliance.protocols.limits import require_at_least_one
 from appliance.protocols.text import MAX_BATCH_ID_BYTES, MAX_TAG_BYTES, InvalidText, check_text
 from appliance.rows.timefmt import ns_in_range
@@ -247,6 +248,10 @@ class EventsReceived:
     dropped: dict[str, int] = field(default_factory=dict)
     #: True when the request came in the JSON form (the ack must be JSON too).
     json: bool = False
+    #: The records' JSON texts, when the PackedForward fast path
+    #: (:mod:`appliance.protocols.forward_fast`) rendered them while checking
+    #: them: equal to ``records_json(records)``. None: the rows layer renders them.
+    texts: list[str] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -925,6 +930,11 @@ class ForwardServerConnection:
                     # as msgpack would drop the whole chunk as "invalid entries"
                     # and ack it.
                     raise self._fail(f"entries are {name} data but compressed is {compressed!r}")
+        limit = self.limits.max_events_per_request
+        fast = fast_entries(stream, option.get("size"), limit)
+        if fast is not None:
+            fast_times, fast_records, texts = fast
+            return EventsReceived(tag, mode, fast_times, fast_records, chunk, texts=texts)
         dropped: dict[str, int] = {}
         times: list[int | None] = []
         records: list[dict[Any, Any]] = []

@@ -9,7 +9,8 @@ Columns (DESIGN §3, docs/table.md):
   reconnect is acked again without a second write; none without a chunk;
 * event time: the entry's EventTime or integer seconds (the codec's
   ``times_ns``), None meaning the receive time;
-* ``record``: the entry's record as JSON text (:mod:`appliance.rows.records`).
+* ``record``: the entry's record as JSON text (:mod:`appliance.rows.records`;
+  the codec's fast path may have rendered it already, ``EventsReceived.texts``).
 
 The codec (:mod:`appliance.protocols.forward`) has checked the tag, the chunk
 and the PING's hostname against appliance/protocols/text.py.
@@ -42,5 +43,5 @@ def forward_block(
         tag=event.tag,
         host=host,
         times_ns=event.times_ns,
-        records=records_json(event.records),
+        records=event.texts if event.texts is not None else records_json(event.records),
     )

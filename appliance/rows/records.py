@@ -35,7 +35,7 @@ import orjson
 
 from appliance.protocols.text import is_utf8_text
 
-__all__ = ["MAX_DEPTH", "record_json", "records_json"]
+__all__ = ["MAX_DEPTH", "plain_records_json", "record_json", "records_json"]
 
 #: Nesting kept in the JSON text; deeper maps and arrays are replaced by a marker.
 MAX_DEPTH: Final = 100
@@ -117,6 +117,31 @@ def records_json(records: Sequence[dict[Any, Any]]) -> list[str]:
         return [dumps(record, option=option).decode() for record in records]
     except (orjson.JSONEncodeError, TypeError):
         return [record_json(record) for record in records]
+
+
+#: Text keys only, and datetimes refused (a msgspec decoder turns the msgpack
+#: timestamp extension into one): the values orjson then accepts are those
+#: JSON itself has, which every msgpack decoder builds alike.
+_PLAIN_OPTIONS: Final = orjson.OPT_PASSTHROUGH_DATETIME
+
+
+def plain_records_json(records: Sequence[dict[Any, Any]]) -> list[str] | None:
+    """:func:`records_json` of ``records`` if every record is plain JSON data, else None.
+
+    Plain: text keys, and values that are text, numbers, booleans, nil,
+    arrays and maps of the same, nested less deeply than orjson's limit: no
+    bytes, extension values, datetimes or non-text keys, which the
+    convention rewrites. For such records any msgpack decoder (msgpack or
+    msgspec) builds the same objects, so the text is the same whichever
+    decoded them: the PackedForward fast path
+    (:mod:`appliance.protocols.forward_fast`) relies on it, and takes its
+    slow path on None.
+    """
+    dumps, option = orjson.dumps, _PLAIN_OPTIONS
+    try:
+        return [dumps(record, option=option).decode() for record in records]
+    except (orjson.JSONEncodeError, TypeError):
+        return None
 
 
 def record_json(record: dict[Any, Any]) -> str:

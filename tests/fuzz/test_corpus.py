@@ -24,7 +24,16 @@ from appliance.server.connection import Action, Arrival, Close
 from appliance.server.transports.stream import ByteStreamSession
 
 FUZZ_DIR = Path(__file__).resolve().parents[2] / "fuzz"
-TARGETS = ("forward", "lumberjack", "courier", "logjam", "websocket", "wal", "proxy")
+TARGETS = (
+    "forward",
+    "lumberjack",
+    "courier",
+    "logjam",
+    "websocket",
+    "wal",
+    "proxy",
+    "forward_fast",
+)
 
 
 def target(name: str) -> ModuleType:
@@ -168,3 +177,22 @@ def test_proxy_seeds_reach_a_header(seed: str, client: str | None) -> None:
         assert client == "incomplete"
         return
     assert (str(header.source) if header.source else None) == client
+
+
+@pytest.mark.parametrize(
+    ("seed", "fast"),
+    [
+        ("plain", True),
+        ("plain-gzip", True),
+        ("nested", True),
+        ("unicode", True),
+        ("plain-small-limits", False),  # 20 events over a limit of 8: the violation
+        ("timestamp-key", False),
+        ("int-key", False),
+        ("size-too-small", False),
+    ],
+)
+def test_forward_fast_seeds_reach_both_paths(seed: str, fast: bool) -> None:
+    """The differential target is not vacuous: its plain seeds take the fast path."""
+    data = (FUZZ_DIR / "corpus" / "forward_fast" / seed).read_bytes()
+    assert target("forward_fast").took_fast_path(data) is fast

@@ -1,0 +1,186 @@
+"""The PackedForward fast path (appliance/protocols/forward_fast.py) against the general path.
+
+Every test goes through :func:`fuzz.fuzz_forward_fast.check_stream`: the
+same stream in a request with ``size`` and in one without must give the
+same events or the same violation, and texts the fast path rendered must
+equal ``records_json`` of the records. The tests also show which shapes the
+fast path takes (so it is not a path nothing reaches) and which it leaves
+to the general path.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from typing import Any
+
+import msgpack
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from appliance.protocols.forward import EventsReceived, ForwardServerConnection
+from appliance.protocols.forward_fast import fast_entries
+from appliance.rows.forward import forward_block
+from appliance.rows.records import plain_records_json, records_json
+from fuzz.fuzz_forward_fast import check_stream, run_one
+
+NOW = 1_700_000_000
+
+
+def event_time(seconds: int = NOW, nanoseconds: int = 0) -> msgpack.ExtType:
+    return msgpack.ExtType(0, struct.pack(">II", seconds, nanoseconds))
+
+
+def entries(*pairs: tuple[Any, Any]) -> bytes:
+    return b"".join(msgpack.packb([t, r], use_bin_type=True, datetime=False) for t, r in pairs)
+
+
+def plain(n: int) -> bytes:
+    return entries(*((event_time(NOW, i), {"seq": i, "msg": f"line {i}"}) for i in range(n)))
+
+
+def test_a_plain_stream_takes_the_fast_path_and_matches() -> None:
+    assert check_stream(plain(50), 50)
+    assert check_stream(plain(50), 50, compressed=True)
+
+
+def test_the_fast_path_gives_the_general_paths_events() -> None:
+    stream = plain(3)
+    found = fast_entries(stream, 3, 100)
+    assert found is not None
+    times, records, texts = found
+    assert times == [NOW * 10**9, NOW * 10**9 + 1, NOW * 10**9 + 2]
+    assert records == [{"seq": i, "msg": f"line {i}"} for i in range(3)]
+    assert texts == records_json(records)
+
+
+@pytest.mark.parametrize(
+    ("why", "stream", "size"),
+    [
+        ("no size option", plain(3), None),
+        ("size is not the count", plain(3), 2),
+        ("size past the count", plain(3), 4),
+        ("size is a bool", plain(1), True),
+        ("integer seconds", entries((NOW, {"a": 1})), 1),
+        ("nanoseconds out of range", entries((event_time(NOW, 10**9), {"a": 1})), 1),
+        ("record is not a map", entries((event_time(), [1])), 1),
+        ("three elements", msgpack.packb([event_time(), {"a": 1}, 3]), 1),
+        ("bytes value", entries((event_time(), {"a": b"\xff"})), 1),
+        ("integer key", entries((event_time(), {1: "a"})), 1),
+        ("msgpack timestamp value", entries((event_time(), {"t": msgpack.Timestamp(1, 2)})), 1),
+        ("msgpack timestamp key", entries((event_time(), {msgpack.Timestamp(1, 2): 1})), 1),
+        ("extension value", entries((event_time(), {"x": msgpack.ExtType(5, b"ab")})), 1),
+        (
+            "str not UTF-8",
+            b"\x92\xd7\x00" + struct.pack(">II", NOW, 0) + b"\x81\xa1a\xa2\xff\xfe",
+            1,
+        ),
+        ("array as a key", b"\x92\xd7\x00" + struct.pack(">II", NOW, 0) + b"\x81\x91\x01\x02", 1),
+        ("truncated", plain(2)[:-1], 2),
+        ("trailing bytes", plain(2) + b"\xc0", 2),
+    ],
+)
+def test_the_general_path_keeps_what_the_fast_path_does_not_take(
+    why: str, stream: bytes, size: Any
+) -> None:
+    assert fast_entries(stream, size, 100) is None, why
+    assert not check_stream(stream, size if type(size) is int else None), why
+
+
+def test_nan_and_infinities_take_the_fast_path_as_null() -> None:
+    stream = entries((event_time(), {"n": math.nan, "i": math.inf}))
+    assert check_stream(stream, 1)
+    found = fast_entries(stream, 1, 10)
+    assert found is not None
+    assert found[2] == ['{"n":null,"i":null}']
+
+
+def test_deep_nesting_falls_back() -> None:
+    deep: Any = "x"
+    for _ in range(300):
+        deep = {"d": deep}
+    stream = entries((event_time(), deep))
+    assert fast_entries(stream, 1, 10) is None
+    assert not check_stream(stream, 1)
+
+
+def test_max_events_per_request_still_holds() -> None:
+    stream = plain(9)
+    assert fast_entries(stream, 9, 8) is None
+    assert not check_stream(stream, 9, small=True)  # the general path's violation
+
+
+def test_rows_use_the_rendered_texts() -> None:
+    request = msgpack.packb(["t", plain(2), {"size": 2, "chunk": "c1"}], use_bin_type=True)
+    (event,) = ForwardServerConnection().receive_data(request)
+    assert isinstance(event, EventsReceived)
+    assert event.texts is not None
+    block = forward_block(event, source="s", peer="127.0.0.1:1", received_at_ns=NOW * 10**9)
+    assert block.records is event.texts
+
+
+_scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(2**63), max_value=2**64 - 1),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=8),
+    st.binary(max_size=4),
+)
+_keys = st.one_of(
+    st.text(max_size=6), st.text(max_size=6), st.integers(-5, 5), st.binary(max_size=2)
+)
+_values = st.recursive(
+    _scalars,
+    lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(_keys, inner, max_size=3)),
+    max_leaves=8,
+)
+_records = st.one_of(
+    st.dictionaries(st.text(max_size=6), _values, max_size=4),
+    st.dictionaries(st.text(max_size=6), st.text(max_size=10), max_size=4),
+    _values,
+)
+_times = st.one_of(
+    st.builds(event_time, st.integers(0, 2**32 - 1), st.integers(0, 10**9 - 1)),
+    st.builds(event_time, st.integers(0, 2**32 - 1), st.integers(0, 2**32 - 1)),
+    st.integers(-1, 2**40),
+    st.none(),
+    st.floats(),
+)
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    pairs=st.lists(st.tuples(_times, _records), min_size=1, max_size=6),
+    size_delta=st.sampled_from([0, 0, 0, -1, 1]),
+    compressed=st.booleans(),
+)
+def test_fast_and_general_paths_agree(
+    pairs: list[tuple[Any, Any]], size_delta: int, compressed: bool
+) -> None:
+    stream = entries(*pairs)
+    check_stream(stream, len(pairs) + size_delta, compressed=compressed)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    pairs=st.lists(
+        st.tuples(
+            st.builds(event_time, st.integers(0, 2**32 - 1), st.integers(0, 10**9 - 1)),
+            st.dictionaries(st.text(max_size=6), _values, max_size=4),
+        ),
+        min_size=1,
+        max_size=6,
+    )
+)
+def test_plain_records_take_the_fast_path(pairs: list[tuple[Any, Any]]) -> None:
+    """Records of text keys and JSON values are taken (bytes and integer keys aside)."""
+    took = check_stream(entries(*pairs), len(pairs))
+    assert took == (plain_records_json([record for _, record in pairs]) is not None)
+
+
+@given(data=st.binary(max_size=200), cut=st.integers(0, 0xFFFF), flags=st.integers(0, 255))
+@settings(max_examples=300, deadline=None)
+def test_arbitrary_bytes_never_split_the_paths(data: bytes, cut: int, flags: int) -> None:
+    run_one(bytes([flags]) + cut.to_bytes(2, "big") + b"\0\0" + b"\x92\xd7\x00" + data)
