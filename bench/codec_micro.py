@@ -102,12 +102,14 @@ def measure() -> int:
 
     def general_with_texts() -> object:
         (event,) = codec.receive_data(general_request)
-        assert isinstance(event, EventsReceived) and event.texts is None
+        assert isinstance(event, EventsReceived)
+        assert event.texts is None
         return records_json(event.records)
 
     def fast_with_texts() -> object:
         (event,) = codec.receive_data(request)
-        assert isinstance(event, EventsReceived) and event.texts is not None
+        assert isinstance(event, EventsReceived)
+        assert event.texts is not None
         return event.texts
 
     cases: list[tuple[str, Callable[[], object]]] = [

@@ -102,7 +102,7 @@ def _same(a: EventsReceived, b: EventsReceived) -> bool:
 def check_stream(
     stream: bytes, size: int | None, *, compressed: bool = False, small: bool = False
 ) -> bool:
-    """Fail unless the fast and the general path agree on ``stream``; whether the fast one took it."""
+    """Fail unless the fast and general paths agree on ``stream``; whether the fast one took it."""
     limits = _SMALL if small else _DEFAULT
     payload = gzip.compress(stream, mtime=0) if compressed else stream
     fast = _outcome(limits, _request(payload, size, compressed))

@@ -103,6 +103,7 @@ from appliance.protocols.errors import (
     ProtocolViolation,
     RemoteProtocolError,
 )
+from appliance.protocols.forward_fast import fast_entries
 from appliance.protocols.forward_handshake import (
     REASON_INVALID_PING,
     Helo,
@@ -113,7 +114,6 @@ from appliance.protocols.forward_handshake import (
     refusal_bytes,
     verify_ping,
 )
-from appliance.protocols.forward_fast import fast_entries
 from appliance.protocols.limits import require_at_least_one
 from appliance.protocols.text import MAX_BATCH_ID_BYTES, MAX_TAG_BYTES, InvalidText, check_text
 from appliance.rows.timefmt import ns_in_range
