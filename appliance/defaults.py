@@ -237,12 +237,12 @@ WAL_FLUSH_BYTES: Final = 1 * _MIB
 WAL_GROUP_MAX_BYTES: Final = 16 * _MIB
 #: Longest an append waits for room under the cap before it fails, in seconds.
 WAL_FULL_WAIT_SECONDS: Final = 30.0
-#: Bytes of the newest records (as stored) the log also keeps in memory with their
-#: decoded batches, so the writer commits them without reading and decoding them
-#: back (docs/wal.md, "The commit path"). Somewhat more than one commit's worth
-#: (``[lake] commit_max_bytes``, 64 MiB) keeps a writer that keeps up off the disk.
-#: Each record counts its bytes plus its block's ``nbytes`` (its Python objects). 0: off.
-WAL_CACHE_BYTES: Final = 96 * _MIB
+#: Bytes of memory for the newest records' decoded batches, which the log keeps
+#: so the writer commits them without reading and decoding them back
+#: (docs/wal.md, "The cache"). Each record counts its block's ``nbytes`` (its
+#: Python objects) and 256 bytes of entry. Half full, it starts a commit: at full
+#: load (about 280 bytes an event) a commit every ~240,000 events. 0: off.
+WAL_CACHE_BYTES: Final = 128 * _MIB
 
 # -- the disk guard (appliance/lake/diskguard.py) ---------------------------------------
 

@@ -560,7 +560,7 @@ class WalSample:
     cap_refusals: int
     #: Seconds from each group's first append to its durability, summed over the groups.
     sync_wait_seconds: float
-    #: What the cache of the newest records holds (their bytes and their blocks').
+    #: What the cache of the newest records holds (their blocks' bytes, 256 bytes a record).
     cache_bytes: int
     #: Commit groups served from the cache, and those read back from the files and decoded.
     groups_from_cache: int
@@ -589,7 +589,7 @@ class _WalCollector:
              "1 while an append waits for room under the cap (connections stop reading), else 0.",
              int(found.at_cap)),
             ("appliance_wal_cache_bytes",
-             "What the cache of the newest records holds (the records' bytes and their blocks').",
+             "What the log's cache of decoded records holds, as [wal] cache_bytes counts it.",
              found.cache_bytes),
         ):  # fmt: skip
             yield GaugeMetricFamily(name, doc, value=value)

@@ -104,6 +104,12 @@ class _Signal:
         await self._event.wait()
 
 
+#: What a cached record costs beyond its block's ``nbytes``: the frame without
+#: its body (80 bytes), the (frame, block) tuple (56), the frame's integers
+#: and the deque's slot (sys.getsizeof, rounded up).
+_CACHE_ENTRY_BYTES = 256
+
+
 @dataclass(slots=True)
 class WalStats:
     """Counters of one log since it opened (for logs, tests and benchmarks)."""
@@ -162,8 +168,9 @@ class WriteAheadLog:
         #: The newest durable records appended by this process, with the blocks they
         #: encode, contiguous in log order and ending at the durable end: what
         #: :meth:`read_cached` serves without a read or a decode. At most
-        #: ``settings.cache_bytes``, counting each record's bytes and its block's
-        #: (:func:`_cache_cost`); older ones are read from the files.
+        #: ``settings.cache_bytes``, counting each record's block and entry
+        #: (:func:`_cache_cost`); older ones are read from the files. The
+        #: frames are kept without their bodies.
         self._cache: deque[tuple[Frame, RowBlock]] = deque()
         self._cache_bytes = 0
         #: Appends waiting for room under the cap now (the log is at its cap while > 0).
@@ -455,18 +462,20 @@ class WriteAheadLog:
         """
         entry = item.entry
         contiguous = not self._cache or self._cache[-1][0].end == lsn
-        cost = 0 if item.block is None else _cache_cost(entry.size, item.block)
+        cost = 0 if item.block is None else _cache_cost(item.block)
         if item.block is None or not contiguous or cost > self.settings.cache_bytes:
             self._cache.clear()
             self._cache_bytes = 0
             if item.block is None or cost > self.settings.cache_bytes:
                 return
-        frame = Frame(lsn, entry.size, entry.kind, entry.rows, item.key, entry.body)
+        # Without its body: the block stands for it, and the writer never
+        # reads a cached frame's body (so the cache holds blocks, not bytes twice).
+        frame = Frame(lsn, entry.size, entry.kind, entry.rows, item.key, b"")
         self._cache.append((frame, item.block))
         self._cache_bytes += cost
         while self._cache_bytes > self.settings.cache_bytes:
-            old_frame, old_block = self._cache.popleft()
-            self._cache_bytes -= _cache_cost(old_frame.size, old_block)
+            _, old_block = self._cache.popleft()
+            self._cache_bytes -= _cache_cost(old_block)
 
     def _forget_in_flight(self, item: PendingAppend) -> None:
         if item.key is not None and self._in_flight.get(item.key) is item:
@@ -563,8 +572,8 @@ class WriteAheadLog:
             return
         self._committed = position
         while self._cache and self._cache[0][0].lsn < position:
-            old_frame, old_block = self._cache.popleft()
-            self._cache_bytes -= _cache_cost(old_frame.size, old_block)
+            _, old_block = self._cache.popleft()
+            self._cache_bytes -= _cache_cost(old_block)
         while self._key_order and self._key_order[0][0] < position:
             lsn, key = self._key_order.popleft()
             if self._keys.get(key) == lsn:
@@ -637,7 +646,8 @@ class WriteAheadLog:
         Served when the records from ``after`` on are still in the cache
         (this process appended them and the writer keeps up): no read, no
         CRC, no decode. The same records as :meth:`read`: from ``after`` to the
-        one that reaches ``max_bytes``.
+        one that reaches ``max_bytes``; their frames come without their
+        bodies (``body`` is empty: the block is what the body encodes).
         None: read them with :meth:`read` and decode them.
         """
         if not self._cache or self._cache[0][0].lsn > after or after >= self._durable_end:
@@ -671,14 +681,15 @@ class WriteAheadLog:
         )
 
 
-def _cache_cost(record_bytes: int, block: RowBlock) -> int:
-    """What one cached record counts against ``cache_bytes``: its encoded body and its block.
+def _cache_cost(block: RowBlock) -> int:
+    """What one cached record counts against ``cache_bytes``: its block, and the entry.
 
     ``block.nbytes`` is the block's own estimate of its memory (its strings
     plus a per-row overhead, appliance/rows/block.py), so small records,
     whose Python objects outweigh their bytes, count for what they hold.
+    The record's encoded body is not kept (the frame is cached without it).
     """
-    return record_bytes + block.nbytes
+    return block.nbytes + _CACHE_ENTRY_BYTES
 
 
 @asynccontextmanager
