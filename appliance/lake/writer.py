@@ -136,6 +136,11 @@ def wal_app_id(app_id: str) -> str:
 ARROW_SLICE_ROWS: Final = 20_000
 
 
+#: A half-full log cache starts a commit only once 1/this of ``commit_max_bytes``
+#: waits (docs/wal.md, "The cache").
+_CACHE_COMMIT_FLOOR: Final = 8
+
+
 def _to_arrow(blocks: Sequence[RowBlock]) -> pa.Table:
     """:func:`blocks_to_arrow` of ``blocks``, converted a slice of blocks at a time."""
     parts: list[pa.Table] = []
@@ -610,11 +615,22 @@ class LakeWriter:
 
     async def _log_commit_due(self, wal: WriteAheadLog) -> None:
         """Return once a commit is due: interval passed, bytes reached, the cache half
-        full (:attr:`WriteAheadLog.cache_half_full`), or the log stopped."""
+        full (:attr:`WriteAheadLog.cache_half_full`) with at least an eighth of
+        ``commit_max_bytes`` waiting, or the log stopped.
+
+        The eighth is a floor: a ``cache_bytes`` too small for the load must
+        not turn into a commit per record (the records it cannot keep are
+        read back instead).
+        """
         interval = self.settings.commit_interval_seconds
+        max_bytes = self.settings.commit_max_bytes
         while True:
             waiting = wal.uncommitted_bytes
-            if wal.stopped or waiting >= self.settings.commit_max_bytes or wal.cache_half_full:
+            if (
+                wal.stopped
+                or waiting >= max_bytes
+                or (wal.cache_half_full and waiting * _CACHE_COMMIT_FLOOR >= max_bytes)
+            ):
                 return
             due = self._last_log_commit + interval if waiting else math.inf
             if trio.current_time() >= due:

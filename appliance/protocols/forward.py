@@ -120,6 +120,7 @@ from appliance.rows.timefmt import ns_in_range
 
 __all__ = [
     "DECODE_MEMORY_FACTOR",
+    "FAST_PATH_PAUSE_REQUESTS",
     "MAX_BINARY_CHUNK_BYTES",
     "MAX_PING_BYTES",
     "REQUEST_HEAD_BYTES",
@@ -138,6 +139,11 @@ __all__ = [
     "unzstd_frames",
 ]
 
+#: Requests a connection decodes with the general path only after the fast
+#: path (appliance/protocols/forward_fast.py) missed one: a client whose
+#: records the fast path cannot take would otherwise pay for both on every
+#: chunk. Then the fast path is tried again (the client's data may change).
+FAST_PATH_PAUSE_REQUESTS: Final = 64
 #: Bytes a connection may send before the handshake's PONG (security on): the
 #: PING, and anything sent after it while it is checked. A PING is six short
 #: strings (a 255-byte hostname, two 128-byte hex digests, a salt and a
@@ -551,6 +557,8 @@ class ForwardServerConnection:
         #: unfinished request only while this equals ``_framed``.
         self._head_at = 0
         self._json = _JsonFramer(self.limits.max_request_bytes)
+        #: PackedForward requests left to decode without trying the fast path.
+        self._fast_pause = 0
 
     @property
     def state(self) -> ForwardState:
@@ -930,11 +938,14 @@ class ForwardServerConnection:
                     # as msgpack would drop the whole chunk as "invalid entries"
                     # and ack it.
                     raise self._fail(f"entries are {name} data but compressed is {compressed!r}")
-        limit = self.limits.max_events_per_request
-        fast = fast_entries(stream, option.get("size"), limit)
-        if fast is not None:
-            fast_times, fast_records, texts = fast
-            return EventsReceived(tag, mode, fast_times, fast_records, chunk, texts=texts)
+        if self._fast_pause:
+            self._fast_pause -= 1
+        else:
+            fast = fast_entries(stream, option.get("size"), self.limits.max_events_per_request)
+            if fast is not None:
+                fast_times, fast_records, texts = fast
+                return EventsReceived(tag, mode, fast_times, fast_records, chunk, texts=texts)
+            self._fast_pause = FAST_PATH_PAUSE_REQUESTS
         dropped: dict[str, int] = {}
         times: list[int | None] = []
         records: list[dict[Any, Any]] = []

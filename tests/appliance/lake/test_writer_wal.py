@@ -151,23 +151,30 @@ async def test_commits_come_from_the_cache_or_the_files_alike(
     assert (writer.cached_reads, writer.file_reads) == ((2, 0) if cache_bytes else (0, 2))
 
 
+async def record_costs(state: Path) -> tuple[int, int]:
+    """What one test block costs in the log's cache, and in the log's bytes."""
+    async with writing(state, WriterSettings(commit_interval_seconds=3600)) as writer:
+        await (await writer.submit(block("probe-0"))).wait()
+        assert writer.wal is not None
+        costs = writer.wal.cache_bytes, writer.wal.uncommitted_bytes
+    assert min(costs) > 0
+    return costs
+
+
 @pytest.mark.trio
 async def test_a_half_full_cache_starts_a_commit_before_its_records_leave_it(
     tmp_path: Path,
 ) -> None:
     """A busy log commits once its cache is half full, so no group is ever read back.
 
-    Neither the interval (an hour) nor ``commit_max_bytes`` (1 MiB) would
-    start a commit here; the cache, room for about four records, does.
+    Neither the interval (an hour) nor ``commit_max_bytes`` (twenty records)
+    would start a commit here; the cache, room for 4.5 records, does once
+    three wait (and with them more than an eighth of ``commit_max_bytes``).
     Without the rule the cache would keep only the newest records and the
     one commit at the stop would read the rest back from the files.
     """
-    settings = WriterSettings(commit_interval_seconds=3600, commit_max_bytes=1 << 20)
-    async with writing(tmp_path / "probe", settings) as writer:
-        await (await writer.submit(block("h-0"))).wait()
-        assert writer.wal is not None
-        cost = writer.wal.cache_bytes  # what one record counts in the cache
-    assert cost > 0
+    cost, log_bytes = await record_costs(tmp_path / "probe")
+    settings = WriterSettings(commit_interval_seconds=3600, commit_max_bytes=20 * log_bytes)
     wal = replace(SMALL_LOG, cache_bytes=4 * cost + cost // 2)
     async with writing(tmp_path, settings, wal=wal) as writer:
         for round_ in range(4):
@@ -179,6 +186,26 @@ async def test_a_half_full_cache_starts_a_commit_before_its_records_leave_it(
                     await trio.sleep(0.02)
     assert batch_ids(tmp_path) == ids("h", 12)
     assert (writer.commits, writer.cached_reads, writer.file_reads) == (4, 4, 0)
+
+
+@pytest.mark.trio
+async def test_a_cache_too_small_for_the_load_reads_back_instead_of_committing_per_record(
+    tmp_path: Path,
+) -> None:
+    """Under the floor (an eighth of ``commit_max_bytes``) a half-full cache starts nothing.
+
+    The cache holds two records; twelve wait for the stop, which commits them
+    in one group read back from the files (its first record left the cache).
+    """
+    cost, log_bytes = await record_costs(tmp_path / "probe")
+    settings = WriterSettings(commit_interval_seconds=3600, commit_max_bytes=200 * log_bytes)
+    wal = replace(SMALL_LOG, cache_bytes=2 * cost)
+    async with writing(tmp_path, settings, wal=wal) as writer:
+        for i in range(12):
+            await (await writer.submit(block(f"s-{i}"))).wait()
+        assert writer.commits == 0
+    assert batch_ids(tmp_path) == ids("s", 12)
+    assert (writer.commits, writer.cached_reads, writer.file_reads) == (1, 0, 1)
 
 
 @pytest.mark.trio

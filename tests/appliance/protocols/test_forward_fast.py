@@ -19,13 +19,19 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from appliance.protocols.forward import EventsReceived, ForwardServerConnection
+from appliance.protocols.forward import (
+    FAST_PATH_PAUSE_REQUESTS,
+    EventsReceived,
+    ForwardServerConnection,
+)
 from appliance.protocols.forward_fast import fast_entries
 from appliance.rows.forward import forward_block
 from appliance.rows.records import plain_records_json, records_json
-from fuzz.fuzz_forward_fast import check_stream, run_one
+from fuzz.fuzz_forward_fast import COUNT_VALUES, check_stream, run_one
 
 NOW = 1_700_000_000
+#: An entry's array header and an EventTime at NOW: what a record's bytes follow.
+FIRST_TIME = b"\x92\xd7\x00" + struct.pack(">II", NOW, 0)
 
 
 def event_time(seconds: int = NOW, nanoseconds: int = 0) -> msgpack.ExtType:
@@ -77,6 +83,7 @@ def test_the_fast_path_gives_the_general_paths_events() -> None:
             1,
         ),
         ("array as a key", b"\x92\xd7\x00" + struct.pack(">II", NOW, 0) + b"\x81\x91\x01\x02", 1),
+        ("map as a key", FIRST_TIME + b"\x81\x81\xa1a\x01\x01", 1),
         ("truncated", plain(2)[:-1], 2),
         ("trailing bytes", plain(2) + b"\xc0", 2),
     ],
@@ -180,7 +187,34 @@ def test_plain_records_take_the_fast_path(pairs: list[tuple[Any, Any]]) -> None:
     assert took == (plain_records_json([record for _, record in pairs]) is not None)
 
 
-@given(data=st.binary(max_size=200), cut=st.integers(0, 0xFFFF), flags=st.integers(0, 255))
-@settings(max_examples=300, deadline=None)
-def test_arbitrary_bytes_never_split_the_paths(data: bytes, cut: int, flags: int) -> None:
-    run_one(bytes([flags]) + cut.to_bytes(2, "big") + b"\0\0" + b"\x92\xd7\x00" + data)
+@given(
+    seconds=st.integers(0, 2**32 - 1),
+    nanoseconds=st.integers(0, 2**32 - 1),
+    data=st.binary(max_size=200),
+    flags=st.integers(0, 255),
+)
+@settings(max_examples=500, deadline=None)
+def test_arbitrary_bytes_never_split_the_paths(
+    seconds: int, nanoseconds: int, data: bytes, flags: int
+) -> None:
+    """Any bytes after a whole first EventTime, ``size`` the stream's value count."""
+    head = bytes([flags]) + COUNT_VALUES.to_bytes(2, "big") + b"\0\0"
+    run_one(head + b"\x92\xd7\x00" + struct.pack(">II", seconds, nanoseconds) + data)
+
+
+def test_a_connection_pauses_the_fast_path_after_a_miss() -> None:
+    """A client whose records the fast path cannot take pays for one try per pause, not each."""
+    connection = ForwardServerConnection()
+
+    def send(stream: bytes, n: int) -> EventsReceived:
+        request = msgpack.packb(["t", stream, {"size": n}], use_bin_type=True)
+        (event,) = connection.receive_data(request)
+        assert isinstance(event, EventsReceived)
+        return event
+
+    assert send(plain(2), 2).texts is not None
+    miss = entries((event_time(), {"a": b"\xff"}))
+    assert send(miss, 1).texts is None
+    for _ in range(FAST_PATH_PAUSE_REQUESTS):
+        assert send(plain(2), 2).texts is None  # the general path: the same events
+    assert send(plain(2), 2).texts is not None
