@@ -59,6 +59,7 @@ __all__ = [
     "MIN_VACUUM_RETENTION_HOURS",
     "PROXY_HEADER_TIMEOUT_SECONDS",
     "RETENTION_INTERVAL_SECONDS",
+    "SERVE_GC_THRESHOLDS",
     "VACUUM_RETENTION_HOURS",
     "WAL_CACHE_BYTES",
     "WAL_FLUSH_BYTES",
@@ -78,6 +79,17 @@ __all__ = [
     "check_retention",
     "check_wal",
 ]
+
+# -- the serving process (appliance/commands/serve.py) -----------------------------------
+
+#: Python's cyclic garbage collector thresholds while serving (gen0 allocations,
+#: gen1 and gen2 collections), instead of (700, 10, 10). A 1,000-event chunk
+#: builds about 3,000 containers, so the default ran a young collection three
+#: times a chunk; with these, and the start-up objects frozen out of every
+#: collection, the forward bench did 15% more events per CPU-second at the
+#: same peak memory (bench/RESULTS.md, "Issue 14, third pass";
+#: docs/performance.md, "Garbage collection").
+SERVE_GC_THRESHOLDS: Final = (20_000, 10, 10)
 
 # -- a connection's waiting answers (appliance/server/pending.py) -----------------------
 
