@@ -60,6 +60,7 @@ __all__ = [
     "RECEIVED_AT_NS",
     "SMALL_LIMITS",
     "STRICT_BLOCKS",
+    "TARGETS",
     "FuzzInput",
     "Session",
     "check_group",
@@ -71,6 +72,19 @@ __all__ = [
     "split_frames",
 ]
 
+#: Every fuzz target, by name: ``fuzz/fuzz_<name>.py``, its seeds in
+#: ``fuzz/corpus/<name>``, its crashes in ``fuzz/crashes/<name>`` (the Makefile's
+#: FUZZ_TARGETS and fuzz/make_corpus.py's TARGETS list the same names).
+TARGETS: Final = (
+    "forward",
+    "lumberjack",
+    "courier",
+    "logjam",
+    "websocket",
+    "wal",
+    "proxy",
+    "forward_fast",
+)
 #: Flag: one read per payload byte (at most :data:`BYTEWISE_MAX_BYTES` of payload).
 BYTEWISE: Final = 0x80
 #: Flag: the codec gets tiny limits (each target says which).

@@ -24,16 +24,7 @@ from appliance.server.connection import Action, Arrival, Close
 from appliance.server.transports.stream import ByteStreamSession
 
 FUZZ_DIR = Path(__file__).resolve().parents[2] / "fuzz"
-TARGETS = (
-    "forward",
-    "lumberjack",
-    "courier",
-    "logjam",
-    "websocket",
-    "wal",
-    "proxy",
-    "forward_fast",
-)
+TARGETS = harness.TARGETS
 
 
 def target(name: str) -> ModuleType:
@@ -196,3 +187,16 @@ def test_forward_fast_seeds_reach_both_paths(seed: str, fast: bool) -> None:
     """The differential target is not vacuous: its plain seeds take the fast path."""
     data = (FUZZ_DIR / "corpus" / "forward_fast" / seed).read_bytes()
     assert target("forward_fast").took_fast_path(data) is fast
+
+
+def test_every_list_of_targets_names_the_same_targets() -> None:
+    """harness.TARGETS, make_corpus's seeds, the Makefile's FUZZ_TARGETS and the modules agree."""
+    from fuzz import make_corpus
+
+    assert tuple(make_corpus.TARGETS) == TARGETS
+    makefile = (FUZZ_DIR.parent / "Makefile").read_text(encoding="utf-8")
+    (line,) = [ln for ln in makefile.splitlines() if ln.startswith("fuzz: FUZZ_TARGETS ?=")]
+    assert tuple(line.split("?=", 1)[1].split()) == TARGETS
+    assert sorted(p.stem.removeprefix("fuzz_") for p in FUZZ_DIR.glob("fuzz_*.py")) == sorted(
+        TARGETS
+    )

@@ -23,16 +23,7 @@ from appliance.protocols.websocket_messages import MessageError, parse_target
 from appliance.rows.block import RowBlock
 
 FUZZ_DIR = Path(__file__).resolve().parents[2] / "fuzz"
-TARGETS = (
-    "forward",
-    "lumberjack",
-    "courier",
-    "logjam",
-    "websocket",
-    "wal",
-    "proxy",
-    "forward_fast",
-)
+TARGETS = harness.TARGETS
 
 #: Issue 13's inputs: (target, seed) -> rows stored.
 ISSUE13: dict[tuple[str, str], int] = {
