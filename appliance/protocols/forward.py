@@ -997,7 +997,10 @@ class ForwardServerConnection:
             # FormatError, StackError, a length over the limits, or an
             # unhashable map key (TypeError): the rest of the chunk is lost,
             # so none of it may be acked.
-            raise self._fail(f"entries stream is not valid msgpack: {exc}") from None
+            # msgpack's FormatError and StackError carry no message: name them.
+            raise self._fail(
+                f"entries stream is not valid msgpack: {str(exc) or type(exc).__name__}"
+            ) from None
         if end != len(stream):
             raise self._fail(f"entries stream ends inside an entry ({len(stream) - end} bytes)")
 

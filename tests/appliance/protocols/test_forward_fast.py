@@ -19,6 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from appliance.protocols.errors import ProtocolViolation
 from appliance.protocols.forward import (
     FAST_PATH_PAUSE_REQUESTS,
     EventsReceived,
@@ -218,3 +219,18 @@ def test_a_connection_pauses_the_fast_path_after_a_miss() -> None:
     for _ in range(FAST_PATH_PAUSE_REQUESTS):
         assert send(plain(2), 2).texts is None  # the general path: the same events
     assert send(plain(2), 2).texts is not None
+
+
+@pytest.mark.parametrize(
+    ("stream", "reason"),
+    [
+        (b"\xc1", "entries stream is not valid msgpack: FormatError"),
+        (b"\x91" * 5000, "entries stream is not valid msgpack: StackError"),
+    ],
+)
+def test_an_unreadable_stream_names_why(stream: bytes, reason: str) -> None:
+    """The general path's violation says which msgpack error (they carry no message)."""
+    request = msgpack.packb(["t", stream, {"size": 1}], use_bin_type=True)
+    (event,) = ForwardServerConnection().receive_data(request)
+    assert isinstance(event, ProtocolViolation)
+    assert event.reason == reason
