@@ -60,6 +60,7 @@ __all__ = [
     "PROXY_HEADER_TIMEOUT_SECONDS",
     "RETENTION_INTERVAL_SECONDS",
     "SERVE_GC_THRESHOLDS",
+    "SERVE_GC_YOUNG_INTERVAL_SECONDS",
     "VACUUM_RETENTION_HOURS",
     "WAL_CACHE_BYTES",
     "WAL_FLUSH_BYTES",
@@ -80,16 +81,21 @@ __all__ = [
     "check_wal",
 ]
 
-# -- the serving process (appliance/commands/serve.py) -----------------------------------
+# -- the serving process (appliance/gc_policy.py) ----------------------------------------
 
 #: Python's cyclic garbage collector thresholds while serving (gen0 allocations,
-#: gen1 and gen2 collections), instead of (700, 10, 10). A 1,000-event chunk
-#: builds about 3,000 containers, so the default ran a young collection three
-#: times a chunk; with these, and the start-up objects frozen out of every
-#: collection, the forward bench did 15% more events per CPU-second at the
+#: gen1 and gen2 collections), instead of (700, 10, 10). Decoding a chunk
+#: builds thousands of containers that live until it becomes rows, so the
+#: default ran young collections within every chunk; with these, and the
+#: start-up objects frozen out of every collection, the forward bench did
+#: 15% more events per CPU-second at the
 #: same peak memory (bench/RESULTS.md, "Issue 14, third pass";
-#: docs/performance.md, "Garbage collection").
+#: appliance/gc_policy.py).
 SERVE_GC_THRESHOLDS: Final = (20_000, 10, 10)
+#: Seconds between the young collections the service runs itself
+#: (appliance/gc_policy.py): cyclic garbage, such as a closed TLS connection's
+#: (about 40 KiB), waits at most this long instead of for 20,000 allocations.
+SERVE_GC_YOUNG_INTERVAL_SECONDS: Final = 1.0
 
 # -- a connection's waiting answers (appliance/server/pending.py) -----------------------
 

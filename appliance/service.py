@@ -34,6 +34,7 @@ from typing import Final
 
 import trio
 
+from appliance import gc_policy
 from appliance.config import Config, ConfigError, load_config, settings_from
 from appliance.lake.maintenance import run_maintenance
 from appliance.lake.table import EventsTable
@@ -353,6 +354,8 @@ async def _serve_locked(
                     # Compaction, checkpoints and vacuum, serialized with commits;
                     # in acceptors so that a stop ends the schedule.
                     acceptors.start_soon(run_maintenance, writer, config)
+                    # Cyclic garbage (closed TLS connections) freed each second.
+                    acceptors.start_soon(gc_policy.collect_young)
                     if config.admin.enabled:
                         running.admin_port = await acceptors.start(
                             serve_admin, config.admin, metrics,

@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import argparse
 import functools
-import gc
 import signal
 import sys
 
-from appliance import defaults
+from appliance import gc_policy
 from appliance.commands.common import Subparsers, load
 from appliance.lake.errors import LakeError
 from appliance.logs import configure, get_logger
@@ -49,20 +48,6 @@ def _worker_signals() -> None:
     signal.signal(signal.SIGTERM, lambda _signum, _frame: request_stop())
 
 
-def _tune_gc() -> None:
-    """Fewer cyclic garbage collections while serving, none over the start-up objects.
-
-    The modules, the config and everything built so far live as long as the
-    process: :func:`gc.freeze` moves them out of every later collection.
-    The thresholds (:data:`~appliance.defaults.SERVE_GC_THRESHOLDS`) make
-    young collections rarer on a path that builds thousands of short-lived
-    containers per batch; garbage without cycles is freed at once as ever.
-    """
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(*defaults.SERVE_GC_THRESHOLDS)
-
-
 def _serve(args: argparse.Namespace) -> int:
     import trio
 
@@ -84,7 +69,7 @@ def _serve(args: argparse.Namespace) -> int:
         config = config.for_worker(args.worker)
         supervisor = args.supervisor
         _worker_signals()
-    _tune_gc()
+    gc_policy.tune()
     failures: list[str] = []
     try:
         if config.workers > 1:

@@ -103,7 +103,7 @@ from appliance.protocols.errors import (
     ProtocolViolation,
     RemoteProtocolError,
 )
-from appliance.protocols.forward_fast import fast_entries
+from appliance.protocols.forward_fast import fast_entries, fast_path_applies
 from appliance.protocols.forward_handshake import (
     REASON_INVALID_PING,
     Helo,
@@ -140,7 +140,7 @@ __all__ = [
 ]
 
 #: Requests a connection decodes with the general path only after the fast
-#: path (appliance/protocols/forward_fast.py) missed one: a client whose
+#: path (appliance/protocols/forward_fast.py) decoded one and missed: a client whose
 #: records the fast path cannot take would otherwise pay for both on every
 #: chunk. Then the fast path is tried again (the client's data may change).
 FAST_PATH_PAUSE_REQUESTS: Final = 64
@@ -938,13 +938,16 @@ class ForwardServerConnection:
                     # as msgpack would drop the whole chunk as "invalid entries"
                     # and ack it.
                     raise self._fail(f"entries are {name} data but compressed is {compressed!r}")
+        size = option.get("size")
         if self._fast_pause:
             self._fast_pause -= 1
-        else:
-            fast = fast_entries(stream, option.get("size"), self.limits.max_events_per_request)
+        elif fast_path_applies(stream, size, self.limits.max_events_per_request):
+            assert type(size) is int  # fast_path_applies checked it
+            fast = fast_entries(stream, size)
             if fast is not None:
                 fast_times, fast_records, texts = fast
                 return EventsReceived(tag, mode, fast_times, fast_records, chunk, texts=texts)
+            # A miss after a decode: the client's records are not of the plain shape.
             self._fast_pause = FAST_PATH_PAUSE_REQUESTS
         dropped: dict[str, int] = {}
         times: list[int | None] = []

@@ -542,7 +542,8 @@ class WriteAheadLog:
         from memory. Without this, at full load the oldest uncommitted
         records left the cache before their commit, and every group was
         read back and decoded (docs/wal.md, "The cache"). Always false with
-        the cache off.
+        the cache off. The writer acts on it only past its floor (an eighth
+        of ``commit_max_bytes`` waiting, appliance/lake/writer.py).
         """
         limit = self.settings.cache_bytes
         return limit > 0 and self._cache_bytes * 2 >= limit

@@ -51,23 +51,3 @@ def test_configured_auth_database_behind_the_schema_is_refused(tmp_path: Path) -
     assert result.returncode == 1
     assert "appliance db upgrade" in result.stderr
     assert "Traceback" not in result.stderr
-
-
-def test_serving_tunes_the_garbage_collector() -> None:
-    """``serve`` freezes the start-up objects and raises the thresholds (defaults.py).
-
-    In a child interpreter: both are settings of the whole process.
-    """
-    script = (
-        "import gc\n"
-        "from appliance import defaults\n"
-        "from appliance.commands.serve import _tune_gc\n"
-        "assert gc.get_freeze_count() == 0\n"
-        "_tune_gc()\n"
-        "assert gc.get_threshold() == defaults.SERVE_GC_THRESHOLDS, gc.get_threshold()\n"
-        "assert gc.get_freeze_count() > 1000, gc.get_freeze_count()\n"
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False
-    )
-    assert done.returncode == 0, done.stderr

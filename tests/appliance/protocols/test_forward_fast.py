@@ -25,7 +25,7 @@ from appliance.protocols.forward import (
     EventsReceived,
     ForwardServerConnection,
 )
-from appliance.protocols.forward_fast import fast_entries
+from appliance.protocols.forward_fast import fast_entries, fast_path_applies
 from appliance.rows.forward import forward_block
 from appliance.rows.records import plain_records_json, records_json
 from fuzz.fuzz_forward_fast import COUNT_VALUES, check_stream, run_one
@@ -43,6 +43,13 @@ def entries(*pairs: tuple[Any, Any]) -> bytes:
     return b"".join(msgpack.packb([t, r], use_bin_type=True, datetime=False) for t, r in pairs)
 
 
+def fast(stream: bytes, size: Any, max_events: int) -> Any:
+    """What the codec's fast path gives: None where it does not apply or misses."""
+    if not fast_path_applies(stream, size, max_events):
+        return None
+    return fast_entries(stream, size)
+
+
 def plain(n: int) -> bytes:
     return entries(*((event_time(NOW, i), {"seq": i, "msg": f"line {i}"}) for i in range(n)))
 
@@ -54,7 +61,7 @@ def test_a_plain_stream_takes_the_fast_path_and_matches() -> None:
 
 def test_the_fast_path_gives_the_general_paths_events() -> None:
     stream = plain(3)
-    found = fast_entries(stream, 3, 100)
+    found = fast(stream, 3, 100)
     assert found is not None
     times, records, texts = found
     assert times == [NOW * 10**9, NOW * 10**9 + 1, NOW * 10**9 + 2]
@@ -92,14 +99,14 @@ def test_the_fast_path_gives_the_general_paths_events() -> None:
 def test_the_general_path_keeps_what_the_fast_path_does_not_take(
     why: str, stream: bytes, size: Any
 ) -> None:
-    assert fast_entries(stream, size, 100) is None, why
+    assert fast(stream, size, 100) is None, why
     assert not check_stream(stream, size if type(size) is int else None), why
 
 
 def test_nan_and_infinities_take_the_fast_path_as_null() -> None:
     stream = entries((event_time(), {"n": math.nan, "i": math.inf}))
     assert check_stream(stream, 1)
-    found = fast_entries(stream, 1, 10)
+    found = fast(stream, 1, 10)
     assert found is not None
     assert found[2] == ['{"n":null,"i":null}']
 
@@ -109,13 +116,13 @@ def test_deep_nesting_falls_back() -> None:
     for _ in range(300):
         deep = {"d": deep}
     stream = entries((event_time(), deep))
-    assert fast_entries(stream, 1, 10) is None
+    assert fast(stream, 1, 10) is None
     assert not check_stream(stream, 1)
 
 
 def test_max_events_per_request_still_holds() -> None:
     stream = plain(9)
-    assert fast_entries(stream, 9, 8) is None
+    assert fast(stream, 9, 8) is None
     assert not check_stream(stream, 9, small=True)  # the general path's violation
 
 
@@ -218,6 +225,10 @@ def test_a_connection_pauses_the_fast_path_after_a_miss() -> None:
     assert send(miss, 1).texts is None
     for _ in range(FAST_PATH_PAUSE_REQUESTS):
         assert send(plain(2), 2).texts is None  # the general path: the same events
+    assert send(plain(2), 2).texts is not None
+    # Requests the fast path declines at a glance (no decode) start no pause.
+    assert send(entries((NOW, {"a": 1})), 1).texts is None  # integer time
+    assert send(plain(2), 0).texts is None  # size 0
     assert send(plain(2), 2).texts is not None
 
 
