@@ -17,6 +17,7 @@ this module holds it to:
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import gzip
 import json
@@ -285,6 +286,55 @@ def test_events_with_an_unusable_time_are_dropped_and_the_rest_stored(
         assert line is not None
     kept = sorted(record(r).get("kept") for r in case.hostile_rows())
     assert kept == list(range(len(BAD_TIMES) + 1))
+
+
+# -- the PackedForward fast path (appliance/protocols/forward_fast.py) ----------------
+
+
+def test_records_the_fast_path_declines_are_stored_by_the_convention(
+    service: HostileService,
+) -> None:
+    """A chunk with ``size`` whose records hold what msgspec and orjson would read otherwise.
+
+    msgspec turns a msgpack timestamp into a datetime, and orjson would
+    write it as an ISO string; the stored records must follow the record
+    convention (docs/records.md) as without the fast path.
+    """
+    chunk = chunk_id()
+    timestamp = msgpack.Timestamp(1, 5)
+    odd = [
+        {"plain": "first"},
+        {"t": timestamp},
+        {"b": b"\xff"},
+        {1: "int key"},
+        {"x": msgpack.ExtType(5, b"ab")},
+        {"plain": "last"},
+    ]
+    stream = b"".join(msgpack.packb([event_time(), r], datetime=False) for r in odd)
+    with hostile_case(service, "forward") as case:
+        acked(case, pack(["fast.tag", stream, {"chunk": chunk, "size": len(odd)}]), chunk)
+    stored = [record(r) for r in case.hostile_rows()]
+    stamp = base64.b64encode(timestamp.to_bytes()).decode()
+    for expected in [
+        {"plain": "first"},
+        {"t": {"$ext": -1, "$binary": stamp}},
+        {"b": {"$binary": "/w=="}},
+        {"1": "int key"},
+        {"x": {"$ext": 5, "$binary": "YWI="}},
+        {"plain": "last"},
+    ]:
+        assert expected in stored, (expected, stored)
+    assert len(stored) == len(odd)
+
+
+@pytest.mark.parametrize("lie", [-1, 1, 1000])
+def test_a_size_that_lies_stores_every_entry(service: HostileService, lie: int) -> None:
+    """``size`` is only a hint: a wrong one makes the general path read the stream."""
+    chunk = chunk_id()
+    stream = entries([{"n": i} for i in range(5)])
+    with hostile_case(service, "forward") as case:
+        acked(case, pack(["size.tag", stream, {"chunk": chunk, "size": 5 + lie}]), chunk)
+    assert sorted(record(r)["n"] for r in case.hostile_rows()) == list(range(5))
 
 
 # -- sizes and bombs ------------------------------------------------------------------
