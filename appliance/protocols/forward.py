@@ -103,7 +103,7 @@ from appliance.protocols.errors import (
     ProtocolViolation,
     RemoteProtocolError,
 )
-from appliance.protocols.forward_fast import fast_entries, fast_path_applies
+from appliance.protocols.forward_fast import fast_entries, fast_path_size
 from appliance.protocols.forward_handshake import (
     REASON_INVALID_PING,
     Helo,
@@ -938,11 +938,10 @@ class ForwardServerConnection:
                     # as msgpack would drop the whole chunk as "invalid entries"
                     # and ack it.
                     raise self._fail(f"entries are {name} data but compressed is {compressed!r}")
-        size = option.get("size")
+        size = fast_path_size(stream, option.get("size"), self.limits.max_events_per_request)
         if self._fast_pause:
             self._fast_pause -= 1
-        elif fast_path_applies(stream, size, self.limits.max_events_per_request):
-            assert type(size) is int  # fast_path_applies checked it
+        elif size is not None:
             fast = fast_entries(stream, size)
             if fast is not None:
                 fast_times, fast_records, texts = fast

@@ -56,7 +56,7 @@ import msgspec
 
 from appliance.rows.records import plain_records_json
 
-__all__ = ["FAST_PREFIX", "fast_entries", "fast_path_applies"]
+__all__ = ["FAST_PREFIX", "fast_entries", "fast_path_size"]
 
 #: How every entry of the fast path starts: a 2-element array (0x92), then
 #: fixext 8 (0xd7) of ext type 0: an EventTime (spec "EventTime Ext Format").
@@ -117,8 +117,10 @@ def _times_ns(raws: list[msgspec.Raw]) -> list[int | None] | None:
     return [s * _NS_PER_SECOND + n for s, n in zip(values[0::2], nanoseconds, strict=True)]
 
 
-def fast_path_applies(stream: bytes, size: object, max_events: int) -> bool:
-    """Whether :func:`fast_entries` may take ``stream``: a cheap look at its first bytes.
+def fast_path_size(stream: bytes, size: object, max_events: int) -> int | None:
+    """The entry count :func:`fast_entries` would read ``stream`` as, or None if it may not.
+
+    A cheap look at the request's ``size`` option and the stream's first bytes.
 
     Args:
         stream: the whole (decompressed) entries stream of a PackedForward request.
@@ -126,12 +128,14 @@ def fast_path_applies(stream: bytes, size: object, max_events: int) -> bool:
             positive int means no fast path).
         max_events: the connection's ``max_events_per_request``.
     """
-    return (
+    if (
         type(size) is int
         and 0 < size <= max_events
         and size * _MIN_ENTRY_BYTES <= len(stream)
         and stream.startswith(FAST_PREFIX)
-    )
+    ):
+        return size
+    return None
 
 
 def fast_entries(
@@ -139,7 +143,7 @@ def fast_entries(
 ) -> tuple[list[int | None], list[dict[Any, Any]], list[str]] | None:
     """Times (epoch ns), records and their JSON texts of a plain entries stream; else None.
 
-    Call it only where :func:`fast_path_applies`; None is a miss (the
+    ``size``: what :func:`fast_path_size` gave; None is a miss (the
     stream is not of the plain shape), which cost a decode.
     """
     try:

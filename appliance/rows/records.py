@@ -105,18 +105,26 @@ def _plain(value: Any, depth: int = 0) -> Any:
 _ORJSON_OPTIONS: Final = orjson.OPT_NON_STR_KEYS
 
 
-def records_json(records: Sequence[dict[Any, Any]]) -> list[str]:
-    """:func:`record_json` of each record, in one pass when orjson takes them all.
-
-    The hot path of a 1,000-event chunk: one comprehension over orjson, no
-    Python call per record; should orjson refuse any record, each takes
-    :func:`record_json` (the same text either way).
-    """
-    dumps, option = orjson.dumps, _ORJSON_OPTIONS
+def _orjson_texts(records: Sequence[dict[Any, Any]], option: int) -> list[str] | None:
+    """Every record through orjson in one comprehension (no Python call per
+    record), or None as soon as orjson refuses one."""
+    dumps = orjson.dumps
     try:
         return [dumps(record, option=option).decode() for record in records]
     except (orjson.JSONEncodeError, TypeError):
+        return None
+
+
+def records_json(records: Sequence[dict[Any, Any]]) -> list[str]:
+    """:func:`record_json` of each record, in one pass when orjson takes them all.
+
+    The hot path of a 1,000-event chunk; should orjson refuse any record,
+    each takes :func:`record_json` (the same text either way).
+    """
+    texts = _orjson_texts(records, _ORJSON_OPTIONS)
+    if texts is None:
         return [record_json(record) for record in records]
+    return texts
 
 
 #: Text keys only, and datetimes refused (a msgspec decoder turns the msgpack
@@ -137,11 +145,7 @@ def plain_records_json(records: Sequence[dict[Any, Any]]) -> list[str] | None:
     (:mod:`appliance.protocols.forward_fast`) relies on it, and takes its
     slow path on None.
     """
-    dumps, option = orjson.dumps, _PLAIN_OPTIONS
-    try:
-        return [dumps(record, option=option).decode() for record in records]
-    except (orjson.JSONEncodeError, TypeError):
-        return None
+    return _orjson_texts(records, _PLAIN_OPTIONS)
 
 
 def record_json(record: dict[Any, Any]) -> str:

@@ -25,7 +25,7 @@ from appliance.protocols.forward import (
     EventsReceived,
     ForwardServerConnection,
 )
-from appliance.protocols.forward_fast import fast_entries, fast_path_applies
+from appliance.protocols.forward_fast import fast_entries, fast_path_size
 from appliance.rows.forward import forward_block
 from appliance.rows.records import plain_records_json, records_json
 from fuzz.fuzz_forward_fast import COUNT_VALUES, check_stream, run_one
@@ -45,9 +45,8 @@ def entries(*pairs: tuple[Any, Any]) -> bytes:
 
 def fast(stream: bytes, size: Any, max_events: int) -> Any:
     """What the codec's fast path gives: None where it does not apply or misses."""
-    if not fast_path_applies(stream, size, max_events):
-        return None
-    return fast_entries(stream, size)
+    count = fast_path_size(stream, size, max_events)
+    return None if count is None else fast_entries(stream, count)
 
 
 def plain(n: int) -> bytes:
