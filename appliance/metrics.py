@@ -407,7 +407,9 @@ class LakeMetrics:
     """The writer's and the table's metrics (one table per service: no labels)."""
 
     __slots__ = (
+        "batches_stored_elsewhere",
         "blocks_refused",
+        "commit_conflicts",
         "commit_duration",
         "commit_failures_data",
         "commit_failures_storage",
@@ -443,6 +445,8 @@ class LakeMetrics:
         self.dedupe_logged: _Count = _NOOP
         self.log_records_lost: _Count = _NOOP
         self.blocks_refused: _Count = _NOOP
+        self.commit_conflicts: _Count = _NOOP
+        self.batches_stored_elsewhere: _Count = _NOOP
         self.table_version: _Level = _NOOP
         self.last_commit_time: _Level = _NOOP
         self.last_commit_age: _Level = _NOOP
@@ -513,6 +517,18 @@ class LakeMetrics:
             "Batches refused because their data cannot be stored (never acknowledged).",
             registry=r,
         )
+        self.commit_conflicts = Counter(
+            "appliance_lake_commit_conflicts",
+            "Commits that lost their table version to another writer's commit and were "
+            "checked again against it before the next attempt.",
+            registry=r,
+        )
+        self.batches_stored_elsewhere = Counter(
+            "appliance_lake_batches_stored_elsewhere",
+            "Batches left out of a commit because another writer's commit holds them "
+            "(a client resent them there).",
+            registry=r,
+        )
         self.table_version = Gauge(
             "appliance_lake_table_version", "The events table's version after the last commit.",
             registry=r,
@@ -565,6 +581,8 @@ class WalSample:
     #: Commit groups served from the cache, and those read back from the files and decoded.
     groups_from_cache: int
     groups_read_back: int
+    #: Acknowledged records the log lost to damage found when it opened (``WalStats.records_lost``).
+    records_lost: int = 0
 
 
 class _WalCollector:
@@ -614,6 +632,11 @@ class _WalCollector:
             ("appliance_wal_groups_read_back",
              "Commit groups read back from the files and decoded (replay, or a cache too small).",
              found.groups_read_back),
+            ("appliance_wal_records_lost",
+             "Acknowledged records lost to damage the log found when it opened (at least this "
+             "many): wal.tail_damaged, wal.record_damaged, wal.segment_damaged and wal.gap in "
+             "the log say where.",
+             found.records_lost),
         ):  # fmt: skip
             yield CounterMetricFamily(name, doc, value=count)
 

@@ -11,6 +11,15 @@ class CommitError(LakeError):
     """A commit did not happen; nothing of it may be acknowledged. Retrying is safe."""
 
 
+class CommitConflict(CommitError):
+    """Another writer took the table version this commit was prepared for.
+
+    Nothing was committed. The commit must be checked again against the
+    commits it lost to (appliance/lake/exactly_once.py), never simply moved
+    to the next version.
+    """
+
+
 class TableSchemaError(LakeError):
     """An existing table does not have the schema or protocol the appliance writes."""
 

@@ -24,7 +24,7 @@ still itself. So a version it did not write is never taken for its own.
 from __future__ import annotations
 
 import os
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any, Literal
 
 import pyarrow as pa
@@ -36,10 +36,17 @@ from deltalake import (
     Transaction,
     write_deltalake,
 )
-from deltalake.exceptions import DeltaError
+from deltalake.exceptions import CommitFailedError, DeltaError
 
+from appliance.lake.batch_ids import CommitBatches, read_commit_info
 from appliance.lake.blocks import DedupeKey, dedupe_scope
-from appliance.lake.errors import AppIdInUse, CommitError, LakeError, TableSchemaError
+from appliance.lake.errors import (
+    AppIdInUse,
+    CommitConflict,
+    CommitError,
+    LakeError,
+    TableSchemaError,
+)
 from appliance.lake.schema import (
     EVENTS_SCHEMA,
     PARTITION_COLUMNS,
@@ -48,7 +55,14 @@ from appliance.lake.schema import (
     WRITER_VERSION,
 )
 
-__all__ = ["EventsTable", "Lease", "lease_app_ids", "on_object_storage", "shared_with_others"]
+__all__ = [
+    "EventsTable",
+    "Lease",
+    "TableChanges",
+    "lease_app_ids",
+    "on_object_storage",
+    "shared_with_others",
+]
 
 
 def on_object_storage(uri: str) -> bool:
@@ -81,6 +95,20 @@ class Lease:
     def __init__(self, token: int | None, at_ms: int | None) -> None:
         self.token = token
         self.at_ms = at_ms
+
+
+class TableChanges:
+    """The table's commits after a version a writer had checked, as one refresh saw them."""
+
+    __slots__ = ("commits", "done", "version")
+
+    def __init__(self, version: int, done: int | None, commits: list[CommitBatches]) -> None:
+        #: The table's latest version: a commit prepared now is for ``version + 1``.
+        self.version = version
+        #: The last commit sequence the table records for the asking app id.
+        self.done = done
+        #: The commits after the checked version, oldest first.
+        self.commits = commits
 
 
 class EventsTable:
@@ -251,6 +279,31 @@ class EventsTable:
                 f"{app_id!r}: two nodes share a node_id; this one stops acknowledging"
             )
 
+    def changes_since(self, checked: int, app_id: str) -> TableChanges:
+        """Refresh, and read what the commits after version ``checked`` say of their batches.
+
+        Reads one ``commitInfo`` per commit after ``checked`` (delta-rs
+        ``history``), never a data file: the cost is the number of commits
+        since the last check.
+
+        Raises:
+            LakeError: the table cannot be read (the caller retries).
+        """
+        try:
+            self._dt.update_incremental()
+            latest = int(self._dt.version())
+            done = self._dt.transaction_version(app_id)
+            infos = self._dt.history(latest - checked) if latest > checked else []
+        except (DeltaError, OSError) as exc:
+            raise LakeError(f"cannot read the table's recent commits: {exc}") from exc
+        commits = [
+            read_commit_info(int(info.get("version", -1)), info)
+            for info in infos
+            if int(info.get("version", -1)) > checked
+        ]
+        commits.sort(key=lambda c: c.version)
+        return TableChanges(latest, None if done is None else int(done), commits)
+
     def commit(
         self,
         data: pa.Table,
@@ -259,13 +312,25 @@ class EventsTable:
         token: int | None = None,
         now_ms: int | None = None,
         also: Sequence[tuple[str, int]] = (),
+        *,
+        read_version: int | None = None,
+        metadata: Mapping[str, Any] | None = None,
     ) -> bool:
         """Append ``data`` as the commit ``(app_id, version)``, at most once.
 
         With ``token``, the commit renews the writer's lease (at ``now_ms``),
         and is refused when another writer committed under ``app_id``.
         ``also`` are more app transactions ``(id, version)`` the same commit
-        records (the write-ahead log's position, ``<app_id>#wal``).
+        records (the write-ahead log's position, ``<app_id>#wal``);
+        ``metadata``, more ``commitInfo`` entries (the batch digests).
+
+        ``read_version``: the table version the caller checked the commit
+        against (:meth:`changes_since`). The commit is then written as exactly
+        the next version, with delta-rs's own retries off: if another writer
+        took that version, nothing is written and :class:`CommitConflict`
+        says so. Without it, the handle is refreshed first and delta-rs moves
+        a commit that lost a race to the next version (for writers that add
+        no batch ids: seeds, tests, benchmarks).
 
         Returns:
             True when this call wrote the rows, False when the table already
@@ -273,6 +338,7 @@ class EventsTable:
 
         Raises:
             AppIdInUse: the last writer under ``app_id`` is not ``token``.
+            CommitConflict: another commit took ``read_version + 1``.
             CommitError: nothing was committed; the caller may retry.
         """
         transactions = [Transaction(app_id, version)]
@@ -280,7 +346,13 @@ class EventsTable:
         if token is not None:
             transactions += self._lease_transactions(app_id, token, now_ms or 0)
         try:
-            self._dt.update_incremental()
+            if read_version is None:
+                self._dt.update_incremental()
+            elif int(self._dt.version()) != read_version:
+                # The handle moved (table maintenance on it): check again.
+                raise CommitConflict(
+                    f"the table is at version {self._dt.version()}, not the checked {read_version}"
+                )
             # Before the version check: a version recorded by another writer
             # must never pass for this writer's own commit.
             self._check_writer(app_id, token)
@@ -292,9 +364,17 @@ class EventsTable:
                 data,
                 mode="append",
                 partition_by=PARTITION_COLUMNS,
-                commit_properties=CommitProperties(app_transactions=transactions),
+                commit_properties=CommitProperties(
+                    app_transactions=transactions,
+                    custom_metadata=None if metadata is None else dict(metadata),
+                    max_commit_retries=None if read_version is None else 0,
+                ),
                 post_commithook_properties=PostCommitHookProperties(create_checkpoint=True),
             )
+        except CommitFailedError as exc:
+            if read_version is not None:
+                raise CommitConflict(str(exc)) from exc
+            raise CommitError(str(exc)) from exc
         except (DeltaError, OSError) as exc:
             raise CommitError(str(exc)) from exc
         return True

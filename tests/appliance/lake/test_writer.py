@@ -290,17 +290,17 @@ async def test_a_group_that_fails_to_convert_refuses_only_the_bad_block(
     """Defence in depth: should a block pass the check and still break Arrow, it fails alone."""
     import pyarrow as pa
 
-    from appliance.lake import writer as writer_module
+    from appliance.lake import committer as committer_module
     from appliance.lake.errors import BlockRefused
 
-    real = writer_module.blocks_to_arrow
+    real = committer_module.blocks_to_arrow
 
     def fragile(blocks: list[RowBlock]) -> pa.Table:
         if any(b.batch_id == "poison" for b in blocks):
             raise pa.ArrowInvalid("offset overflow")
         return real(blocks)
 
-    monkeypatch.setattr(writer_module, "blocks_to_arrow", fragile)
+    monkeypatch.setattr(committer_module, "blocks_to_arrow", fragile)
     path = tmp_path / "events"
     settings = WriterSettings(commit_max_delay_seconds=0.3)
     async with trio.open_nursery() as nursery:

@@ -381,12 +381,12 @@ async def test_ack_commit_drains_a_log_left_by_ack_wal(tmp_path: Path) -> None:
 def test_a_large_group_is_converted_in_slices_to_the_same_table(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from appliance.lake import writer as writer_module
+    from appliance.lake import committer as committer_module
     from appliance.lake.blocks import blocks_to_arrow
 
-    monkeypatch.setattr(writer_module, "ARROW_SLICE_ROWS", 7)
+    monkeypatch.setattr(committer_module, "ARROW_SLICE_ROWS", 7)
     blocks = [block(f"s-{i}", rows=1 + i % 4) for i in range(11)]
-    sliced = writer_module._to_arrow(blocks)
+    sliced = committer_module.to_arrow(blocks)
     assert sliced.num_rows == sum(b.rows for b in blocks)
     assert sliced.equals(blocks_to_arrow(blocks))
     assert sliced.column("record").num_chunks > 1

@@ -1,0 +1,460 @@
+"""One node's commits to the ``events`` table: open, store groups, keep the lease.
+
+:class:`TableCommitter` is what both batch sinks (appliance/lake/commit_sink.py
+for ``ack = "commit"``, appliance/lake/log_sink.py for ``ack = "wal"``) commit
+through. It opens the table and claims the node's app id, then stores groups
+of blocks with the commit-and-check protocol of
+appliance/lake/exactly_once.py, so no batch id is stored twice whatever other
+writers do; it converts the blocks to Arrow in worker threads (in slices, so
+the event loop keeps running), retries storage failures with capped,
+jittered exponential backoff until they succeed (no ack meanwhile), and
+keeps the app id's lease while no data commits.
+
+Data cannot stop it: should a group still fail to convert or write for a
+reason in its data (:data:`DATA_ERRORS`), its blocks are stored one by one
+and only those that fail are refused.
+
+One worker thread at a time touches the table (one committer per table per
+node): every table call holds the same one-token limiter, which table
+maintenance shares through :meth:`TableCommitter.run_exclusive`.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Final, TypeVar, TypeVarTuple, Unpack
+
+import pyarrow as pa
+import trio
+
+from appliance.lake.batch_ids import BatchDigest, batch_digest, commit_metadata
+from appliance.lake.blocks import blocks_to_arrow, dedupe_key
+from appliance.lake.dedupe import StoredBatches
+from appliance.lake.errors import AppIdInUse, BlockRefused, CommitConflict, CommitError, LakeError
+from appliance.lake.exactly_once import ExactlyOnce, Outcome
+from appliance.lake.schema import EVENTS_SCHEMA
+from appliance.lake.settings import WriterSettings
+from appliance.lake.table import EventsTable, TableChanges
+from appliance.logs import get_logger
+from appliance.metrics import NULL_METRICS, Metrics
+from appliance.rows.block import RowBlock
+
+__all__ = [
+    "ARROW_SLICE_ROWS",
+    "DATA_ERRORS",
+    "Stored",
+    "TableCommitter",
+    "block_digest",
+    "to_arrow",
+    "wal_app_id",
+]
+
+log = get_logger("lake")
+
+_T = TypeVar("_T")
+_Args = TypeVarTuple("_Args")
+
+#: Errors that a block's data, not the table's storage, causes while a group
+#: is converted to Arrow or written: the blocks are then tried one by one.
+DATA_ERRORS: Final = (pa.ArrowException, ValueError, TypeError, OverflowError, UnicodeError)
+
+#: Rows converted to Arrow per call in a commit's worker thread. The conversion
+#: from Python lists holds the GIL for its whole call (about 0.2 µs a row),
+#: so a 500,000-row group converted at once would stall the event loop, and
+#: every ack, for a tenth of a second; in slices the loop runs between them.
+ARROW_SLICE_ROWS: Final = 20_000
+
+
+def wal_app_id(app_id: str) -> str:
+    """The app transaction id whose version is the log position ``app_id``'s commits cover.
+
+    Every commit from the write-ahead log records ``(<app_id>#wal, end)``,
+    ``end`` being the position just past its last record; at start the log
+    is replayed from there (docs/wal.md, docs/table.md).
+    """
+    return f"{app_id}#wal"
+
+
+def block_digest(block: RowBlock) -> BatchDigest | None:
+    """The digest of a block's batch identity, None for a batch without an id."""
+    key = dedupe_key(block)
+    return None if key is None else batch_digest(key)
+
+
+def to_arrow(blocks: Sequence[RowBlock]) -> pa.Table:
+    """:func:`blocks_to_arrow` of ``blocks``, converted a slice of blocks at a time."""
+    parts: list[pa.Table] = []
+    start = rows = 0
+    for end, block in enumerate(blocks, 1):
+        rows += block.rows
+        if rows >= ARROW_SLICE_ROWS or end == len(blocks):
+            parts.append(blocks_to_arrow(blocks[start:end]))
+            start, rows = end, 0
+    if len(parts) == 1:
+        return parts[0]
+    return pa.concat_tables(parts) if parts else blocks_to_arrow(blocks)
+
+
+@dataclass(frozen=True, slots=True)
+class Stored:
+    """What :meth:`TableCommitter.store` did with a group, by block index."""
+
+    #: Blocks that cannot be stored, and why (their data).
+    refused: dict[int, BlockRefused]
+    #: Blocks left out because another writer's commit holds their batch.
+    elsewhere: frozenset[int]
+
+
+def _timed_commit(
+    table: EventsTable,
+    data: pa.Table,
+    app_id: str,
+    version: int,
+    token: int,
+    now_ms: int,
+    also: Sequence[tuple[str, int]],
+    read_version: int,
+    metadata: dict[str, object],
+) -> tuple[float, int]:
+    """:meth:`EventsTable.commit` (worker thread): its seconds and the table's version after it."""
+    started = time.perf_counter()
+    table.commit(
+        data, app_id, version, token, now_ms, also, read_version=read_version, metadata=metadata
+    )
+    return time.perf_counter() - started, table.version()
+
+
+class _Backoff:
+    """Capped exponential backoff with jitter (half fixed, half random)."""
+
+    __slots__ = ("_next", "initial", "maximum")
+
+    def __init__(self, initial: float, maximum: float) -> None:
+        self.initial = initial
+        self.maximum = maximum
+        self._next = initial
+
+    def delay(self) -> float:
+        """The wait before the next attempt; each call doubles the next, up to the cap."""
+        base = self._next
+        self._next = min(self._next * 2, self.maximum)
+        return base / 2 + random.uniform(0, base / 2)  # noqa: S311 (jitter, not a secret)
+
+    def reset(self) -> None:
+        self._next = self.initial
+
+
+class _GroupStorage:
+    """The :class:`~appliance.lake.exactly_once.Storage` of one group's commit."""
+
+    def __init__(
+        self,
+        committer: TableCommitter,
+        blocks: Sequence[RowBlock],
+        position: int | None,
+        what: str,
+    ) -> None:
+        self._c = committer
+        self._blocks = blocks
+        self._position = position
+        self._what = what
+        self._converted: tuple[tuple[int, ...], pa.Table] | None = None
+
+    async def changes_since(self, checked: int) -> TableChanges:
+        c = self._c
+        return await trio.to_thread.run_sync(
+            c.table.changes_since, checked, c.app_id, limiter=c.limiter
+        )
+
+    async def write(
+        self, keep: Sequence[int], read_version: int, sequence: int, digests: list[BatchDigest]
+    ) -> None:
+        c = self._c
+        wanted = tuple(keep)
+        if self._converted is None or self._converted[0] != wanted:
+            blocks = [self._blocks[i] for i in wanted]
+            data = (
+                await trio.to_thread.run_sync(to_arrow, blocks, limiter=c.limiter)
+                if blocks
+                else EVENTS_SCHEMA.empty_table()
+            )
+            self._converted = (wanted, data)
+        data = self._converted[1]
+        also = [] if self._position is None else [(wal_app_id(c.app_id), self._position)]
+        metadata = commit_metadata(digests, c.app_id, sequence)
+        try:
+            seconds, table_version = await trio.to_thread.run_sync(
+                _timed_commit, c.table, data, c.app_id, sequence, c.token,
+                time.time_ns() // 1_000_000, also, read_version, metadata, limiter=c.limiter,
+            )  # fmt: skip
+        except CommitConflict:
+            c.metrics.lake.commit_conflicts.inc()
+            raise
+        c.committed(sequence, data, seconds, table_version)
+
+    async def failed(self, error: LakeError, attempt: int) -> None:
+        await self._c.failed(error, attempt, self._what)
+
+    def recovered(self) -> None:
+        self._c.recovered()
+
+
+class TableCommitter:
+    """The single committer of one node to its ``events`` table.
+
+    Args:
+        table: the table, driven only from this committer's worker thread.
+        app_id: the node's stable id, used as the Delta app transaction id.
+        settings: thresholds and limits.
+        token: this writer's identity in the app id's lease.
+        metrics: the service's metrics.
+    """
+
+    def __init__(
+        self,
+        table: EventsTable,
+        app_id: str,
+        settings: WriterSettings,
+        token: int,
+        metrics: Metrics | None = None,
+    ) -> None:
+        self.table = table
+        self.app_id = app_id
+        self.settings = settings
+        self.token = token
+        self.metrics = metrics or NULL_METRICS
+        self._lake = self.metrics.lake
+        # One worker thread at a time touches the table.
+        self.limiter = trio.CapacityLimiter(1)
+        #: Batches known as stored: this node's commits, the table's at start,
+        #: and those other writers' commits named since.
+        self.stored = StoredBatches(settings.dedupe_window_seconds, settings.dedupe_max_keys)
+        self._protocol: ExactlyOnce | None = None
+        self._backoff = _Backoff(settings.retry_initial_seconds, settings.retry_max_seconds)
+        self.last_commit = 0.0
+        self.last_data_commit = time.monotonic()
+        #: Counters for logs, tests and benchmarks.
+        self.commits = 0
+        self.rows_committed = 0
+        self.failed_attempts = 0
+        #: Batches not committed because another writer's commit holds them.
+        self.stored_elsewhere = 0
+        #: Why the last attempt failed, while it is being retried; else None.
+        self.failing: str | None = None
+        self._failing_since = 0.0
+
+    @property
+    def protocol(self) -> ExactlyOnce:
+        if self._protocol is None:
+            raise LakeError("the table is not open")
+        return self._protocol
+
+    @property
+    def next_sequence(self) -> int:
+        """The sequence the next commit under the app id records."""
+        return self.protocol.sequence
+
+    @property
+    def lost_races(self) -> int:
+        """Commits that lost their version to another writer and were checked again."""
+        return 0 if self._protocol is None else self._protocol.lost_races
+
+    async def open(self) -> int:
+        """Open or create the table, claim the app id, and learn the recent batches.
+
+        Returns:
+            How many batch ids the table holds from the dedupe window.
+
+        Raises:
+            AppIdInUse: another live appliance commits under this app id.
+            LakeError: the table cannot be opened.
+        """
+        await trio.to_thread.run_sync(self.table.open_or_create, limiter=self.limiter)
+        lease_ms = int(self.settings.lease_seconds * 1000)
+        await trio.to_thread.run_sync(
+            self.table.claim, self.app_id, self.token, time.time_ns() // 1_000_000, lease_ms,
+            limiter=self.limiter,
+        )  # fmt: skip
+        self.last_commit = trio.current_time()
+        done = await trio.to_thread.run_sync(
+            self.table.committed_version, self.app_id, limiter=self.limiter
+        )
+        checked = await trio.to_thread.run_sync(self.table.version, limiter=self.limiter)
+        # received_at is wall-clock time, so the cutoff is too. The scan reads
+        # the table as of ``checked`` or later, and the protocol reads every
+        # commit after ``checked``: no commit falls between the two.
+        cutoff_ns = time.time_ns() - int(self.settings.dedupe_window_seconds * 1e9)
+        keys = await trio.to_thread.run_sync(
+            self.table.recent_batch_keys, cutoff_ns, limiter=self.limiter
+        )
+        now = trio.current_time()
+        self.stored.add_all((batch_digest(key) for key in keys), now)
+        self._protocol = ExactlyOnce(
+            self.app_id,
+            self.stored,
+            checked=checked,
+            sequence=(done or 0) + 1,
+            clock=trio.current_time,
+        )
+        self.last_data_commit = time.monotonic()
+        return len(keys)
+
+    async def run_exclusive(self, fn: Callable[[Unpack[_Args]], _T], *args: *_Args) -> _T:
+        """Run the blocking ``fn(*args)`` in a worker thread, never alongside a commit."""
+        return await trio.to_thread.run_sync(fn, *args, limiter=self.limiter)
+
+    async def read(self, fn: Callable[[Unpack[_Args]], _T], *args: *_Args, what: str) -> _T:
+        """Run the blocking table read ``fn(*args)`` exclusively, retrying storage failures."""
+        attempt = 0
+        while True:
+            try:
+                result = await trio.to_thread.run_sync(fn, *args, limiter=self.limiter)
+            except LakeError as exc:
+                attempt += 1
+                await self.failed(exc, attempt, what)
+                continue
+            self.recovered()
+            return result
+
+    async def commit_group(
+        self,
+        blocks: Sequence[RowBlock],
+        position: int | None = None,
+        *,
+        digests: Sequence[BatchDigest | None] | None = None,
+        what: str = "commit",
+    ) -> Outcome:
+        """Commit ``blocks`` once (less those stored elsewhere), retrying storage failures.
+
+        ``position``: the write-ahead log position the commit covers; with
+        one, a commit is made even when no block is left, to record it.
+
+        Raises:
+            AppIdInUse: another writer committed under this app id.
+            A :data:`DATA_ERRORS` error: a block's data cannot be converted.
+        """
+        if digests is None:
+            digests = [block_digest(block) for block in blocks]
+        storage = _GroupStorage(self, blocks, position, what)
+        try:
+            outcome = await self.protocol.commit(digests, storage, must_commit=position is not None)
+        except AppIdInUse as exc:
+            # Never ack on a version another writer may have written: stop.
+            log.error("writer.app_id_in_use", app_id=self.app_id, reason=str(exc))
+            raise
+        if outcome.stored_elsewhere:
+            self.stored_elsewhere += len(outcome.stored_elsewhere)
+            self._lake.batches_stored_elsewhere.inc(len(outcome.stored_elsewhere))
+        return outcome
+
+    async def store(
+        self,
+        blocks: Sequence[RowBlock],
+        ends: Sequence[int] | None = None,
+        position: int | None = None,
+    ) -> Stored:
+        """Commit ``blocks`` in one commit, or one by one if their data fails.
+
+        ``ends``: with a write-ahead log, each block's record's end;
+        ``position``: the log position the group covers (recorded also when
+        blocks are refused or stored elsewhere).
+        """
+        digests = [block_digest(block) for block in blocks]
+        rows = sum(block.rows for block in blocks)
+        try:
+            outcome = await self.commit_group(blocks, position, digests=digests)
+        except DATA_ERRORS as exc:
+            # check_block lets nothing through that Arrow refuses; should a
+            # block still fail, it fails alone and the rest commit.
+            log.error("commit.data_error", rows=rows, error=type(exc).__name__)
+            self._lake.commit_failures_data.inc()
+        else:
+            return Stored({}, outcome.stored_elsewhere)
+        refused: dict[int, BlockRefused] = {}
+        elsewhere: set[int] = set()
+        for i, block in enumerate(blocks):
+            try:
+                one = await self.commit_group(
+                    [block], None if ends is None else ends[i], digests=[digests[i]]
+                )
+            except DATA_ERRORS as exc:
+                refused[i] = BlockRefused(f"cannot be stored: {type(exc).__name__}")
+                continue
+            if one.stored_elsewhere:
+                elsewhere.add(i)
+        if position is not None:
+            await self.commit_group([], position)
+        return Stored(refused, frozenset(elsewhere))
+
+    # -- called by the protocol's storage --------------------------------------
+
+    def committed(self, sequence: int, data: pa.Table, seconds: float, table_version: int) -> None:
+        """Count a successful commit."""
+        rows = data.num_rows
+        self.last_commit = trio.current_time()
+        self.commits += 1
+        self.rows_committed += rows
+        self.last_data_commit = time.monotonic()
+        lake = self._lake
+        lake.commits.inc()
+        lake.committed_rows.inc(rows)
+        lake.committed_bytes.inc(data.nbytes)
+        lake.commit_duration.observe(seconds)
+        lake.table_version.set(table_version)
+        lake.last_commit_time.set(time.time())
+        log.debug("commit.ok", commit=sequence, rows=rows, version=table_version)
+
+    async def failed(self, error: LakeError, attempt: int, what: str) -> None:
+        """A failed table operation: count it, say why, and wait out the backoff.
+
+        No ack for anything in the group until a retry succeeds; clients
+        that time out resend, and the resend is deduped.
+        """
+        if attempt == 1:
+            self._backoff.reset()
+            if self.failing is None:
+                self._failing_since = trio.current_time()
+        self.failed_attempts += 1
+        text = str(error)
+        reason = text.splitlines()[0][:500] if text else type(error).__name__
+        self.failing = reason
+        self._lake.commit_failures_storage.inc()
+        self._lake.commit_retrying.set(1)
+        delay = self._backoff.delay()
+        log.error(
+            "commit.failed", op=what, attempt=attempt,
+            commit=None if self._protocol is None else self._protocol.sequence,
+            retry_in_seconds=round(delay, 3), reason=reason,
+        )  # fmt: skip
+        await trio.sleep(delay)
+
+    def recovered(self) -> None:
+        """The operation succeeded: clear the failure, and say so if there was one."""
+        if self.failing is not None:
+            seconds = round(trio.current_time() - self._failing_since, 3)
+            log.info("commit.recovered", after_seconds=seconds, last_reason=self.failing)
+            self.failing = None
+            self._lake.commit_retrying.set(0)
+
+    # -- the lease ---------------------------------------------------------------
+
+    async def renew_loop(self) -> None:
+        """Keep the app id's lease while no data commits (an idle node)."""
+        interval = self.settings.lease_seconds / 3
+        while True:
+            await trio.sleep_until(self.last_commit + interval)
+            if trio.current_time() < self.last_commit + interval:
+                continue  # a data commit renewed it meanwhile
+            try:
+                await trio.to_thread.run_sync(
+                    self.table.renew, self.app_id, self.token, time.time_ns() // 1_000_000,
+                    limiter=self.limiter,
+                )  # fmt: skip
+            except CommitError as exc:
+                log.warning("lease.renew_failed", app_id=self.app_id, reason=str(exc)[:300])
+                await trio.sleep(min(interval, self.settings.retry_max_seconds))
+                continue
+            self.last_commit = trio.current_time()
