@@ -187,7 +187,7 @@ async def test_both_writers_drain_their_logs_at_once(
         for writer, _ in writers:
             ticket = await writer.submit(the_batch())
             await ticket.wait()  # acked from the log
-        for writer, table in writers:
+        for _, table in writers:
             # From now on each writer's check waits for the other's: both check
             # before either commits.
             table.after_check = _once(checked.wait)
