@@ -149,9 +149,9 @@ class LakeConfig:
     min_free_bytes: int = defaults.DISK_MIN_FREE_BYTES
     #: Free share of the table's filesystem, in percent, kept likewise (the larger wins).
     min_free_percent: float = defaults.DISK_MIN_FREE_PERCENT
-    #: Whether other processes write this table too, so a batch this node logged may be
-    #: stored by another: "auto" is on for object storage, off for a local path; "on" for
-    #: worker processes sharing a local table (docs/performance.md).
+    #: Whether other processes write this table too. Accepted so that older files
+    #: still load; it changes nothing since every commit is checked against the
+    #: batches other writers' commits name (docs/fleet.md, "Exactly once across writers").
     shared: Literal["auto", "on", "off"] = "auto"
 
     def __post_init__(self) -> None:

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
-
 from appliance import defaults
 
 __all__ = ["WriterSettings"]
@@ -30,8 +28,3 @@ class WriterSettings:
     disk_guard: bool = False
     min_free_bytes: int = 0
     min_free_percent: float = 0.0
-    #: Other processes write the table too ("auto": when it is on object storage).
-    #: Every commit is checked against the batches other writers' commits name
-    #: whatever this says; it decides whether a log's replay also scans the
-    #: table's data for batches stored while this node was down.
-    shared: Literal["auto", "on", "off"] = "auto"
