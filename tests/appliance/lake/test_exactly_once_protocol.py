@@ -1,0 +1,179 @@
+"""The commit-and-check protocol on a simulated table: its outcomes, one by one.
+
+The real-table interleavings are in test_exactly_once.py; here a table in
+memory makes each storage answer (a lost race, an unknown outcome, a failed
+read) happen exactly when the test says.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+import trio
+
+from appliance.lake.batch_ids import BatchDigest, CommitBatches
+from appliance.lake.dedupe import StoredBatches
+from appliance.lake.errors import AppIdInUse, CommitConflict, CommitError, LakeError
+from appliance.lake.exactly_once import FREE_CONFLICTS, ExactlyOnce
+from appliance.lake.table import TableChanges
+
+A, B, C = b"a" * 16, b"b" * 16, b"c" * 16
+
+
+class SimTable:
+    """A table log in memory, and a script of what the next calls do."""
+
+    def __init__(self) -> None:
+        self.commits: list[CommitBatches] = []
+        self.done: dict[str, int] = {}
+        #: Per write call: None (succeed), or "conflict" / "lost" / "landed".
+        self.script: list[str | None] = []
+        self.read_failures = 0
+        self.failures: list[str] = []
+        self.writes: list[tuple[list[int], int]] = []
+
+    def other(self, app_id: str, *digests: BatchDigest) -> None:
+        self.commits.append(CommitBatches(len(self.commits), digests, app_id, 1))
+
+    def storage(self, app_id: str) -> SimStorage:
+        return SimStorage(self, app_id)
+
+
+class SimStorage:
+    def __init__(self, table: SimTable, app_id: str) -> None:
+        self.t = table
+        self.app_id = app_id
+
+    async def changes_since(self, checked: int) -> TableChanges:
+        if self.t.read_failures:
+            self.t.read_failures -= 1
+            raise LakeError("503 SlowDown")
+        latest = len(self.t.commits) - 1
+        return TableChanges(
+            latest, self.t.done.get(self.app_id), [c for c in self.t.commits if c.version > checked]
+        )
+
+    async def write(
+        self, keep: Sequence[int], read_version: int, sequence: int, digests: list[BatchDigest]
+    ) -> None:
+        self.t.writes.append((list(keep), read_version))
+        step = self.t.script.pop(0) if self.t.script else None
+        if step == "conflict":
+            self.t.other("node-z")  # someone else took the version
+            raise CommitConflict("taken")
+        if read_version != len(self.t.commits) - 1:
+            raise CommitConflict("moved")
+        if step == "lost":
+            raise CommitError("timeout, nothing written")
+        self.t.commits.append(
+            CommitBatches(len(self.t.commits), tuple(digests), self.app_id, sequence)
+        )
+        self.t.done[self.app_id] = sequence
+        if step == "landed":
+            raise CommitError("timeout after the put")
+
+    async def failed(self, error: LakeError, attempt: int) -> None:
+        self.t.failures.append(f"{type(error).__name__}:{attempt}")
+
+    def recovered(self) -> None:
+        pass
+
+
+def protocol(table: SimTable, app_id: str = "node-a") -> ExactlyOnce:
+    checked = len(table.commits) - 1
+    return ExactlyOnce(app_id, StoredBatches(3600, 1000), checked, 1, trio.current_time)
+
+
+@pytest.mark.trio
+async def test_a_batch_another_writer_committed_since_the_check_is_left_out() -> None:
+    table = SimTable()
+    table.other("seed")
+    eo = protocol(table)
+    table.other("node-b", B)
+    outcome = await eo.commit([A, B, None], table.storage("node-a"), must_commit=False)
+    assert outcome.stored_elsewhere == frozenset({1})
+    assert table.writes == [([0, 2], 1)]
+    assert eo.checked == 2 and eo.sequence == 2
+
+
+@pytest.mark.trio
+async def test_a_lost_race_is_read_and_checked_again() -> None:
+    table = SimTable()
+    table.other("seed")
+    eo = protocol(table)
+    table.script = ["conflict"]
+    outcome = await eo.commit([A], table.storage("node-a"), must_commit=False)
+    assert outcome.committed and eo.lost_races == 1
+    assert [w[1] for w in table.writes] == [0, 1]  # the retry is for the version after the winner
+    assert table.failures == []  # a lone lost race costs no backoff
+
+
+@pytest.mark.trio
+async def test_writers_that_keep_colliding_back_off() -> None:
+    table = SimTable()
+    table.other("seed")
+    eo = protocol(table)
+    table.script = ["conflict"] * (FREE_CONFLICTS + 2)
+    await eo.commit([A], table.storage("node-a"), must_commit=False)
+    assert table.failures == ["CommitConflict:1", "CommitConflict:2"]
+
+
+@pytest.mark.trio
+async def test_an_attempt_that_landed_unseen_is_not_written_again() -> None:
+    table = SimTable()
+    table.other("seed")
+    eo = protocol(table)
+    table.script = ["landed"]
+    outcome = await eo.commit([A], table.storage("node-a"), must_commit=False)
+    assert outcome.committed
+    assert len(table.writes) == 1  # the unknown outcome was settled by the table
+    assert eo.sequence == 2
+    assert eo.stored.contains(A, trio.current_time())
+
+
+@pytest.mark.trio
+async def test_an_attempt_that_did_not_land_is_tried_again() -> None:
+    table = SimTable()
+    table.other("seed")
+    eo = protocol(table)
+    table.script = ["lost"]
+    await eo.commit([A], table.storage("node-a"), must_commit=False)
+    assert len(table.writes) == 2
+    assert table.failures == ["CommitError:1"]
+    assert [c.app_id for c in table.commits] == ["seed", "node-a"]
+
+
+@pytest.mark.trio
+async def test_a_commit_under_this_app_id_never_attempted_stops_the_writer() -> None:
+    table = SimTable()
+    table.other("seed")
+    eo = protocol(table)
+    table.done["node-a"] = 1  # a clone of this node committed sequence 1
+    with pytest.raises(AppIdInUse):
+        await eo.commit([A], table.storage("node-a"), must_commit=False)
+    assert table.writes == []
+
+
+@pytest.mark.trio
+async def test_a_failed_read_is_retried() -> None:
+    table = SimTable()
+    table.other("seed")
+    eo = protocol(table)
+    table.read_failures = 2
+    outcome = await eo.commit([A], table.storage("node-a"), must_commit=False)
+    assert outcome.committed
+    assert table.failures == ["LakeError:1", "LakeError:2"]
+
+
+@pytest.mark.trio
+async def test_nothing_left_commits_only_when_a_position_must_be_recorded() -> None:
+    table = SimTable()
+    table.other("seed")
+    eo = protocol(table)
+    table.other("node-b", A)
+    skipped = await eo.commit([A], table.storage("node-a"), must_commit=False)
+    assert not skipped.committed and table.writes == []
+    table.other("node-b", C)
+    recorded = await eo.commit([C], table.storage("node-a"), must_commit=True)
+    assert recorded.committed and table.writes == [([], 2)]
