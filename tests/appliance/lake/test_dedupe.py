@@ -17,7 +17,8 @@ def test_past_the_cap_the_oldest_go_first() -> None:
     stored = StoredBatches(window_seconds=100, max_keys=2)
     stored.add_all([b"a", b"b", b"c"], now=1.0)
     assert not stored.contains(b"a", 1.0)
-    assert stored.contains(b"b", 1.0) and stored.contains(b"c", 1.0)
+    assert stored.contains(b"b", 1.0)
+    assert stored.contains(b"c", 1.0)
 
 
 def test_adding_again_renews_an_entry() -> None:

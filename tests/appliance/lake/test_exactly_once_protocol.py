@@ -94,7 +94,8 @@ async def test_a_batch_another_writer_committed_since_the_check_is_left_out() ->
     outcome = await eo.commit([A, B, None], table.storage("node-a"), must_commit=False)
     assert outcome.stored_elsewhere == frozenset({1})
     assert table.writes == [([0, 2], 1)]
-    assert eo.checked == 2 and eo.sequence == 2
+    assert eo.checked == 2
+    assert eo.sequence == 2
 
 
 @pytest.mark.trio
@@ -104,7 +105,8 @@ async def test_a_lost_race_is_read_and_checked_again() -> None:
     eo = protocol(table)
     table.script = ["conflict"]
     outcome = await eo.commit([A], table.storage("node-a"), must_commit=False)
-    assert outcome.committed and eo.lost_races == 1
+    assert outcome.committed
+    assert eo.lost_races == 1
     assert [w[1] for w in table.writes] == [0, 1]  # the retry is for the version after the winner
     assert table.failures == []  # a lone lost race costs no backoff
 
@@ -173,7 +175,9 @@ async def test_nothing_left_commits_only_when_a_position_must_be_recorded() -> N
     eo = protocol(table)
     table.other("node-b", A)
     skipped = await eo.commit([A], table.storage("node-a"), must_commit=False)
-    assert not skipped.committed and table.writes == []
+    assert not skipped.committed
+    assert table.writes == []
     table.other("node-b", C)
     recorded = await eo.commit([C], table.storage("node-a"), must_commit=True)
-    assert recorded.committed and table.writes == [([], 2)]
+    assert recorded.committed
+    assert table.writes == [([], 2)]
