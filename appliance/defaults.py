@@ -343,8 +343,9 @@ def check_wal(
             f"wal max_record_bytes must be within {WAL_MIN_SEGMENT_BYTES}.."
             f"{WAL_MAX_RECORD_BYTES_LIMIT}"
         )
-    # The active segment is never deleted, so after everything is committed
-    # it may still hold one full segment: the cap must leave room for another
+    # The active segment is replaced once committed only past a threshold
+    # (docs/wal.md, "A small volume"), so after everything is committed it may
+    # still hold nearly one full segment: the cap must leave room for another
     # beside it, or appends could wait forever.
     if max_bytes < 2 * max(segment_bytes, max_record_bytes):
         raise ValueError(

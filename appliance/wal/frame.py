@@ -58,12 +58,14 @@ __all__ = [
     "VERSION",
     "Frame",
     "FrameScanner",
+    "RecordHeader",
     "ScanEnd",
     "SkippedRecord",
     "decode_key",
     "encode_key",
     "frame_header",
     "frame_size",
+    "header_at",
 ]
 
 MAGIC: Final = b"\xf7WAL"
@@ -200,14 +202,54 @@ class ScanEnd:
     reason: str | None
 
 
-@dataclass(slots=True)
-class _Header:
+@dataclass(frozen=True, slots=True)
+class RecordHeader:
+    """A record header that verified: magic, header CRC, version, LSN and length."""
+
     kind: int
     key_len: int
     lsn: int
     body_len: int
     rows: int
+    #: CRC-32 of the key section and the body, as the header states it.
     body_crc: int
+
+    @property
+    def size(self) -> int:
+        """Bytes the whole record takes on disk."""
+        return HEADER_BYTES + self.key_len + self.body_len
+
+
+def _verify_header(
+    data: bytes | bytearray | memoryview, at: int, position: int
+) -> RecordHeader | str:
+    """The header at ``data[at:]`` (magic checked, ``HEADER_BYTES`` there), or why it fails."""
+    fields = _HEADER.unpack_from(data, at)
+    _magic, version, kind, key_len, lsn, body_len, rows, crc_body, header_crc = fields
+    with memoryview(data) as view:
+        crc = zlib.crc32(view[at : at + _HEADER_CRC_SPAN])
+    if crc != header_crc:
+        return BAD_HEADER_CRC
+    if version != VERSION:
+        return BAD_VERSION
+    if lsn != position:
+        return BAD_POSITION
+    if HEADER_BYTES + key_len + body_len > MAX_RECORD_BYTES_LIMIT:
+        return BAD_LENGTH
+    return RecordHeader(kind, key_len, lsn, body_len, rows, crc_body)
+
+
+def header_at(data: bytes | bytearray | memoryview, position: int) -> RecordHeader | None:
+    """The header that ``data`` starts with, if it verifies as a record at ``position``.
+
+    For looking at bytes the scan gave up on (segments.py counts what damage
+    lost with it): a header found this way is evidence, never a record to
+    keep, since the bytes after a damaged header may be a peer's text.
+    """
+    if len(data) < HEADER_BYTES or bytes(data[: len(MAGIC)]) != MAGIC:
+        return None
+    found = _verify_header(data, 0, position)
+    return found if isinstance(found, RecordHeader) else None
 
 
 class FrameScanner:
@@ -303,7 +345,7 @@ class FrameScanner:
         self._buffer.clear()
         self._offset = 0
 
-    def _header(self) -> _Header | None:
+    def _header(self) -> RecordHeader | None:
         """The verified header at the read offset; None when it needs more bytes or stopped."""
         buf, at = self._buffer, self._offset
         have = len(buf) - at
@@ -316,24 +358,11 @@ class FrameScanner:
             return None
         if have < HEADER_BYTES:
             return None
-        _magic, version, kind, key_len, lsn, body_len, rows, body_crc, header_crc = (
-            _HEADER.unpack_from(buf, at)
-        )
-        with memoryview(buf) as view:
-            crc = zlib.crc32(view[at : at + _HEADER_CRC_SPAN])
-        if crc != header_crc:
-            self._stop(BAD_HEADER_CRC)
+        found = _verify_header(buf, at, self._pos)
+        if isinstance(found, str):
+            self._stop(found)
             return None
-        if version != VERSION:
-            self._stop(BAD_VERSION)
-            return None
-        if lsn != self._pos:
-            self._stop(BAD_POSITION)
-            return None
-        if HEADER_BYTES + key_len + body_len > MAX_RECORD_BYTES_LIMIT:
-            self._stop(BAD_LENGTH)
-            return None
-        return _Header(kind, key_len, lsn, body_len, rows, body_crc)
+        return found
 
     def _next(self) -> Frame | SkippedRecord | None:
         if self._stopped is not None:
@@ -341,7 +370,7 @@ class FrameScanner:
         header = self._header()
         if header is None:
             return None
-        size = HEADER_BYTES + header.key_len + header.body_len
+        size = header.size
         if self._limit is not None and self._pos + size > self._limit:
             self._stop(SUPERSEDED)
             return None

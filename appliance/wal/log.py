@@ -25,7 +25,13 @@ try again.
 The writer owns the committed position: it commits what :meth:`read`
 returns to the table, records the last record's ``end`` in the commit's app
 transaction, then calls :meth:`mark_committed`, which deletes the segments
-wholly before it and frees room under the cap.
+wholly before it (and replaces a large, wholly committed active segment by
+an empty one) and frees room under the cap.
+
+Acknowledged records that recovery found lost to damage when the log opened
+are counted in ``stats.records_lost`` (the metric
+``appliance_wal_records_lost_total``); each loss is also an error line
+(appliance/wal/segments.py).
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import trio
@@ -126,6 +133,9 @@ class WalStats:
     last_group: int = 0
     #: Seconds from the first append of each group to its durability, summed (and the groups).
     group_wait_seconds: float = 0.0
+    #: Acknowledged records lost to damage that recovery found at open (torn or damaged
+    #: segments beyond what a crash during a write explains): at least this many.
+    records_lost: int = 0
 
 
 class WriteAheadLog:
@@ -200,11 +210,17 @@ class WriteAheadLog:
         Raises:
             OSError: the directory cannot be created or read.
         """
+        settings = self.settings
         store, recovery = await trio.to_thread.run_sync(
-            SegmentStore.open, self.directory, committed, self.settings.segment_bytes,
+            partial(
+                SegmentStore.open, self.directory, committed, settings.segment_bytes,
+                group_max_bytes=settings.group_max_bytes,
+                max_record_bytes=settings.max_record_bytes,
+            ),
             limiter=self._io_limiter,
         )  # fmt: skip
         self._store = store
+        self.stats.records_lost += recovery.records_lost
         self._committed = recovery.committed
         self._durable_end = recovery.durable_end
         for lsn, key in recovery.keys:
@@ -557,11 +573,18 @@ class WriteAheadLog:
         """The segment files, oldest first."""
         return self._segments.segments()
 
+    @property
+    def segment_bytes(self) -> int:
+        """The segment size in use: ``settings.segment_bytes``, lowered on a small volume."""
+        return self._segments.segment_bytes
+
     async def mark_committed(self, position: int) -> None:
         """Record that the table holds every record before ``position`` (a record's ``end``).
 
-        Deletes the segments wholly before it (not the active one) and frees
-        their room under the cap. A position at or before the current one is
+        Deletes the segments wholly before it and frees their room under the
+        cap; the active segment, when wholly committed and of
+        ``COMMITTED_SEGMENT_REPLACE_BYTES`` or more, is replaced by an empty
+        one at the same position. A position at or before the current one is
         ignored.
 
         Raises:

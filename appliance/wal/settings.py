@@ -2,7 +2,10 @@
 
 The defaults live in :mod:`appliance.defaults` (``WAL_*``), which the
 ``[wal]`` config section shares (docs/wal.md, "Limits"); so does the range
-check, :func:`appliance.defaults.check_wal`.
+check, :func:`appliance.defaults.check_wal`. The two fixed limits that keep
+the log from filling its own volume with committed bytes are here too:
+:data:`SEGMENT_VOLUME_DIVISOR` (:func:`segment_bytes_for_volume`) and
+:data:`COMMITTED_SEGMENT_REPLACE_BYTES`.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from typing import Final
 from appliance import defaults
 
 __all__ = [
+    "COMMITTED_SEGMENT_REPLACE_BYTES",
     "DEFAULT_CACHE_BYTES",
     "DEFAULT_FLUSH_BYTES",
     "DEFAULT_FLUSH_DELAY_SECONDS",
@@ -24,7 +28,9 @@ __all__ = [
     "DEFAULT_SEGMENT_BYTES",
     "MAX_FLUSH_DELAY_SECONDS",
     "MIN_SEGMENT_BYTES",
+    "SEGMENT_VOLUME_DIVISOR",
     "WalSettings",
+    "segment_bytes_for_volume",
 ]
 
 DEFAULT_SEGMENT_BYTES: Final = defaults.WAL_SEGMENT_BYTES
@@ -38,6 +44,29 @@ DEFAULT_FLUSH_BYTES: Final = defaults.WAL_FLUSH_BYTES
 DEFAULT_GROUP_MAX_BYTES: Final = defaults.WAL_GROUP_MAX_BYTES
 DEFAULT_FULL_WAIT_SECONDS: Final = defaults.WAL_FULL_WAIT_SECONDS
 DEFAULT_CACHE_BYTES: Final = defaults.WAL_CACHE_BYTES
+
+#: A segment is at most this fraction (1/N) of the total size of the volume
+#: under the log: the volume must hold the active segment, the older ones
+#: waiting for their commit, and the next one started beside them. A larger
+#: ``segment_bytes`` is lowered at open (``wal.segment_bytes_lowered``): with
+#: 64 MiB segments on a 32 MiB volume the first segment filled the volume
+#: before it was ever closed, and nothing could be deleted.
+SEGMENT_VOLUME_DIVISOR: Final = 4
+#: A wholly committed active segment holding at least this many bytes is
+#: replaced at the commit by an empty one at the same position (and deleted),
+#: so committed bytes never sit on the volume waiting for the next rollover.
+#: Below it a replacement would cost more (a file created and the directory
+#: synced at every commit) than the space it frees.
+COMMITTED_SEGMENT_REPLACE_BYTES: Final = 1024 * 1024
+
+
+def segment_bytes_for_volume(segment_bytes: int, volume_bytes: int) -> int:
+    """``segment_bytes``, lowered to a :data:`SEGMENT_VOLUME_DIVISOR`-th of the volume if larger.
+
+    Never below :data:`MIN_SEGMENT_BYTES` (a volume that small holds no useful log anyway).
+    """
+    share = max(MIN_SEGMENT_BYTES, volume_bytes // SEGMENT_VOLUME_DIVISOR)
+    return min(segment_bytes, share)
 
 
 @dataclass(frozen=True, slots=True)
