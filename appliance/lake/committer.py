@@ -61,6 +61,14 @@ _Args = TypeVarTuple("_Args")
 #: is converted to Arrow or written: the blocks are then tried one by one.
 DATA_ERRORS: Final = (pa.ArrowException, ValueError, TypeError, OverflowError, UnicodeError)
 
+#: A writer that lost several races in a row waits a random time below
+#: ``CONFLICT_BACKOFF_BASE_SECONDS * 2**n`` (n: its extra losses), capped at
+#: ``CONFLICT_BACKOFF_MAX_SECONDS``: long enough for the winner's next commit
+#: to pass, short against the commit interval. A lost race is not a failure:
+#: readiness and the failure counters do not see it.
+CONFLICT_BACKOFF_BASE_SECONDS: Final = 0.02
+CONFLICT_BACKOFF_MAX_SECONDS: Final = 1.0
+
 #: Rows converted to Arrow per call in a commit's worker thread. The conversion
 #: from Python lists holds the GIL for its whole call (about 0.2 µs a row),
 #: so a 500,000-row group converted at once would stall the event loop, and
@@ -163,6 +171,18 @@ class _GroupStorage:
         self._what = what
         self._converted: tuple[tuple[int, ...], pa.Table] | None = None
 
+    async def convert(self, wanted: tuple[int, ...]) -> pa.Table:
+        """The Arrow table of the blocks ``wanted`` (converted once per set)."""
+        if self._converted is None or self._converted[0] != wanted:
+            blocks = [self._blocks[i] for i in wanted]
+            data = (
+                await trio.to_thread.run_sync(to_arrow, blocks, limiter=self._c.limiter)
+                if blocks
+                else EVENTS_SCHEMA.empty_table()
+            )
+            self._converted = (wanted, data)
+        return self._converted[1]
+
     async def changes_since(self, checked: int) -> TableChanges:
         c = self._c
         return await trio.to_thread.run_sync(
@@ -173,16 +193,7 @@ class _GroupStorage:
         self, keep: Sequence[int], read_version: int, sequence: int, digests: list[BatchDigest]
     ) -> None:
         c = self._c
-        wanted = tuple(keep)
-        if self._converted is None or self._converted[0] != wanted:
-            blocks = [self._blocks[i] for i in wanted]
-            data = (
-                await trio.to_thread.run_sync(to_arrow, blocks, limiter=c.limiter)
-                if blocks
-                else EVENTS_SCHEMA.empty_table()
-            )
-            self._converted = (wanted, data)
-        data = self._converted[1]
+        data = await self.convert(tuple(keep))
         also = [] if self._position is None else [(wal_app_id(c.app_id), self._position)]
         metadata = commit_metadata(digests, c.app_id, sequence)
         try:
@@ -197,6 +208,10 @@ class _GroupStorage:
 
     async def failed(self, error: LakeError, attempt: int) -> None:
         await self._c.failed(error, attempt, self._what)
+
+    async def conflicted(self, conflicts: int) -> None:
+        ceiling = min(CONFLICT_BACKOFF_BASE_SECONDS * 2**conflicts, CONFLICT_BACKOFF_MAX_SECONDS)
+        await trio.sleep(random.uniform(0, ceiling))  # noqa: S311 (jitter, not a secret)
 
     def recovered(self) -> None:
         self._c.recovered()
@@ -339,6 +354,9 @@ class TableCommitter:
         if digests is None:
             digests = [block_digest(block) for block in blocks]
         storage = _GroupStorage(self, blocks, position, what)
+        # Converted before the check, not between the check and the put: the
+        # shorter that gap, the fewer races are lost to other writers.
+        await storage.convert(tuple(range(len(blocks))))
         try:
             outcome = await self.protocol.commit(digests, storage, must_commit=position is not None)
         except AppIdInUse as exc:

@@ -51,9 +51,10 @@ from appliance.lake.table import TableChanges
 
 __all__ = ["FREE_CONFLICTS", "ExactlyOnce", "Outcome", "Storage"]
 
-#: Lost races in a row retried at once; past this many the storage's backoff
-#: applies, so writers that keep colliding spread out.
-FREE_CONFLICTS: Final = 4
+#: Lost races in a row retried at once; past this many the storage's
+#: conflict backoff applies (short and random), so writers that keep
+#: colliding spread out instead of taking turns at losing.
+FREE_CONFLICTS: Final = 2
 
 
 class Storage(Protocol):
@@ -75,6 +76,10 @@ class Storage(Protocol):
 
     async def failed(self, error: LakeError, attempt: int) -> None:
         """A storage failure: say so and wait before the next attempt."""
+        ...
+
+    async def conflicted(self, conflicts: int) -> None:
+        """The ``conflicts``-th lost race in a row past FREE_CONFLICTS: wait a little."""
         ...
 
     def recovered(self) -> None:
@@ -185,12 +190,11 @@ class ExactlyOnce:
             tried, tried_digests = elsewhere, kept
             try:
                 await storage.write(keep, changes.version, self.sequence, kept)
-            except CommitConflict as exc:
+            except CommitConflict:
                 self.lost_races += 1
                 conflicts += 1
                 if conflicts > FREE_CONFLICTS:
-                    attempt += 1
-                    await storage.failed(exc, attempt)
+                    await storage.conflicted(conflicts - FREE_CONFLICTS)
                 continue
             except CommitError as exc:
                 attempt += 1

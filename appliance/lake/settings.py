@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+
 from appliance import defaults
 
 __all__ = ["WriterSettings"]

@@ -76,6 +76,9 @@ class SimStorage:
     async def failed(self, error: LakeError, attempt: int) -> None:
         self.t.failures.append(f"{type(error).__name__}:{attempt}")
 
+    async def conflicted(self, conflicts: int) -> None:
+        self.t.failures.append(f"conflict:{conflicts}")
+
     def recovered(self) -> None:
         pass
 
@@ -118,7 +121,8 @@ async def test_writers_that_keep_colliding_back_off() -> None:
     eo = protocol(table)
     table.script = ["conflict"] * (FREE_CONFLICTS + 2)
     await eo.commit([A], table.storage("node-a"), must_commit=False)
-    assert table.failures == ["CommitConflict:1", "CommitConflict:2"]
+    # Lost races back off a little, and never count as storage failures.
+    assert table.failures == ["conflict:1", "conflict:2"]
 
 
 @pytest.mark.trio
