@@ -137,7 +137,8 @@ class LakeConfig:
     retry_max_seconds: float = defaults.LAKE_RETRY_MAX_SECONDS
     #: Seconds committed batch ids are remembered for dedupe (seeded from the table at start).
     dedupe_window_seconds: float = defaults.LAKE_DEDUPE_WINDOW_SECONDS
-    #: Most batch ids remembered.
+    #: Most batch ids remembered (this node's and, on a shared table, the other writers':
+    #: about 150 bytes each).
     dedupe_max_keys: int = defaults.LAKE_DEDUPE_MAX_KEYS
     #: Seconds this node's claim on its app id lasts without a commit (one writer per app id).
     lease_seconds: float = defaults.LAKE_LEASE_SECONDS

@@ -418,6 +418,8 @@ class LakeMetrics:
         "committed_bytes",
         "committed_rows",
         "dedupe_committed",
+        "dedupe_evicted",
+        "dedupe_keys",
         "dedupe_logged",
         "dedupe_pending",
         "last_commit_age",
@@ -446,6 +448,8 @@ class LakeMetrics:
         self.log_records_lost: _Count = _NOOP
         self.blocks_refused: _Count = _NOOP
         self.commit_conflicts: _Count = _NOOP
+        self.dedupe_keys: _Level = _NOOP
+        self.dedupe_evicted: _Level = _NOOP
         self.batches_stored_elsewhere: _Count = _NOOP
         self.table_version: _Level = _NOOP
         self.last_commit_time: _Level = _NOOP
@@ -521,6 +525,18 @@ class LakeMetrics:
             "appliance_lake_commit_conflicts",
             "Commits that lost their table version to another writer's commit and were "
             "checked again against it before the next attempt.",
+            registry=r,
+        )
+        self.dedupe_keys = Gauge(
+            "appliance_lake_dedupe_keys",
+            "Batch ids the writer knows as stored (its own commits and other writers'), "
+            "up to [lake] dedupe_max_keys.",
+            registry=r,
+        )
+        self.dedupe_evicted = Gauge(
+            "appliance_lake_dedupe_evicted",
+            "Batch ids pushed out by dedupe_max_keys before dedupe_window_seconds ended, "
+            "since start: above 0, the dedupe window is shorter than configured.",
             registry=r,
         )
         self.batches_stored_elsewhere = Counter(

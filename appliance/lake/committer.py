@@ -247,6 +247,8 @@ class TableCommitter:
         #: Batches known as stored: this node's commits, the table's at start,
         #: and those other writers' commits named since.
         self.stored = StoredBatches(settings.dedupe_window_seconds, settings.dedupe_max_keys)
+        self._lake.dedupe_keys.set_function(lambda: len(self.stored))
+        self._lake.dedupe_evicted.set_function(lambda: self.stored.evicted)
         self._protocol: ExactlyOnce | None = None
         self._backoff = _Backoff(settings.retry_initial_seconds, settings.retry_max_seconds)
         self.last_commit = 0.0
@@ -313,6 +315,7 @@ class TableCommitter:
             checked=checked,
             sequence=(done or 0) + 1,
             clock=trio.current_time,
+            token=self.token,
         )
         self.last_data_commit = time.monotonic()
         return len(keys)
@@ -476,3 +479,24 @@ class TableCommitter:
                 await trio.sleep(min(interval, self.settings.retry_max_seconds))
                 continue
             self.last_commit = trio.current_time()
+            await self._keep_checked()
+
+    async def _keep_checked(self) -> None:
+        """Read the other writers' commits while idle, so no check lags far behind.
+
+        A writer that commits nothing for days would otherwise read days of
+        commits at its next commit, some perhaps already removed by log
+        clean-up (then its commits wait: ``changes_since`` refuses a partial
+        view).
+        """
+        protocol = self.protocol
+        try:
+            changes = await trio.to_thread.run_sync(
+                self.table.changes_since, protocol.checked, self.app_id, limiter=self.limiter
+            )
+        except LakeError as exc:
+            log.warning("table.read_failed", op="idle check", reason=str(exc)[:300])
+            return
+        # A commit may have moved the check meanwhile: only ever forward.
+        if changes.version > protocol.checked:
+            protocol.absorb(changes)

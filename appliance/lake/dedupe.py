@@ -9,7 +9,11 @@ leaves such batches out.
 Bounded twice: an entry older than ``window_seconds`` is forgotten at its
 next look-up, and past ``max_keys`` the oldest go first. An entry costs
 about 150 bytes (a 16-byte digest, its time and the dict's slot), so the
-default million ids take about 150 MiB (docs/limits.md).
+default million ids take about 150 MiB (docs/limits.md). Other writers'
+batches count against the same cap, so on a busy fleet the window is the
+shorter of ``window_seconds`` and ``max_keys`` divided by the fleet's batch
+ids per second (docs/fleet.md); :attr:`StoredBatches.evicted` counts what
+the cap pushed out early.
 
 Pure code: the clock is the caller's.
 """
@@ -27,12 +31,14 @@ __all__ = ["StoredBatches"]
 class StoredBatches:
     """Digests of stored batches, each with the time it became known."""
 
-    __slots__ = ("_entries", "max_keys", "window_seconds")
+    __slots__ = ("_entries", "evicted", "max_keys", "window_seconds")
 
     def __init__(self, window_seconds: float, max_keys: int) -> None:
         self.window_seconds = window_seconds
         self.max_keys = max_keys
         self._entries: OrderedDict[BatchDigest, float] = OrderedDict()
+        #: Entries pushed out by ``max_keys`` before their window ended.
+        self.evicted = 0
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -44,6 +50,7 @@ class StoredBatches:
         entries.move_to_end(digest)
         while len(entries) > self.max_keys:
             entries.popitem(last=False)
+            self.evicted += 1
 
     def add_all(self, digests: Iterable[BatchDigest], now: float) -> None:
         """Remember every one of ``digests`` as stored at ``now``."""

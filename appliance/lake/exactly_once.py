@@ -107,6 +107,8 @@ class ExactlyOnce:
         checked: the table version everything up to which is in ``stored``.
         sequence: the next commit sequence under ``app_id``.
         clock: the time ``stored`` is kept in (trio's clock in the writer).
+        token: this writer's token in the app id's lease: a check that finds
+            another token there stops the writer (a clone of this node).
     """
 
     def __init__(
@@ -116,8 +118,10 @@ class ExactlyOnce:
         checked: int,
         sequence: int,
         clock: Callable[[], float],
+        token: int | None = None,
     ) -> None:
         self.app_id = app_id
+        self.token = token
         self.stored = stored
         self.checked = checked
         self.sequence = sequence
@@ -126,7 +130,19 @@ class ExactlyOnce:
         self.lost_races = 0
         self.commits_read = 0
 
-    def _read(self, changes: TableChanges) -> None:
+    def absorb(self, changes: TableChanges) -> None:
+        """Take in what a read of the table found: the batches other commits name.
+
+        Raises:
+            AppIdInUse: the app id's lease names another writer's token.
+        """
+        if self.token is not None and changes.writer is not None and changes.writer != self.token:
+            # Never take a clone's commit for this writer's own (its sequence
+            # would pass for an attempt of ours that landed).
+            raise AppIdInUse(
+                f"another appliance committed under this node's app id {self.app_id!r}: "
+                "two nodes share a node_id; this one stops acknowledging"
+            )
         now = self._clock()
         for commit in changes.commits:
             if commit.app_id == self.app_id and commit.sequence == self.sequence:
@@ -162,7 +178,7 @@ class ExactlyOnce:
                 attempt += 1
                 await storage.failed(exc, attempt)
                 continue
-            self._read(changes)
+            self.absorb(changes)
             if changes.done is not None and changes.done >= self.sequence:
                 if tried is None:
                     # Never attempted here, yet recorded: another process writes

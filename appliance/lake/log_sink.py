@@ -335,7 +335,10 @@ class LogSink:
             await self._commit_frames(wal, frames[-1].end, kept, blocks, failed)
             return
         # Only unreadable bytes (logged as lost at recovery) lie before the end.
+        # The table records the position first, so a restart does not find
+        # them again and report them lost twice.
         log.warning("wal.skipped", start=wal.committed, end=end)
+        await self._committer.commit_group([], end)
         await wal.mark_committed(end)
 
     async def _commit_frames(

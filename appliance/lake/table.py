@@ -100,15 +100,23 @@ class Lease:
 class TableChanges:
     """The table's commits after a version a writer had checked, as one refresh saw them."""
 
-    __slots__ = ("commits", "done", "version")
+    __slots__ = ("commits", "done", "version", "writer")
 
-    def __init__(self, version: int, done: int | None, commits: list[CommitBatches]) -> None:
+    def __init__(
+        self,
+        version: int,
+        done: int | None,
+        commits: list[CommitBatches],
+        writer: int | None = None,
+    ) -> None:
         #: The table's latest version: a commit prepared now is for ``version + 1``.
         self.version = version
         #: The last commit sequence the table records for the asking app id.
         self.done = done
         #: The commits after the checked version, oldest first.
         self.commits = commits
+        #: The writer token the asking app id's lease names (table.py, "One live writer").
+        self.writer = writer
 
 
 class EventsTable:
@@ -286,23 +294,42 @@ class EventsTable:
         ``history``), never a data file: the cost is the number of commits
         since the last check.
 
+        deltalake 1.6.6's ``history(limit)`` lists every commit file from
+        ``snapshot - limit + 1`` on, including commits that landed after the
+        refresh, and numbers them down from the snapshot's version, which is
+        then wrong by as many (shown by test_exactly_once.py,
+        ``test_commits_landing_during_the_read_are_numbered_right``). So the
+        labels are not used: the entries, newest first, are ``checked + n``
+        down to ``checked + 1``.
+
         Raises:
-            LakeError: the table cannot be read (the caller retries).
+            LakeError: the table cannot be read, or commits after ``checked``
+                are missing from its log (removed by log clean-up): the
+                caller retries, and never commits on a partial view.
         """
+        writer_id = lease_app_ids(app_id)[0]
         try:
             self._dt.update_incremental()
             latest = int(self._dt.version())
             done = self._dt.transaction_version(app_id)
+            writer = self._dt.transaction_version(writer_id)
             infos = self._dt.history(latest - checked) if latest > checked else []
         except (DeltaError, OSError) as exc:
             raise LakeError(f"cannot read the table's recent commits: {exc}") from exc
-        commits = [
-            read_commit_info(int(info.get("version", -1)), info)
-            for info in infos
-            if int(info.get("version", -1)) > checked
-        ]
-        commits.sort(key=lambda c: c.version)
-        return TableChanges(latest, None if done is None else int(done), commits)
+        count = len(infos)
+        if latest > checked and count < latest - checked:
+            raise LakeError(
+                f"the table's log lacks commits after version {checked}: found {count} "
+                f"of {latest - checked} (removed by log clean-up?)"
+            )
+        commits = [read_commit_info(checked + count - i, info) for i, info in enumerate(infos)]
+        commits.reverse()
+        return TableChanges(
+            max(latest, checked + count),
+            None if done is None else int(done),
+            commits,
+            None if writer is None else int(writer),
+        )
 
     def commit(
         self,

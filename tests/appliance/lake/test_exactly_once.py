@@ -25,9 +25,15 @@ import pytest
 import trio
 from deltalake import DeltaTable
 
-from appliance.lake.batch_ids import COMMIT_INFO_KEY, batch_digest, read_commit_info
+from appliance.lake.batch_ids import (
+    COMMIT_INFO_KEY,
+    batch_digest,
+    commit_metadata,
+    read_commit_info,
+)
 from appliance.lake.blocks import dedupe_key
 from appliance.lake.committer import TableCommitter
+from appliance.lake.schema import EVENTS_SCHEMA
 from appliance.lake.settings import WriterSettings
 from appliance.lake.table import EventsTable, TableChanges
 from appliance.lake.writer import LakeWriter
@@ -229,3 +235,47 @@ def _once(fn: Callable[[], object]) -> Callable[[], None]:
             fn()
 
     return call
+
+
+class _AfterRefresh:
+    """A DeltaTable whose next refresh lets other commits land right after it."""
+
+    def __init__(self, inner: Any, hook: Callable[[], None]) -> None:
+        self._inner = inner
+        self._hook: Callable[[], None] | None = hook
+
+    def update_incremental(self) -> None:
+        self._inner.update_incremental()
+        if self._hook is not None:
+            hook, self._hook = self._hook, None
+            hook()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+def test_commits_landing_during_the_read_are_numbered_right(tmp_path: Path) -> None:
+    """Two commits land between the refresh and the history read: none is skipped."""
+    uri = str(tmp_path / "events")
+    reader = EventsTable(uri)
+    reader.open_or_create()
+    other = EventsTable(uri)
+    other.open_or_create()
+
+    def commit_named(sequence: int, key: tuple[str, str, str]) -> None:
+        other.commit(
+            EVENTS_SCHEMA.empty_table(), "node-b", sequence,
+            metadata=commit_metadata([batch_digest(key)], "node-b", sequence),
+        )  # fmt: skip
+
+    commit_named(1, ("forward", "c", "before"))
+    checked = 0
+    reader._table = _AfterRefresh(  # type: ignore[assignment]
+        reader._dt,
+        lambda: (commit_named(2, ("forward", "c", "x")), commit_named(3, ("forward", "c", "y"))),
+    )
+    changes = reader.changes_since(checked, "node-a")
+    assert [c.version for c in changes.commits] == [1, 2, 3]
+    assert [c.sequence for c in changes.commits] == [1, 2, 3]
+    assert changes.version == 3
+    assert changes.commits[1].digests == (batch_digest(("forward", "c", "x")),)

@@ -185,3 +185,29 @@ async def test_nothing_left_commits_only_when_a_position_must_be_recorded() -> N
     recorded = await eo.commit([C], table.storage("node-a"), must_commit=True)
     assert recorded.committed
     assert table.writes == [([], 2)]
+
+
+@pytest.mark.trio
+async def test_a_clone_that_took_the_lease_stops_the_writer_after_a_lost_race() -> None:
+    """A stalled writer whose app id a clone claimed never takes the clone's commit as its own."""
+    table = SimTable()
+    table.other("seed")
+    eo = ExactlyOnce("node-a", StoredBatches(3600, 1000), 0, 1, trio.current_time, token=7)
+    storage = table.storage("node-a")
+    table.script = ["conflict"]
+
+    real_changes = storage.changes_since
+    calls: list[int] = []
+
+    async def clone_after_first(checked: int) -> TableChanges:
+        changes = await real_changes(checked)
+        calls.append(checked)
+        if len(calls) == 2:
+            # Meanwhile the clone claimed the app id and committed sequence 1.
+            table.done["node-a"] = 1
+            return TableChanges(changes.version, 1, changes.commits, writer=99)
+        return TableChanges(changes.version, changes.done, changes.commits, writer=7)
+
+    storage.changes_since = clone_after_first  # type: ignore[method-assign]
+    with pytest.raises(AppIdInUse):
+        await eo.commit([A], storage, must_commit=False)
