@@ -37,6 +37,14 @@ import trio
 from appliance import gc_policy
 from appliance.config import Config, ConfigError, load_config, settings_from
 from appliance.lake.maintenance import run_maintenance
+from appliance.lake.retry import (
+    STORAGE_ERRORS,
+    Backoff,
+    NotRetryable,
+    describe,
+    retrying_async,
+    store_options,
+)
 from appliance.lake.table import EventsTable
 from appliance.lake.writer import LakeWriter, WriterSettings
 from appliance.logs import get_logger
@@ -67,6 +75,10 @@ log = get_logger("service")
 
 #: Seconds between checks of the CRL's validity and of certificate expiry.
 TLS_REFRESH_INTERVAL_SECONDS: Final = 3600.0
+
+#: Delays between attempts to open the table at start (transient failures: a
+#: store that times out, resets, answers 5xx): from about a second up to 30 s.
+OPEN_BACKOFF: Final = Backoff(initial_seconds=1.0, max_seconds=30.0)
 
 
 @dataclass(slots=True)
@@ -171,25 +183,69 @@ def _tls_audit(config: Config, context: ServiceContext) -> TlsRefusalAudit | Non
     return TlsRefusalAudit(write, context.auth_threads)
 
 
+class _Parts:
+    """The parts ``/readyz`` reads that exist only once the table is open (None before)."""
+
+    def __init__(self) -> None:
+        self.reloader: _Reloader | None = None
+        self.context: ServiceContext | None = None
+
+
+class _TableOpening:
+    """Why the table is not open yet (``/readyz``: ``table``, ``opening: <reason>``), or None.
+
+    Also tells systemd (``STATUS=``) why the start is waiting.
+    """
+
+    def __init__(self, notifier: Notifier) -> None:
+        self.reason: str | None = "in progress"
+        self._notifier = notifier
+
+    def failed(self, reason: str | None) -> None:
+        """The reason of a failed attempt (a retry follows); None: an attempt succeeded."""
+        if reason is not None:
+            self.reason = reason
+            self._notifier.notify(f"STATUS=opening the table: {reason}")
+
+    def opened(self) -> None:
+        """The table is open."""
+        self.reason = None
+
+
 def _readiness(
-    config: Config, reloader: _Reloader, context: ServiceContext, running: Running
+    config: Config,
+    parts: _Parts,
+    running: Running,
+    lifecycle: Lifecycle,
+    writer: LakeWriter,
+    opening: _TableOpening,
 ) -> Readiness:
-    """What ``/readyz`` checks: the current listeners, the table, the auth database."""
+    """What ``/readyz`` checks: the current listeners, the table, the auth database.
+
+    Served from before the table is open: until then the listeners are not
+    open and the table check says ``opening: <reason>``.
+    """
+
+    def expected_listeners() -> list[str]:
+        current = parts.reloader.config if parts.reloader is not None else config
+        return [listener.name for listener in current.listeners]
 
     def auth_database_url() -> str | None:
+        context = parts.context
         uses = (
-            context.credentials is not None  # also opened by a reload
+            (context is not None and context.credentials is not None)  # also opened by a reload
             or running.tls_audit is not None
             or bool(stores_needed(config.listeners))
         )
         return config.auth_database_url if uses else None
 
     return Readiness(
-        expected_listeners=lambda: [listener.name for listener in reloader.config.listeners],
+        expected_listeners=expected_listeners,
         open_listeners=lambda: running.ports,
-        lifecycle=context.lifecycle,
-        writer=context.writer,
+        lifecycle=lifecycle,
+        writer=writer,
         auth_database_url=auth_database_url,
+        table_opening=lambda: opening.reason,
     )
 
 
@@ -283,6 +339,92 @@ async def serve(
         state_lock.release()
 
 
+async def _open_writer(writer: LakeWriter) -> None:
+    """:meth:`LakeWriter.open`, for :func:`retrying_async`: repeatable until the log is open.
+
+    Opening the table, claiming the app id and reading the dedupe keys may
+    be tried again. Once the write-ahead log is open and its replay begun,
+    only the writer can go on from where it stopped (its commits retry by
+    themselves): a failure then stops the start, and the next start replays
+    from the table's position.
+    """
+    try:
+        await writer.open()
+    except STORAGE_ERRORS as exc:
+        wal = writer.wal
+        if wal is not None and wal.is_open:
+            raise NotRetryable(
+                f"replaying the write-ahead log into {writer.table.uri} failed: {describe(exc)}"
+            ) from exc
+        raise
+
+
+async def _open_table(
+    writer: LakeWriter,
+    opening: _TableOpening,
+    stop: trio.Event,
+    *,
+    signals: bool,
+    supervisor: int | None,
+) -> bool:
+    """Open the table and replay the log before any listener opens; False when stopped first.
+
+    Transient failures are retried with :data:`OPEN_BACKOFF` for as long as
+    it takes (``/readyz`` says ``opening: <reason>`` meanwhile, systemd's
+    ``STATUS=`` too); a misconfiguration (the store refuses the credentials,
+    the bucket does not exist) or a permanent error stops the start with its
+    message. A stop (``stop``, SIGTERM/SIGINT with ``signals``, the
+    supervisor gone) ends the wait.
+    """
+    opened = False
+    async with trio.open_nursery() as nursery:
+
+        async def open_it() -> None:
+            nonlocal opened
+            await retrying_async(
+                lambda: _open_writer(writer), what=f"opening the table {writer.table.uri}",
+                backoff=OPEN_BACKOFF, on_failure=opening.failed, phase="start",
+            )  # fmt: skip
+            opened = True
+            opening.opened()
+            nursery.cancel_scope.cancel()
+
+        async def until_stopped() -> None:
+            await stop.wait()
+            nursery.cancel_scope.cancel()
+
+        nursery.start_soon(open_it)
+        nursery.start_soon(until_stopped)
+        if signals:
+            await nursery.start(_handle_signals, stop, _reload_later)
+        if supervisor is not None:
+            nursery.start_soon(_follow_supervisor, supervisor, stop)
+    return opened
+
+
+async def _reload_later(why: str) -> None:
+    """A reload asked for before the table is open: the file is read once the service starts."""
+    log.warning("config.reload_ignored", trigger=why, reason="the table is not open yet")
+
+
+async def _serve_admin_in(
+    scope: trio.CancelScope,
+    config: Config,
+    tls: TlsManager,
+    metrics: Metrics,
+    readiness: Readiness,
+    *,
+    task_status: trio.TaskStatus[int | None] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """:func:`serve_admin` under ``scope`` (cancelled when the stop begins)."""
+    with scope:
+        await serve_admin(
+            config.admin, metrics, readiness,
+            admin_tls_context(config, tls.ca) if config.admin.tls else None,
+            task_status=task_status,
+        )  # fmt: skip
+
+
 async def _serve_locked(
     config: Config,
     state_lock: StateLock,
@@ -302,92 +444,113 @@ async def _serve_locked(
     log_wal = config.lake.ack == "wal"
     wal = write_ahead_log(config)
     writer = LakeWriter(
-        EventsTable(config.table_uri, config.lake.storage_options or None),
+        # Bounded timeouts and retries of the object-store client (retry.STORE_DEFAULTS).
+        EventsTable(config.table_uri, store_options(config.table_uri, config.lake.storage_options)),
         node_id(config),
         settings_from(config.lake, WriterSettings),
         token=writer_token(config),
         metrics=metrics,
         wal=wal if log_wal else None,
     )
-    # Before any listener opens: the table is claimed, and the log (if any)
-    # recovered and replayed into it (docs/wal.md, "Start-up").
-    await writer.open()
-    if wal is not None and not log_wal:
-        await writer.drain_log(wal)  # ack = "commit" now: commit what ack = "wal" left
     lifecycle = Lifecycle()
-    context = ServiceContext(writer, lifecycle, credentials=_credentials(config), metrics=metrics)
-    close_tokens: Callable[[], None] | None = None
-    if "tokens" in stores_needed(config.listeners):
-        # Bearer tokens live in the auth database (only the embedded one upgrades itself).
-        context.tokens, close_tokens = await trio.to_thread.run_sync(
-            open_token_verifier, config.auth_settings
-        )
-    for exposed in unauthenticated_listeners(config):
-        log.warning(
-            "listener.unauthenticated", listener=exposed.name, bind=exposed.bind,
-            advice="anyone who reaches this address can write events: require client "
-            "certificates (client_auth), the forward handshake (security) or CURVE",
-        )  # fmt: skip
-    tls_audit = _tls_audit(config, context)
-    running = Running(ca_file=ca_file, writer=writer, tls_manager=tls, tls_audit=tls_audit)
+    running = Running(ca_file=ca_file, writer=writer, tls_manager=tls)
     running.metrics = metrics
+    parts = _Parts()
+    notifier = Notifier()
+    opening = _TableOpening(notifier)
     stop_event = stop if stop is not None else trio.Event()
-    shutdown = trio.CancelScope()
-    with shutdown:
-        async with trio.open_nursery() as writer_nursery:
-            writer_nursery.start_soon(writer.run)
-            async with trio.open_nursery() as connections:
-                async with trio.open_nursery() as acceptors:
-                    site = ListenerSite(context, config, tls, acceptors, connections, running)
-                    for listener in config.listeners:
-                        await start_listener(listener, site)
-                    if tls_audit is not None:
-                        acceptors.start_soon(tls_audit.run)
-                    reloader = _Reloader(config, tls, context, running, acceptors, connections)
-                    running.reload = reloader.reload
-                    if stop is None:
-                        await acceptors.start(_handle_signals, stop_event, reloader.reload)
-                    if supervisor is not None:
-                        acceptors.start_soon(_follow_supervisor, supervisor, stop_event)
-                    if ca_file is not None:
-                        acceptors.start_soon(_refresh_tls, tls, running)
-                    # Compaction, checkpoints and vacuum, serialized with commits;
-                    # in acceptors so that a stop ends the schedule.
-                    acceptors.start_soon(run_maintenance, writer, config)
-                    # Cyclic garbage (closed TLS connections) freed each second.
-                    acceptors.start_soon(gc_policy.collect_young)
-                    if config.admin.enabled:
-                        running.admin_port = await acceptors.start(
-                            serve_admin, config.admin, metrics,
-                            _readiness(config, reloader, context, running),
-                            admin_tls_context(config, tls.ca) if config.admin.tls else None,
-                        )  # fmt: skip
-                    state_lock.write_pid_file()
-                    write_status(config.state_dir, ReloadStatus(os.getpid(), 0, ok=True))
-                    log.info(
-                        "service.ready",
-                        listeners=",".join(f"{n}:{p}" for n, p in running.ports.items()),
-                        table=config.table_uri,
-                        ca=str(ca_file) if ca_file else None,
-                        admin=running.admin_port,
-                    )
-                    if ca_file:
-                        print(f"CA certificate for clients: {ca_file}", flush=True)
-                    # systemd (Type=notify): ready once the listeners are open; the
-                    # watchdog is pinged from this event loop (appliance/server/sdnotify.py).
-                    notifier = Notifier()
-                    notifier.notify("READY=1", f"STATUS=listening: {', '.join(running.ports)}")
-                    acceptors.start_soon(notifier.keep_alive)
-                    task_status.started(running)
-                    await stop_event.wait()
-                    notifier.notify("STOPPING=1")
-                    shutdown.deadline = trio.current_time() + config.shutdown_timeout_seconds
-                    for scope in running.accepting.values():
-                        scope.cancel()
-                    acceptors.cancel_scope.cancel()
-                lifecycle.stop_reading()
-                await lifecycle.wait_no_readers()
-                await writer.close_input()
+    # The admin listener runs from before the table opens (/readyz says why it
+    # is not ready yet) until the stop begins.
+    admin_scope = trio.CancelScope()
+    async with trio.open_nursery() as early:
+        if config.admin.enabled:
+            running.admin_port = await early.start(
+                _serve_admin_in, admin_scope, config, tls, metrics,
+                _readiness(config, parts, running, lifecycle, writer, opening),
+            )  # fmt: skip
+        # Before any listener opens: the table is claimed, and the log (if any)
+        # recovered and replayed into it (docs/wal.md, "Start-up"). The log can
+        # take no batch before the table's position in it is known, so no
+        # listener opens until then (docs/fleet.md, "When the object store fails").
+        if not await _open_table(
+            writer, opening, stop_event, signals=stop is None, supervisor=supervisor
+        ):
+            admin_scope.cancel()
+            if wal is not None:
+                wal.close_files()
+            log.info("service.stopped", reason="stopped before the table opened")
+            return
+        if wal is not None and not log_wal:
+            await writer.drain_log(wal)  # ack = "commit" now: commit what ack = "wal" left
+        context = ServiceContext(
+            writer, lifecycle, credentials=_credentials(config), metrics=metrics
+        )
+        parts.context = context
+        close_tokens: Callable[[], None] | None = None
+        if "tokens" in stores_needed(config.listeners):
+            # Bearer tokens live in the auth database (only the embedded one upgrades itself).
+            context.tokens, close_tokens = await trio.to_thread.run_sync(
+                open_token_verifier, config.auth_settings
+            )
+        for exposed in unauthenticated_listeners(config):
+            log.warning(
+                "listener.unauthenticated", listener=exposed.name, bind=exposed.bind,
+                advice="anyone who reaches this address can write events: require client "
+                "certificates (client_auth), the forward handshake (security) or CURVE",
+            )  # fmt: skip
+        running.tls_audit = tls_audit = _tls_audit(config, context)
+        shutdown = trio.CancelScope()
+        with shutdown:
+            async with trio.open_nursery() as writer_nursery:
+                writer_nursery.start_soon(writer.run)
+                async with trio.open_nursery() as connections:
+                    async with trio.open_nursery() as acceptors:
+                        site = ListenerSite(context, config, tls, acceptors, connections, running)
+                        for listener in config.listeners:
+                            await start_listener(listener, site)
+                        if tls_audit is not None:
+                            acceptors.start_soon(tls_audit.run)
+                        reloader = _Reloader(config, tls, context, running, acceptors, connections)
+                        parts.reloader = reloader
+                        running.reload = reloader.reload
+                        if stop is None:
+                            await acceptors.start(_handle_signals, stop_event, reloader.reload)
+                        if supervisor is not None:
+                            acceptors.start_soon(_follow_supervisor, supervisor, stop_event)
+                        if ca_file is not None:
+                            acceptors.start_soon(_refresh_tls, tls, running)
+                        # Compaction, checkpoints and vacuum, serialized with commits;
+                        # in acceptors so that a stop ends the schedule.
+                        acceptors.start_soon(run_maintenance, writer, config)
+                        # Cyclic garbage (closed TLS connections) freed each second.
+                        acceptors.start_soon(gc_policy.collect_young)
+                        state_lock.write_pid_file()
+                        write_status(config.state_dir, ReloadStatus(os.getpid(), 0, ok=True))
+                        log.info(
+                            "service.ready",
+                            listeners=",".join(f"{n}:{p}" for n, p in running.ports.items()),
+                            table=config.table_uri,
+                            ca=str(ca_file) if ca_file else None,
+                            admin=running.admin_port,
+                        )
+                        if ca_file:
+                            print(f"CA certificate for clients: {ca_file}", flush=True)
+                        # systemd (Type=notify): ready once the listeners are open; the
+                        # watchdog is pinged from this event loop (appliance/server/sdnotify.py).
+                        notifier.notify("READY=1", f"STATUS=listening: {', '.join(running.ports)}")
+                        acceptors.start_soon(notifier.keep_alive)
+                        task_status.started(running)
+                        await stop_event.wait()
+                        notifier.notify("STOPPING=1")
+                        shutdown.deadline = trio.current_time() + config.shutdown_timeout_seconds
+                        for scope in running.accepting.values():
+                            scope.cancel()
+                        acceptors.cancel_scope.cancel()
+                        admin_scope.cancel()
+                    lifecycle.stop_reading()
+                    await lifecycle.wait_no_readers()
+                    await writer.close_input()
+        admin_scope.cancel()
     if close_tokens is not None:
         close_tokens()
     if shutdown.cancelled_caught:

@@ -35,6 +35,7 @@ from appliance.lake.blocks import blocks_to_arrow, dedupe_key
 from appliance.lake.dedupe import StoredBatches
 from appliance.lake.errors import AppIdInUse, BlockRefused, CommitConflict, CommitError, LakeError
 from appliance.lake.exactly_once import ExactlyOnce, Outcome
+from appliance.lake.retry import Backoff, describe
 from appliance.lake.schema import EVENTS_SCHEMA
 from appliance.lake.settings import WriterSettings
 from appliance.lake.table import EventsTable, TableChanges
@@ -135,26 +136,6 @@ def _timed_commit(
     return time.perf_counter() - started, table.version()
 
 
-class _Backoff:
-    """Capped exponential backoff with jitter (half fixed, half random)."""
-
-    __slots__ = ("_next", "initial", "maximum")
-
-    def __init__(self, initial: float, maximum: float) -> None:
-        self.initial = initial
-        self.maximum = maximum
-        self._next = initial
-
-    def delay(self) -> float:
-        """The wait before the next attempt; each call doubles the next, up to the cap."""
-        base = self._next
-        self._next = min(self._next * 2, self.maximum)
-        return base / 2 + random.uniform(0, base / 2)  # noqa: S311 (jitter, not a secret)
-
-    def reset(self) -> None:
-        self._next = self.initial
-
-
 class _GroupStorage:
     """The :class:`~appliance.lake.exactly_once.Storage` of one group's commit."""
 
@@ -250,7 +231,7 @@ class TableCommitter:
         self._lake.dedupe_keys.set_function(lambda: len(self.stored))
         self._lake.dedupe_evicted.set_function(lambda: self.stored.evicted)
         self._protocol: ExactlyOnce | None = None
-        self._backoff = _Backoff(settings.retry_initial_seconds, settings.retry_max_seconds)
+        self._backoff = Backoff(settings.retry_initial_seconds, settings.retry_max_seconds)
         self.last_commit = 0.0
         self.last_data_commit = time.monotonic()
         #: Counters for logs, tests and benchmarks.
@@ -434,17 +415,14 @@ class TableCommitter:
         No ack for anything in the group until a retry succeeds; clients
         that time out resend, and the resend is deduped.
         """
-        if attempt == 1:
-            self._backoff.reset()
-            if self.failing is None:
-                self._failing_since = trio.current_time()
+        if attempt == 1 and self.failing is None:
+            self._failing_since = trio.current_time()
         self.failed_attempts += 1
-        text = str(error)
-        reason = text.splitlines()[0][:500] if text else type(error).__name__
+        reason = describe(error)
         self.failing = reason
         self._lake.commit_failures_storage.inc()
         self._lake.commit_retrying.set(1)
-        delay = self._backoff.delay()
+        delay = self._backoff.delay(attempt)
         log.error(
             "commit.failed", op=what, attempt=attempt,
             commit=None if self._protocol is None else self._protocol.sequence,

@@ -24,6 +24,14 @@ the per-node writer lease).
   next one: Delta's optimistic concurrency still keeps the table correct (one
   of two conflicting rewrites fails and is retried at its next turn).
 
+* Storage failures: :meth:`MaintenanceLease.acquire` raises them as
+  :class:`~appliance.lake.errors.LakeError` (chained from deltalake's
+  error), and the service's schedule retries the whole step, lease
+  included, through transient ones (:mod:`appliance.lake.retry`). Taking
+  the lease again is safe after an attempt whose outcome is unknown: a
+  claim that did land names this holder's token, which may always renew.
+  Only another holder's fresh claim is a refusal (the step is skipped).
+
 With ``[maintenance] lease = "auto"`` (the default) the lease is taken for
 tables on object storage (a URI with a scheme: ``s3://``, ``gs://``,
 ``az://``, ...) and not for a local path, which one node owns.
@@ -80,7 +88,9 @@ class MaintenanceLease:
         """Take or renew the lease; None when this node holds it now, else why not.
 
         Raises:
-            LakeError: the table cannot be read or written.
+            LakeError: the table cannot be read or written (a transient
+                failure is chained from deltalake's or the OS's error, which
+                :func:`appliance.lake.retry.classify` reads).
         """
         if not self._opened:
             self._table.open_or_create()

@@ -17,6 +17,13 @@ ingest. The operations here are blocking and run in a worker thread:
 Both hold :class:`MaintenanceLock`, an exclusive advisory lock file in the
 state directory, so maintenance never runs twice at once on one machine.
 
+In the service a step that fails for a transient storage reason (the object
+store times out, resets, answers 5xx or ``SlowDown``, refuses access for a
+while) is retried with backoff (:mod:`appliance.lake.retry`) for at most
+:data:`STEP_RETRY_SECONDS`; one that still fails then is skipped for this
+round and logged (``maintenance.failed``), and the schedule goes on. No
+maintenance failure ends the service. Between attempts the writer commits.
+
 Vacuum keeps a retention floor of
 :data:`appliance.defaults.MIN_VACUUM_RETENTION_HOURS`: Spark readers, the
 derived-table jobs (which read the files a commit added, possibly after a
@@ -27,13 +34,14 @@ replaced for that long.
 from __future__ import annotations
 
 import fcntl
+import functools
 import os
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 import trio
 from deltalake import DeltaTable
@@ -42,6 +50,7 @@ from deltalake.exceptions import DeltaError
 from appliance import defaults
 from appliance.lake.errors import LakeError
 from appliance.lake.lease import MaintenanceLease, lease_applies
+from appliance.lake.retry import Backoff, RetriesExhausted, retrying_async, store_options
 from appliance.lake.table import EventsTable
 from appliance.logs import get_logger
 
@@ -50,6 +59,8 @@ if TYPE_CHECKING:
     from appliance.lake.writer import LakeWriter
 
 __all__ = [
+    "STEP_BACKOFF",
+    "STEP_RETRY_SECONDS",
     "MaintenanceBusy",
     "MaintenanceLock",
     "MaintenanceResult",
@@ -65,6 +76,13 @@ __all__ = [
 ]
 
 log = get_logger("maintenance")
+
+#: Seconds one maintenance or retention step of the service's schedule (and a
+#: request the CLI handed over) is retried through transient storage failures
+#: before it is given up for this round.
+STEP_RETRY_SECONDS: Final = 300.0
+#: Delays between those attempts: from about 2 s up to a minute.
+STEP_BACKOFF: Final = Backoff(initial_seconds=2.0, max_seconds=60.0)
 
 
 Operation = Literal["compact", "checkpoint", "vacuum", "expire", "erase"]
@@ -346,8 +364,10 @@ async def run_maintenance(writer: LakeWriter, config: Config) -> None:
     :meth:`LakeWriter.run_exclusive` (never alongside a commit) and under
     the maintenance lock: when ``appliance table ...`` holds it, that round
     is skipped and logged. A failed operation is logged and tried again at
-    its next turn. Start it in a nursery that is cancelled at shutdown; an
-    operation already running finishes first.
+    its next turn; a transient storage failure is retried first, for up to
+    :data:`STEP_RETRY_SECONDS` (the lease is taken again at each attempt).
+    Start it in a nursery that is cancelled at shutdown; an operation
+    already running finishes first.
 
     Retention (``expire``) is one more operation, every ``[retention]
     interval_seconds``, when ``[retention]`` sets a limit.
@@ -359,7 +379,8 @@ async def run_maintenance(writer: LakeWriter, config: Config) -> None:
         log.info("maintenance.disabled")
         return
     uri = writer.table.uri
-    options = config.lake.storage_options or None
+    # The object store's client gets bounded timeouts, as the writer's (retry.STORE_DEFAULTS).
+    options = store_options(uri, config.lake.storage_options)
     # Shared by a supervisor's workers and the CLI's table commands (Config.home_dir).
     lock = lock_path(config.home_dir)
     operations: dict[Operation, Callable[[], MaintenanceResult]] = {
@@ -411,12 +432,30 @@ async def _schedule(
         last[operation] = trio.current_time()
         started = time.monotonic()
         try:
-            result = await writer.run_exclusive(_locked, lock, lease, operations[operation])
+            result = await retrying_async(
+                functools.partial(
+                    writer.run_exclusive, _locked, lock, lease, operations[operation]
+                ),
+                what=f"maintenance {operation}",
+                backoff=STEP_BACKOFF,
+                give_up_after_seconds=STEP_RETRY_SECONDS,
+            )
         except MaintenanceBusy as exc:
             log.info("maintenance.skipped", operation=operation, reason=str(exc))
             writer.metrics.maintenance(operation, "skipped", finished_at=time.time(), seconds=0.0)
             continue
-        except LakeError as exc:
+        except RetriesExhausted as exc:
+            # The store kept failing: this round is skipped, the next comes at its interval.
+            log.error(
+                "maintenance.failed", operation=operation, attempts=exc.attempts,
+                reason=exc.reason, next_in_seconds=intervals[operation],
+            )  # fmt: skip
+            writer.metrics.maintenance(
+                operation, "failed", finished_at=time.time(), seconds=time.monotonic() - started
+            )
+            continue
+        except (LakeError, DeltaError, OSError) as exc:
+            # Permanent: not a storage failure a retry could help (logged, tried at its turn).
             log.error("maintenance.failed", operation=operation, reason=str(exc)[:500])
             writer.metrics.maintenance(
                 operation, "failed", finished_at=time.time(), seconds=time.monotonic() - started

@@ -43,6 +43,7 @@ and protocol, and the days left until the disk guard's watermark.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import json
 import os
 import secrets
@@ -54,12 +55,14 @@ from typing import TYPE_CHECKING, Any, Final, Protocol
 import pyarrow as pa
 import trio
 from deltalake import DeltaTable, QueryBuilder
-from deltalake.exceptions import CommitFailedError
+from deltalake.exceptions import CommitFailedError, DeltaError
 
 from appliance import defaults
 from appliance.lake.diskguard import disk_space, local_path
 from appliance.lake.errors import LakeError
 from appliance.lake.maintenance import (
+    STEP_BACKOFF,
+    STEP_RETRY_SECONDS,
     MaintenanceBusy,
     MaintenanceLock,
     MaintenanceResult,
@@ -70,6 +73,7 @@ from appliance.lake.maintenance import (
     lock_path,
     no_progress,
 )
+from appliance.lake.retry import retrying_async
 from appliance.logs import get_logger
 from appliance.state_lock import holder_pid
 
@@ -772,7 +776,10 @@ async def serve_requests(writer: LakeWriter, state_dir: Path, storage_options: A
     """Run the erase and expire requests the CLI hands over, one at a time, forever.
 
     Each runs through :meth:`LakeWriter.run_exclusive`, so the writer commits
-    nothing meanwhile (its batches wait, and commit right after). Runs inside
+    nothing meanwhile (its batches wait, and commit right after). A transient
+    storage failure is retried with backoff for up to
+    :data:`~appliance.lake.maintenance.STEP_RETRY_SECONDS` (the writer
+    commits between attempts), then answered as a failure. Runs inside
     :func:`~appliance.lake.maintenance.run_maintenance`.
     """
     directory = _requests_dir(state_dir)
@@ -823,8 +830,17 @@ async def _serve_one(
         if not isinstance(request, dict):
             raise RequestError("a request is a JSON object")
         log.info("table_request.start", request=name, operation=request.get("operation"))
-        result = await writer.run_exclusive(_run_request, request, uri, storage_options, lock)
-    except (LakeError, ValueError, TypeError) as exc:
+        # A transient storage failure is retried (a delete runs again on a fresh
+        # snapshot: what the first attempt removed is gone, the rest goes now).
+        result = await retrying_async(
+            functools.partial(
+                writer.run_exclusive, _run_request, request, uri, storage_options, lock
+            ),
+            what=f"table request {request.get('operation')}",
+            backoff=STEP_BACKOFF,
+            give_up_after_seconds=STEP_RETRY_SECONDS,
+        )
+    except (LakeError, DeltaError, OSError, ValueError, TypeError) as exc:
         log.warning("table_request.failed", request=name, reason=str(exc)[:500])
         answer = {"ok": False, "error": str(exc), "busy": isinstance(exc, MaintenanceBusy)}
     else:

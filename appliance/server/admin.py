@@ -14,8 +14,9 @@ Endpoints (``GET`` or ``HEAD``; anything else is 405, an unknown path 404):
 * ``/livez``: 200 whenever the event loop answers (a wedged loop answers nothing);
 * ``/readyz``: 200, or 503, each with a JSON body naming every check: the
   configured listeners are open, the service is not stopping, the table
-  takes commits (its directory and ``_delta_log`` writable for a local
-  table, no commit failing, the disk guard not refusing), with ``[lake] ack
+  takes commits (open: at start ``opening: <reason>`` until it is; its
+  directory and ``_delta_log`` writable for a local table, no commit
+  failing, the disk guard not refusing), with ``[lake] ack
   = "wal"`` the write-ahead log takes appends (the last group did not fail,
   and no append waits for room under its cap), and the auth database answers
   ``SELECT 1`` when a listener uses it.
@@ -196,6 +197,8 @@ class Readiness:
         lifecycle: the service's shutdown state.
         writer: the table's writer.
         auth_database_url: the auth database's URL when a listener uses it, else None.
+        table_opening: why the table is not open yet (the service is starting:
+            an attempt to open it failed and is retried), else None.
     """
 
     def __init__(
@@ -206,12 +209,14 @@ class Readiness:
         lifecycle: Lifecycle,
         writer: LakeWriter,
         auth_database_url: Callable[[], str | None],
+        table_opening: Callable[[], str | None] = lambda: None,
     ) -> None:
         self._expected = expected_listeners
         self._open = open_listeners
         self._lifecycle = lifecycle
         self._writer = writer
         self._auth_url = auth_database_url
+        self._table_opening = table_opening
         # One probe of the database at a time: a hung database cannot pile up threads.
         self._database_threads = trio.CapacityLimiter(1)
 
@@ -231,6 +236,10 @@ class Readiness:
 
     def _table(self) -> Check:
         writer = self._writer
+        opening = self._table_opening()
+        if opening is not None:
+            # At start: no batch is taken before the table's position is known.
+            return Check("table", False, f"opening: {opening}")
         path = local_path(writer.table.uri)
         if path is not None:
             for directory in (path, os.path.join(path, "_delta_log")):
