@@ -10,6 +10,7 @@ enforced, a small connection pool shared by the service's worker threads.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any, Final
 
@@ -65,12 +66,24 @@ def normalize_url(url: str | URL) -> URL:
     return parsed
 
 
+#: Query parameters of a database URL that may carry a secret: libpq and
+#: psycopg take ``password`` and ``sslpassword`` there as well as in the
+#: URL's authority; anything naming a password, secret or token is masked.
+_SECRET_QUERY: Final = re.compile(r"pass|secret|token", re.IGNORECASE)
+
+
 def display_url(url: str | URL) -> str:
-    """The URL with its password masked, for messages."""
+    """The URL with its password masked, wherever it is given, for messages."""
     try:
-        return make_url(url).render_as_string(hide_password=True)
+        parsed = make_url(url)
     except ArgumentError:
         return "<unparsable URL>"
+    masked = {
+        name: ("***" if _SECRET_QUERY.search(name) else value)
+        for name, value in parsed.query.items()
+    }
+    rendered = parsed.set(query=masked).render_as_string(hide_password=True)
+    return rendered.replace("=%2A%2A%2A", "=***")
 
 
 def first_line(exc: SQLAlchemyError) -> str:

@@ -20,11 +20,13 @@ ready, 1 not ready or not reachable.
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import math
 import ssl
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -415,6 +417,27 @@ def default_url(config: Config) -> str:
     return f"{'https' if admin.tls else 'http'}://{listener_host(admin.host)}:{admin.port}"
 
 
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """Refuses every redirect: the answer is returned as it is."""
+
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+def token_may_go_to(url: str) -> bool:
+    """Whether a bearer token may be sent to ``url``: over https, or to a loopback address."""
+    parsed = urllib.parse.urlsplit(url)
+    if parsed.scheme == "https":
+        return True
+    host = parsed.hostname or ""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 @dataclass(frozen=True, slots=True)
 class _Client:
     url: str
@@ -425,10 +448,12 @@ class _Client:
         request = urllib.request.Request(self.url.rstrip("/") + path)  # noqa: S310 -- http(s) only
         if self.token:
             request.add_header("Authorization", f"Bearer {self.token}")
+        # No redirects: a redirect would carry the token to wherever it points.
+        opener = urllib.request.build_opener(
+            _NoRedirect(), urllib.request.HTTPSHandler(context=self.context)
+        )
         try:
-            with urllib.request.urlopen(  # noqa: S310 -- the scheme is checked in _run
-                request, timeout=REQUEST_TIMEOUT_SECONDS, context=self.context
-            ) as response:
+            with opener.open(request, timeout=REQUEST_TIMEOUT_SECONDS) as response:
                 return int(response.status), response.read(MAX_RESPONSE_BYTES)
         except urllib.error.HTTPError as exc:
             return exc.code, exc.read(MAX_RESPONSE_BYTES)
@@ -438,10 +463,16 @@ class _Client:
 
     def scrape(self) -> Scrape:
         status, body = self.get("/metrics")
+        if status == 401 and self.token:
+            raise StatusError(
+                "the admin listener refused the bearer token given (wrong or revoked token)"
+            )
         if status == 401:
             raise StatusError(
                 f"the admin listener wants a bearer token: set ${TOKEN_ENV} or use --token-stdin"
             )
+        if 300 <= status < 400:
+            raise StatusError(f"/metrics answered a redirect ({status}), which is not followed")
         if status != 200:
             raise StatusError(
                 f"/metrics answered {status}: {body[:200].decode('utf-8', 'replace')}"
@@ -498,7 +529,14 @@ def _run(args: argparse.Namespace, config: Config) -> int:
     context: ssl.SSLContext | None = None
     if url.startswith("https://"):
         context = ca_context(args.ca, config, system_if_missing=True)
-    client = _Client(url, _token(args, config), context)
+    token = _token(args, config)
+    if token and not token_may_go_to(url):
+        return fail(
+            f"not sending the admin token in clear to {url}: use https:// (with --ca) "
+            "or a loopback address",
+            2,
+        )
+    client = _Client(url, token, context)
 
     def emit(text: str) -> None:
         sys.stdout.write(text if text.endswith("\n") else text + "\n")

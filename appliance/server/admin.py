@@ -125,7 +125,7 @@ def read_token(path: Path) -> str:
     """
     try:
         token = path.read_text(encoding="utf-8").strip()
-        mode = path.stat().st_mode
+        info = path.stat()
     except (OSError, UnicodeDecodeError) as exc:
         raise AdminError(
             errno.EINVAL, f"[admin] token_file {path}: cannot read it: {exc}"
@@ -136,9 +136,18 @@ def read_token(path: Path) -> str:
             f"[admin] token_file {path}: the token must have at least {MIN_TOKEN_CHARS} "
             "characters (for example: openssl rand -hex 32)",
         )
-    if mode & 0o077:
-        log.warning("admin.token_file_open", path=str(path), mode=oct(mode & 0o777),
-                    advice="chmod 600: other users can read the admin token")  # fmt: skip
+    mode = info.st_mode & 0o777
+    # Others may never read it, nobody but the owner may change it, and the
+    # group may read it only when it is the service's own group: the packaged
+    # layout is root:appliance 0640 (docs/observability.md).
+    shared_with_group = mode & 0o040 and info.st_gid != os.getegid()
+    if mode & 0o027 or shared_with_group:
+        raise AdminError(
+            errno.EACCES,
+            f"[admin] token_file {path}: mode {mode:04o} lets other users read or change "
+            "the admin token: chmod 0600 (or 0640 with the service's group, "
+            "chown root:appliance)",
+        )
     return token
 
 

@@ -491,3 +491,27 @@ def test_two_services_in_one_process_have_their_own_registries() -> None:
     )
     assert b"appliance_requests_total{" not in two.exposition()[0]
     assert one.listener("forward", "forward") is one.listener("forward", "forward")
+
+
+@pytest.mark.parametrize("mode", [0o644, 0o604, 0o620])
+def test_a_token_file_others_may_read_or_change_is_refused(tmp_path: Path, mode: int) -> None:
+    from appliance.server.admin import AdminError, read_token
+
+    token_file = tmp_path / "admin.token"
+    token_file.write_text("0123456789abcdef0123456789abcdef\n")
+    token_file.chmod(mode)
+    with pytest.raises(AdminError, match="chmod 0600"):
+        read_token(token_file)
+
+
+def test_a_token_file_the_service_group_may_read_is_accepted(tmp_path: Path) -> None:
+    """The packaged layout: root:appliance 0640, the service running in group appliance."""
+    import os
+
+    from appliance.server.admin import read_token
+
+    token_file = tmp_path / "admin.token"
+    token_file.write_text("0123456789abcdef0123456789abcdef\n")
+    token_file.chmod(0o640)
+    os.chown(token_file, -1, os.getegid())
+    assert read_token(token_file) == "0123456789abcdef0123456789abcdef"

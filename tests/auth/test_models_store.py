@@ -542,3 +542,16 @@ def test_audit_log_records_changes_and_failures_without_secrets(
     dumped = repr(rows)
     for secret in secrets:
         assert secret.decode() not in dumped
+
+
+def test_display_url_masks_a_password_in_the_query() -> None:
+    """libpq takes password and sslpassword as query parameters too: never shown."""
+    from auth.engine import display_url
+
+    shown = display_url(
+        "postgresql+psycopg://u:pw@h/db?password=s3cret&sslpassword=k3y&sslmode=require"
+    )
+    assert "s3cret" not in shown
+    assert "k3y" not in shown
+    assert "pw@" not in shown
+    assert "sslmode=require" in shown

@@ -164,3 +164,53 @@ def test_quantile_is_promql_histogram_quantile() -> None:
     assert _quantile(0.75, buckets) == 0.75
     assert _quantile(0.5, [(float("inf"), 0.0)]) is None
     assert _quantile(0.99, [(1.0, 0.0), (float("inf"), 10.0)]) == 1.0
+
+
+def test_the_token_goes_only_over_https_or_to_loopback() -> None:
+    from appliance.commands.status import token_may_go_to
+
+    assert token_may_go_to("https://admin.example:9880")
+    assert token_may_go_to("http://127.0.0.1:9880")
+    assert token_may_go_to("http://[::1]:9880")
+    assert token_may_go_to("http://localhost:9880")
+    assert not token_may_go_to("http://10.1.2.3:9880")
+    assert not token_may_go_to("http://admin.example:9880")
+
+
+def test_a_redirect_is_not_followed_with_the_token() -> None:
+    """The admin URL answers 302 to another server: that server never sees the token."""
+    import http.server
+    import threading
+
+    from appliance.commands.status import _Client
+
+    seen: list[str | None] = []
+
+    class Other(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            seen.append(self.headers.get("Authorization"))
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    other = http.server.HTTPServer(("127.0.0.1", 0), Other)
+
+    class Redirect(Other):
+        def do_GET(self) -> None:
+            self.send_response(302)
+            self.send_header("Location", f"http://127.0.0.1:{other.server_port}/metrics")
+            self.end_headers()
+
+    first = http.server.HTTPServer(("127.0.0.1", 0), Redirect)
+    threads = [threading.Thread(target=s.serve_forever, daemon=True) for s in (first, other)]
+    for thread in threads:
+        thread.start()
+    try:
+        status, _ = _Client(f"http://127.0.0.1:{first.server_port}", "s3cret", None).get("/metrics")
+    finally:
+        first.shutdown()
+        other.shutdown()
+    assert status == 302
+    assert seen == []
