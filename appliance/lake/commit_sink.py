@@ -24,6 +24,7 @@ left out of the commit and acked as a duplicate.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import trio
@@ -140,22 +141,12 @@ class CommitSink:
         digest = block_digest(block)
         if digest is not None:
             if self._committer.stored.contains(digest, now):
-                self.duplicates += 1
-                self._lake.dedupe_committed.inc()
-                log.info(
-                    "batch.duplicate", protocol=block.protocol, batch_id=block.batch_id,
-                    state="committed",
-                )  # fmt: skip
+                self._duplicate(block, "committed", self._lake.dedupe_committed.inc)
                 ticket._resolve(duplicate=True)
                 return
             waiting = self._pending.get(digest)
             if waiting is not None:
-                self.duplicates += 1
-                self._lake.dedupe_pending.inc()
-                log.info(
-                    "batch.duplicate", protocol=block.protocol, batch_id=block.batch_id,
-                    state="pending",
-                )  # fmt: skip
+                self._duplicate(block, "pending", self._lake.dedupe_pending.inc)
                 waiting.append(ticket)
                 return
             self._pending[digest] = [ticket]
@@ -170,6 +161,13 @@ class CommitSink:
         group.blocks.append(block)
         group.rows += block.rows
         group.nbytes += nbytes
+
+    def _duplicate(self, block: RowBlock, state: str, count: Callable[[], None] | None) -> None:
+        """Count and log a batch acked again without a second write."""
+        self.duplicates += 1
+        if count is not None:
+            count()
+        log.info("batch.duplicate", protocol=block.protocol, batch_id=block.batch_id, state=state)
 
     def _full(self, group: _Group) -> bool:
         return (
@@ -224,12 +222,7 @@ class CommitSink:
                 for waiting in self._pending.pop(digest, []):
                     waiting._resolve(duplicate=elsewhere)
             if elsewhere:
-                block = group.blocks[i]
-                self.duplicates += 1
-                log.info(
-                    "batch.duplicate", protocol=block.protocol, batch_id=block.batch_id,
-                    state="stored elsewhere",
-                )  # fmt: skip
+                self._duplicate(group.blocks[i], "stored elsewhere", None)
         for listener in self._listeners:
             listener(committed)
 

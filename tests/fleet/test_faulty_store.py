@@ -61,6 +61,7 @@ from deltalake import DeltaTable
 
 from tests.conftest import ApplianceProcess, start_appliance
 from tests.fleet.faultproxy import Fault, FaultProxy, fault_proxy
+from tests.fleet.test_three_nodes import StreamClient
 from tests.s3server import SECRET_ACCESS_KEY, S3Server
 
 pytestmark = pytest.mark.slow
@@ -220,15 +221,7 @@ class Client(threading.Thread):
             finally:
                 tls.close()
 
-    @staticmethod
-    def _read(tls: ssl.SSLSocket, unpacker: Any) -> Any:
-        while True:
-            for message in unpacker:
-                return message
-            data = tls.recv(65536)
-            if not data:
-                raise ConnectionError("closed")
-            unpacker.feed(data)
+    _read = staticmethod(StreamClient._read)
 
 
 # -- fixtures ---------------------------------------------------------------------------------
