@@ -22,12 +22,15 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
+import os
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar
 
 from appliance import defaults
+from appliance.config_env import Substitution, expand, read_limited
 from appliance.toml_binder import Binder, BindError, KeyPath, Tagged
 
 if TYPE_CHECKING:
@@ -57,7 +60,9 @@ __all__ = [
     "default_config",
     "is_bind",
     "load_config",
+    "load_config_sources",
     "parse_config",
+    "parse_config_sources",
     "settings_from",
 ]
 
@@ -865,21 +870,39 @@ def _bind_problem(value: str) -> str | None:
     return None if is_bind(value) else f"must be host:port, not {value!r}"
 
 
-def parse_config(text: str, source: str = "<config>") -> Config:
+def parse_config(
+    text: str, source: str = "<config>", environ: Mapping[str, str] | None = None
+) -> Config:
     """Parse and validate configuration text.
+
+    ``environ``: where ``${NAME}`` references are looked up (default: this
+    process's environment; appliance/config_env.py).
 
     Raises:
         ConfigError: with the file, line and key of the first problem.
+    """
+    return parse_config_sources(text, source, environ)[0]
+
+
+def parse_config_sources(
+    text: str, source: str = "<config>", environ: Mapping[str, str] | None = None
+) -> tuple[Config, list[tuple[str, Substitution]]]:
+    """:func:`parse_config`, and which keys took part of their value from where.
+
+    The sources name references (``${DB_PASSWORD}``, ``${file:/run/...}``),
+    never the values: ``config check`` prints them.
     """
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{source}: invalid TOML: {exc}") from None
+    env = os.environ if environ is None else environ
     binder = Binder(
         text,
         source,
         tagged={ListenerConfig: Tagged("protocol", "forward", _LISTENER_TYPES)},
         checks={"bind": _bind_problem},
+        expand=lambda value: expand(value, env, read_limited),
     )
     if "worker" in data:
         raise ConfigError(f"{source}: worker is set by the supervisor (workers = N), not in a file")
@@ -913,7 +936,7 @@ def parse_config(text: str, source: str = "<config>") -> Config:
             )
         )
     _check_binds(binder, config.listeners, data.get("listeners"))
-    return config
+    return config, binder.substitutions
 
 
 def _check_binds(binder: Binder, listeners: list[ListenerConfig], raw: Any) -> None:
@@ -963,11 +986,17 @@ def _check_binds(binder: Binder, listeners: list[ListenerConfig], raw: Any) -> N
 
 
 def load_config(path: Path) -> Config:
-    """Read and validate the TOML file at ``path``."""
+    """Read and validate the TOML file at ``path`` (``${NAME}`` from this process's environment)."""
+    return load_config_sources(path)[0]
+
+
+def load_config_sources(path: Path) -> tuple[Config, list[tuple[str, Substitution]]]:
+    """:func:`load_config`, and where substituted values came from (``config check``)."""
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
     except UnicodeDecodeError:
         raise ConfigError(f"{path}: not UTF-8 text") from None
-    return dataclasses.replace(parse_config(text, str(path)), source=path)
+    config, sources = parse_config_sources(text, str(path))
+    return dataclasses.replace(config, source=path), sources

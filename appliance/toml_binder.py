@@ -5,8 +5,11 @@ str, Path, Literal, ``X | None``, list, ``dict[str, str]`` and nested
 dataclasses), not what they mean. What is particular to one file comes in as
 arguments: :class:`Tagged` picks the subclass of a table by one of its keys
 (``[[listeners]]`` by ``protocol``), and ``checks`` validates strings by key
-name (every ``bind``). A value a dataclass refuses in ``__post_init__``
-(``ValueError``) is reported at its table.
+name (every ``bind``), and ``expand`` rewrites every string value before it
+is checked (``${NAME}`` references, appliance/config_env.py), recording
+where each part came from in :attr:`Binder.substitutions`. A value a
+dataclass refuses in ``__post_init__`` (``ValueError``) is reported at its
+table.
 
 Numbers must be greater than 0: every number of the configuration is a size,
 a count or a duration.
@@ -21,6 +24,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
+
+from appliance.config_env import Substitution, SubstitutionError
 
 __all__ = ["BindError", "Binder", "KeyPath", "Tagged"]
 
@@ -86,6 +91,8 @@ class Binder:
         source: what errors call the file (its path).
         tagged: base dataclass -> how its tables choose their subclass.
         checks: key name -> a check of its string value (a message, or None when fine).
+        expand: rewrites each string value (references to the environment or
+            files), returning it and where its parts came from.
     """
 
     def __init__(
@@ -95,15 +102,33 @@ class Binder:
         *,
         tagged: Mapping[type[Any], Tagged] | None = None,
         checks: Mapping[str, Callable[[str], str | None]] | None = None,
+        expand: Callable[[str], tuple[str, list[Substitution]]] | None = None,
     ) -> None:
         self.text = text
         self.source = source
         self._tagged = dict(tagged or {})
         self._checks = dict(checks or {})
+        self._expand = expand
+        #: (dotted key, where a part of its value came from), in the file's order.
+        self.substitutions: list[tuple[str, Substitution]] = []
+
+    def dotted(self, path: KeyPath) -> str:
+        """``path`` as written in messages: ``listeners[0].bind``."""
+        return ".".join(f"[{p}]" if isinstance(p, int) else p for p in path).replace(".[", "[")
+
+    def _expanded(self, value: Any, path: KeyPath) -> Any:
+        if self._expand is None or not isinstance(value, str):
+            return value
+        try:
+            text, sources = self._expand(value)
+        except SubstitutionError as exc:
+            raise self.error(path, str(exc)) from None
+        self.substitutions.extend((self.dotted(path), source) for source in sources)
+        return text
 
     def where(self, path: KeyPath, message: str) -> str:
         """``message`` prefixed with the file, the line of ``path`` and its dotted name."""
-        dotted = ".".join(f"[{p}]" if isinstance(p, int) else p for p in path).replace(".[", "[")
+        dotted = self.dotted(path)
         line = _line_of(self.text, path) if path else None
         at = f"{self.source}:{line}" if line else self.source
         return f"{at}: {dotted}: {message}"
@@ -144,6 +169,7 @@ class Binder:
         return cls
 
     def _value(self, hint: Any, value: Any, path: KeyPath) -> Any:
+        value = self._expanded(value, path)
         origin = typing.get_origin(hint)
         args = typing.get_args(hint)
         if origin in (types.UnionType, typing.Union):
@@ -161,7 +187,7 @@ class Binder:
         if origin is dict:
             if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
                 raise self.error(path, "must be a table of strings")
-            return dict(value)
+            return {k: self._expanded(v, (*path, k)) for k, v in value.items()}
         if dataclasses.is_dataclass(hint):
             return self.build(hint, value, path)  # type: ignore[arg-type]
         return self._scalar(hint, value, path)

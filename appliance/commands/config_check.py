@@ -18,7 +18,7 @@ from pathlib import Path
 
 from appliance.commands.common import CONFIG_ENV, Subparsers
 from appliance.commands.state import sqlite_file
-from appliance.config import Config, load_config
+from appliance.config import Config, load_config_sources
 
 __all__ = ["FileReport", "add_parser", "check_files"]
 
@@ -93,7 +93,7 @@ def _config_check(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    config = load_config(Path(chosen))
+    config, sources = load_config_sources(Path(chosen))
     report = check_files(config)
     for warning in report.warnings:
         print(f"appliance: {chosen}: warning: {warning}", file=sys.stderr)
@@ -103,6 +103,9 @@ def _config_check(args: argparse.Namespace) -> int:
         return 1
     names = ", ".join(f"{listener.name} ({listener.bind})" for listener in config.listeners)
     print(f"{chosen}: ok; listeners: {names}; table: {config.table_uri}")
+    # Where substituted values came from: the references, never the values.
+    for key, source in sources:
+        print(f"  {key}: from {source.kind} {source.reference}")
     return 0
 
 
