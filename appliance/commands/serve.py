@@ -14,6 +14,7 @@ from appliance import gc_policy
 from appliance.commands.common import Subparsers, load
 from appliance.lake.errors import LakeError
 from appliance.logs import configure, get_logger
+from appliance.state_lock import StateLocked
 from auth.errors import AuthError
 from pki.errors import PkiError
 
@@ -78,7 +79,7 @@ def _serve(args: argparse.Namespace) -> int:
             trio.run(supervise, config)
         else:
             trio.run(functools.partial(serve, config, supervisor=supervisor))
-    except* (OSError, LakeError, AuthError, PkiError) as group:
+    except* (OSError, LakeError, AuthError, PkiError, StateLocked) as group:
         # Start-up failures an operator can fix: a port in use, an unreadable
         # table, an auth database behind the code's schema (the message names
         # "appliance db upgrade"), a broken certificate. Inside trio's

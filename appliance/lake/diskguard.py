@@ -162,10 +162,7 @@ class DiskGuard:
                     total_bytes=space.total, watermark_bytes=watermark,
                     advice="expire or erase old data and vacuum, or add space",
                 )  # fmt: skip
-            self.reason = (
-                f"disk nearly full: {_gib(space.free)} free on the table's filesystem, "
-                f"below the watermark of {_gib(watermark)}"
-            )
+            self.reason = self._why(space, watermark)
         elif self.reason is not None:
             log.info(
                 "disk_guard.resumed", path=self.path, free_bytes=space.free,
@@ -173,6 +170,25 @@ class DiskGuard:
             )  # fmt: skip
             self.reason = None
         return self.reason
+
+    def _why(self, space: DiskSpace, watermark: int) -> str:
+        """The refusal, naming the setting that sets the watermark and what to do."""
+        settings = (
+            f"[lake] min_free_bytes = {self.min_free_bytes}, "
+            f"min_free_percent = {self.min_free_percent:g}"
+        )
+        if space.total <= watermark:
+            # No amount of clean-up helps: the setting does not fit this disk.
+            return (
+                f"disk nearly full: the table's filesystem holds {_gib(space.total)} in all, "
+                f"not more than the watermark of {_gib(watermark)} ({settings}): lower "
+                "min_free_bytes or min_free_percent, or put the table on a larger filesystem"
+            )
+        return (
+            f"disk nearly full: {_gib(space.free)} free on the table's filesystem, "
+            f"below the watermark of {_gib(watermark)} ({settings}): expire or erase "
+            "old data and vacuum, or add space"
+        )
 
     def check(self) -> None:
         """Raise :class:`BlockRefused` while the filesystem is below its watermark."""

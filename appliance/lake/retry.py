@@ -180,6 +180,12 @@ _RNG: Final = random.Random()  # noqa: S311
 _ANSI: Final = re.compile(r"\x1b\[[0-9;]*m")
 _STATUS: Final = re.compile(r"\b([1-5]\d\d) ([A-Z][A-Za-z]*(?: [A-Z][A-Za-z]*)*)")
 _S3_CODE: Final = re.compile(r"<Code>([^<]{1,64})</Code>")
+#: A local file the store could not open or write (a local path is no secret).
+_LOCAL_FILE: Final = re.compile(
+    r"(?:Unable to (?:open|access|write|create|rename|copy) file|Unable to [a-z]+) ([^\n#]+)"
+)
+#: OS errors that mean the service may not write there: the fix is the mode.
+_NOT_PERMITTED: Final = re.compile(r"\(os error (?:1|13|30)\)")
 
 #: Lower-case fragments of an object store's message that mean "it is not you, try again".
 _TRANSIENT_TEXT: Final = (
@@ -310,6 +316,11 @@ def describe(exc: BaseException) -> str:
         # The last part of "... - HTTP error / error sending request / ..." is the root cause.
         detail = detail.rsplit(" - ", 1)[-1]
     reason = head if detail == head or len(parts) == 1 else f"{head}: {detail}"
+    local = _LOCAL_FILE.search(text) if "LocalFileSystem" in head else None
+    if local is not None:
+        reason += f" ({local.group(1).strip()})"
+        if _NOT_PERMITTED.search(text):
+            reason += ": the service may not write there; check the directory's owner and mode"
     return " ".join(reason.split())[:REASON_MAX_CHARS]
 
 

@@ -59,9 +59,16 @@ def test_a_second_serve_on_one_state_directory_exits_naming_the_first(tmp_path: 
         )
         second = serve_once(second_config)
         assert second.returncode == 1
-        assert f"state directory {first.state_dir} is in use by process {first.process.pid}" in (
-            second.stderr
+        message = (
+            f"state directory {first.state_dir} is in use by process {first.process.pid} "
+            f"(lock {first.state_dir / 'appliance.lock'}); one appliance per state directory: "
+            "stop it, or give this one its own state_dir"
         )
+        # The whole stderr: the structured line and the one-line message, no traceback.
+        lines = second.stderr.strip().splitlines()
+        assert "Traceback" not in second.stderr
+        assert lines[-1] == f"appliance: {message}"
+        assert lines[-2].endswith(f'event=service.failed reason="{message}"'), lines
         # The first keeps its pid file and every ack it sends is true.
         pid_file = first.state_dir / "appliance.pid"
         assert pid_file.read_text().strip() == str(first.process.pid)

@@ -188,3 +188,23 @@ async def test_the_writer_refuses_new_blocks_but_commits_the_accepted_ones(
         await writer.close_input()
     batches = sorted(r["batch_id"] for r in DeltaTable(uri).to_pyarrow_table().to_pylist())
     assert batches == ["b-1", "b-2"]
+
+
+def test_the_refusal_names_the_settings_and_the_fix() -> None:
+    disk = Disk(total=1000 * MIB, free=50 * MIB)
+    guard = DiskGuard("/t", 100 * MIB, 5.0, clock=disk.clock, measure=disk.measure)
+    assert guard.refusal() == (
+        "disk nearly full: 50.0 MiB free on the table's filesystem, below the watermark of "
+        "100.0 MiB ([lake] min_free_bytes = 104857600, min_free_percent = 5): expire or erase "
+        "old data and vacuum, or add space"
+    )
+
+
+def test_a_disk_smaller_than_the_watermark_says_to_lower_the_setting() -> None:
+    """A 64 MiB volume under a 100 MiB min_free_bytes: clean-up cannot help."""
+    disk = Disk(total=64 * MIB, free=60 * MIB)
+    guard = DiskGuard("/t", 100 * MIB, 5.0, clock=disk.clock, measure=disk.measure)
+    reason = guard.refusal()
+    assert reason is not None
+    assert "holds 64.0 MiB in all" in reason
+    assert "lower min_free_bytes or min_free_percent" in reason

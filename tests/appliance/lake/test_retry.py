@@ -357,3 +357,20 @@ async def test_retrying_runs_the_op_in_a_thread_under_the_limiter(
     assert await retrying(op, what="x", limiter=limiter, on_failure=note) == 42
     assert seen == [1, 1]  # each attempt held the token
     assert borrowed_between == [0, 0]  # and released it between attempts
+
+
+def test_a_local_write_refused_names_the_file_and_the_fix() -> None:
+    """deltalake's message for a read-only _delta_log, as deltalake 1.6 words it."""
+    from appliance.lake.retry import describe
+
+    message = (
+        "Generic LocalFileSystem error\n          \x1b[31m↳\x1b[0m Unable to open file "
+        "/srv/lake/events/_delta_log/00000000000000000001.json#1\n           \x1b[31m↳\x1b[0m "
+        "Permission denied (os error 13)\n"
+    )
+    reason = describe(OSError(message))
+    assert reason == (
+        "Generic LocalFileSystem error: Permission denied (os error 13) "
+        "(/srv/lake/events/_delta_log/00000000000000000001.json): the service may not "
+        "write there; check the directory's owner and mode"
+    )
