@@ -502,6 +502,16 @@ def expire(
                 details["rule_rows_removed"] = metrics.get("num_deleted_rows")
         table.update_incremental()
         after = _stats(table)
+        # The totals the audit entry and the CLI report: whole partitions count
+        # by their files' statistics (a remove-only delete reads no row).
+        partition = details.get("partition_delete") or {}
+        rule = details.get("rule_delete") or {}
+        details["rows_deleted"] = (details["partition_rows"] if partition else 0) + int(
+            rule.get("num_deleted_rows") or 0
+        )
+        details["files_removed"] = int(partition.get("num_removed_files") or 0) + int(
+            rule.get("num_removed_files") or 0
+        )
         files, nbytes = _removed_bytes(actions, _actions(table))
         details["files_awaiting_vacuum"] = files
         details["bytes_awaiting_vacuum"] = nbytes

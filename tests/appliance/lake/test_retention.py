@@ -652,8 +652,11 @@ def test_cli_expire_and_erase(tmp_path: Path) -> None:
     assert len(report["details"]["partitions_to_remove"]) == 4
     assert DeltaTable(uri).version() == version
 
+    before_expire = len(rows(uri))
     done = cli(config, "expire", "--max-age-days", "7")
     assert done.returncode == 0, done.stderr
+    removed = before_expire - len(rows(uri))
+    assert removed > 0
     assert "partitions_removed" in done.stdout
     assert "expire: [4/4] done" in done.stderr  # plain progress lines off a terminal
     assert min(r["event_date"] for r in rows(uri)) >= data.today - dt.timedelta(days=7)
@@ -697,7 +700,11 @@ def test_cli_expire_and_erase(tmp_path: Path) -> None:
     # Expiry from the CLI is audited too (twice: the second removed nothing); a dry run is not.
     expired = [e.detail for e in every if e.action == "table.expire"]
     assert len(expired) == 2, expired
-    assert expired[-1].startswith("rows=")
+    # Newest first. The entry counts what the expiry removed (whole partitions
+    # count by their files' statistics); the second removed nothing.
+    assert expired[-1].startswith(f"rows={removed} files_replaced=")
+    assert not expired[-1].startswith(f"rows={removed} files_replaced=0 ")
+    assert expired[0].startswith("rows=0 files_replaced=0 ")
     assert "max_age_days=7" in expired[-1]
     assert any("predicate=source = 'it''s bob'" in d and "rows=" in d for d in details)
     assert any("predicate=tag = 'debug.trace'" in d for d in details)
