@@ -178,7 +178,8 @@ class WalConfig:
     #: The cap on the log's files: at the cap, connections wait (stop reading) for the
     #: table to catch up, and /readyz says not ready. At least twice the larger of the two above.
     max_bytes: int = defaults.WAL_MAX_BYTES
-    #: Most uncommitted batches with an id (each id is held in memory for dedupe).
+    #: Most uncommitted batches with an id (each held in memory for dedupe as a 16-byte
+    #: digest, about 150 bytes whatever the id's length).
     max_keys: int = defaults.WAL_MAX_KEYS
     #: Longest a busy log waits for more appends before one fdatasync, in seconds (at most 0.05).
     flush_delay_seconds: float = defaults.WAL_FLUSH_DELAY_SECONDS
@@ -473,7 +474,9 @@ class ForwardListenerConfig(ListenerConfig):
     self_hostname: str | None = None
     #: Seconds a client has, after TLS, to complete the HELO/PING/PONG handshake.
     handshake_timeout_seconds: float = 10.0
-    #: Failed handshakes from one address before it must wait (brute-force protection).
+    #: Failed handshakes from one address with one username before that pair must wait
+    #: (brute-force protection); an address over all usernames, and a username over
+    #: all addresses, get 4 times as many (docs/security.md, "Guessing passwords").
     free_failed_handshakes: int = 3
     #: First wait after those, in seconds; doubles with each further failure.
     failed_handshake_backoff_seconds: float = 2.0

@@ -45,6 +45,7 @@ from pathlib import Path
 
 import trio
 
+from appliance.lake.batch_ids import BatchDigest, batch_digest
 from appliance.lake.blocks import DedupeKey, dedupe_key
 from appliance.logs import get_logger
 from appliance.rows.block import RowBlock
@@ -170,11 +171,13 @@ class WriteAheadLog:
         self._last_flush_end = -float("inf")
         self._committed = 0
         self._durable_end = 0
-        #: Dedupe keys of durable, uncommitted records: key -> LSN, and (LSN, key) in log order.
-        self._keys: dict[DedupeKey, int] = {}
-        self._key_order: deque[tuple[int, DedupeKey]] = deque()
-        #: Dedupe keys of records appended but not yet durable: key -> its append.
-        self._in_flight: dict[DedupeKey, PendingAppend] = {}
+        #: Batches of durable, uncommitted records, by the 16-byte digest of their
+        #: dedupe key (about 150 bytes an entry, whatever the id's length): digest
+        #: -> LSN, and (LSN, digest) in log order.
+        self._keys: dict[BatchDigest, int] = {}
+        self._key_order: deque[tuple[int, BatchDigest]] = deque()
+        #: Batches of records appended but not yet durable: digest -> its append.
+        self._in_flight: dict[BatchDigest, PendingAppend] = {}
         #: The newest durable records appended by this process, with the blocks they
         #: encode, contiguous in log order and ending at the durable end: what
         #: :meth:`read_cached` serves without a read or a decode. At most
@@ -224,8 +227,9 @@ class WriteAheadLog:
         self._committed = recovery.committed
         self._durable_end = recovery.durable_end
         for lsn, key in recovery.keys:
-            self._keys[key] = lsn
-            self._key_order.append((lsn, key))
+            digest = batch_digest(key)
+            self._keys[digest] = lsn
+            self._key_order.append((lsn, digest))
         return recovery
 
     async def run(self) -> None:
@@ -330,7 +334,7 @@ class WriteAheadLog:
         self._pending.append(item)
         self._pending_bytes += item.size
         if key is not None:
-            self._in_flight[key] = item
+            self._in_flight[batch_digest(key)] = item
         self.stats.appends += 1
         self._work.wake()
         return item
@@ -451,8 +455,9 @@ class WriteAheadLog:
             item.lsn = lsn
             self._cache_record(item, lsn)
             if item.key is not None:
-                self._keys[item.key] = lsn
-                self._key_order.append((lsn, item.key))
+                digest = batch_digest(item.key)
+                self._keys[digest] = lsn
+                self._key_order.append((lsn, digest))
                 self._reserved_keys -= 1
                 self._forget_in_flight(item)
             self._reserved -= item.size
@@ -494,8 +499,11 @@ class WriteAheadLog:
             self._cache_bytes -= _cache_cost(old_block)
 
     def _forget_in_flight(self, item: PendingAppend) -> None:
-        if item.key is not None and self._in_flight.get(item.key) is item:
-            del self._in_flight[item.key]
+        if item.key is None:
+            return
+        digest = batch_digest(item.key)
+        if self._in_flight.get(digest) is item:
+            del self._in_flight[digest]
 
     def _fail(self, group: list[PendingAppend], error: WalWriteError) -> None:
         self.stats.failed_groups += 1
@@ -547,6 +555,20 @@ class WriteAheadLog:
     def cache_bytes(self) -> int:
         """What the cache holds, counted as ``cache_bytes`` counts it (:func:`_cache_cost`)."""
         return self._cache_bytes
+
+    @property
+    def oldest_cached(self) -> tuple[int, int] | None:
+        """``(LSN, receive time in Unix ns)`` of the oldest record in the cache; None if empty.
+
+        The cache holds only uncommitted records: when the LSN is
+        :attr:`committed`, this is the oldest uncommitted record (the metric
+        ``appliance_wal_oldest_uncommitted_age_seconds``); else older ones
+        have left the cache.
+        """
+        if not self._cache:
+            return None
+        frame, block = self._cache[0]
+        return frame.lsn, block.received_at_ns
 
     @property
     def cache_half_full(self) -> bool:
@@ -610,11 +632,11 @@ class WriteAheadLog:
 
     def uncommitted_lsn(self, key: DedupeKey) -> int | None:
         """The LSN of a durable, uncommitted record with dedupe key ``key``, if there is one."""
-        return self._keys.get(key)
+        return self._keys.get(batch_digest(key))
 
     def in_flight(self, key: DedupeKey) -> PendingAppend | None:
         """The append of a record with dedupe key ``key`` that is not yet durable, if any."""
-        return self._in_flight.get(key)
+        return self._in_flight.get(batch_digest(key))
 
     @property
     def at_cap(self) -> bool:
@@ -636,8 +658,8 @@ class WriteAheadLog:
         """Bytes of records taken but not yet durable (queued or being written)."""
         return self._reserved
 
-    def uncommitted_keys(self) -> frozenset[DedupeKey]:
-        """Dedupe keys of durable records not yet committed (from headers: no body decoded)."""
+    def uncommitted_digests(self) -> frozenset[BatchDigest]:
+        """Digests of the batches of durable records not yet committed (from headers)."""
         return frozenset(self._keys)
 
     # -- waiting and reading -------------------------------------------------
