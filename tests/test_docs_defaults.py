@@ -134,6 +134,7 @@ TABLES: Final[dict[tuple[str, str, int], Section]] = {
     ("configuration.md", "`[wal]`", 0): Section(WalConfig),
     ("configuration.md", "`[auth]`", 0): Section(AuthConfig),
     ("configuration.md", "`[maintenance]`", 0): Section(MaintenanceConfig),
+    ("configuration.md", "`[retention]`", 0): Section(RetentionConfig),
     ("configuration.md", "`[spark]`", 0): Section(SparkConfig),
     ("configuration.md", "`[admin]`", 0): Section(AdminConfig),
     # "Each entry": the forward listener, the default; the handshake keys are
