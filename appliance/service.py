@@ -11,7 +11,9 @@ Shutdown (SIGTERM or SIGINT, or ``stop`` set by a caller), all under
 4. each connection sends the acks of its durable requests, then closes.
 
 SIGHUP (or ``appliance cert reload``) reloads the server certificate and the
-CRL without dropping open connections.
+CRL without dropping open connections, except those whose credentials were
+revoked: every open connection's credentials are checked again then, and
+every ``RECHECK_INTERVAL_SECONDS`` (appliance/server/revocation.py).
 
 Past the deadline whatever is left is abandoned unacknowledged; clients
 resend it and the resend is deduplicated. With ``ack = "wal"``, records in
@@ -67,6 +69,7 @@ from appliance.server.websocket_listener import open_token_verifier
 from appliance.state_lock import StateLock
 from appliance.wal.log import WriteAheadLog
 from appliance.wal.settings import WalSettings
+from auth.failure_table import SharedCounts, table_path
 from auth.policy import CredentialStore
 
 __all__ = ["Running", "node_id", "prepare_state", "serve", "write_ahead_log"]
@@ -164,6 +167,19 @@ def _credentials(config: Config) -> CredentialStore | None:
     from auth.database import open_database  # SQLAlchemy loads only when needed
 
     return open_database(config.auth_settings).credentials
+
+
+def _guess_counts(config: Config) -> SharedCounts:
+    """The node's shared table of failed handshakes (auth/failure_table.py).
+
+    Under ``<home_dir>``, so that the workers of ``workers = N`` share it;
+    opened now when a listener checks handshakes, else at a first use after
+    a reload adds one.
+    """
+    counts = SharedCounts(table_path(config.home_dir))
+    if "credentials" in stores_needed(config.listeners):
+        counts.open()  # a failure is logged; the counts are then this process's own
+    return counts
 
 
 def _tls_audit(config: Config, context: ServiceContext) -> TlsRefusalAudit | None:
@@ -421,6 +437,7 @@ async def _serve_admin_in(
         await serve_admin(
             config.admin, metrics, readiness,
             admin_tls_context(config, tls.ca) if config.admin.tls else None,
+            attach=tls.attach_admin if config.admin.tls else None,  # reloads its certificate
             task_status=task_status,
         )  # fmt: skip
 
@@ -486,6 +503,8 @@ async def _serve_locked(
             writer, lifecycle, credentials=_credentials(config), metrics=metrics
         )
         parts.context = context
+        # The forward handshakes' failures, counted for every worker of the node at once.
+        context.guess_counts = await trio.to_thread.run_sync(_guess_counts, config)
         close_tokens: Callable[[], None] | None = None
         if "tokens" in stores_needed(config.listeners):
             # Bearer tokens live in the auth database (only the embedded one upgrades itself).
@@ -524,8 +543,13 @@ async def _serve_locked(
                         acceptors.start_soon(run_maintenance, writer, config)
                         # Cyclic garbage (closed TLS connections) freed each second.
                         acceptors.start_soon(gc_policy.collect_young)
+                        # Revoked credentials close the connections they opened.
+                        acceptors.start_soon(context.connections.run)
                         state_lock.write_pid_file()
-                        write_status(config.state_dir, ReloadStatus(os.getpid(), 0, ok=True))
+                        write_status(
+                            config.state_dir,
+                            ReloadStatus(os.getpid(), 0, ok=True, crl_number=tls.crl_number),
+                        )
                         log.info(
                             "service.ready",
                             listeners=",".join(f"{n}:{p}" for n, p in running.ports.items()),
@@ -588,6 +612,9 @@ class _Reloader:
         async with self._lock:
             self._generation += 1
             status = await self._reload(why)
+            # Whatever became of the reload: revoked credentials (and certificates
+            # on the CRL just read) close their connections before it is confirmed.
+            await self._context.connections.recheck(why)
             write_status(self.config.state_dir, status)
             return status
 
@@ -602,7 +629,10 @@ class _Reloader:
                     new = new.for_worker(config.worker)  # what this worker runs with
             except (ConfigError, ValueError) as exc:
                 log.error("config.reload_failed", trigger=why, reason=str(exc))
-                return ReloadStatus(os.getpid(), self._generation, ok=False, error=str(exc))
+                return ReloadStatus(
+                    os.getpid(), self._generation, ok=False, error=str(exc),
+                    crl_number=self._tls.crl_number,
+                )  # fmt: skip
             plan = plan_reload(config, new)
             restart = plan.restart_required
             # The fixed parts stay as they run; the rest is the new file's.
@@ -611,7 +641,10 @@ class _Reloader:
                 await self._apply(plan, config)
             except OSError as exc:
                 log.error("config.reload_failed", trigger=why, reason=str(exc))
-                return ReloadStatus(os.getpid(), self._generation, ok=False, error=str(exc))
+                return ReloadStatus(
+                    os.getpid(), self._generation, ok=False, error=str(exc),
+                    crl_number=self._tls.crl_number,
+                )  # fmt: skip
             if plan.listener_changes:
                 applied.append("listeners")
             self.config = config
@@ -622,12 +655,14 @@ class _Reloader:
             return ReloadStatus(
                 os.getpid(), self._generation, ok=False, applied=applied,
                 restart_required=restart, error="TLS reload failed: see the service log",
+                crl_number=self._tls.crl_number,
             )  # fmt: skip
         applied.append("tls")
         log.info("config.reloaded", trigger=why, applied=applied, restart_required=restart)
         return ReloadStatus(
-            os.getpid(), self._generation, ok=True, applied=applied, restart_required=restart
-        )
+            os.getpid(), self._generation, ok=True, applied=applied, restart_required=restart,
+            crl_number=self._tls.crl_number,
+        )  # fmt: skip
 
     async def _apply(self, plan: ReloadPlan, config: Config) -> None:
         running = self._running

@@ -22,7 +22,7 @@ Resolution of a source address (docs/auth.md):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 __all__ = ["CredentialStore", "SourcePolicy"]
@@ -40,6 +40,10 @@ class SourcePolicy:
     allowed_users: frozenset[str] | None = None
     #: Clients from this network may connect without a username.
     allow_anonymous: bool = False
+    #: The names of ``shared_keys``, in the same order: what logs say of a
+    #: key (a connection closed because its key was deleted), never its secret.
+    #: Not part of the policy's equality: the policy is the same whatever the names.
+    shared_key_names: tuple[str, ...] = field(default=(), compare=False)
 
 
 class CredentialStore(Protocol):

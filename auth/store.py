@@ -30,6 +30,7 @@ from auth.logs import get_logger
 from auth.models import ADDRESS_LENGTH, ClientNetwork, SharedKey, User, utc_now
 from auth.networks import NetworkAdmin
 from auth.policy import CredentialStore, SourcePolicy
+from auth.principals import escape_claimed, unauthenticated_actor
 from auth.rotation import MasterKeyRotation
 from auth.tablestore import clean
 from auth.users import UserAdmin
@@ -63,15 +64,19 @@ class SqlCredentialStore(UserAdmin, SharedKeyAdmin, NetworkAdmin, MasterKeyRotat
             (created 0600 when the first secret is stored).
     """
 
-    def _open_keys(self, keys: Sequence[SharedKey]) -> tuple[bytes, ...]:
+    def _open_keys(self, keys: Sequence[SharedKey]) -> tuple[tuple[bytes, ...], tuple[str, ...]]:
+        """The secrets of ``keys`` that open, and their names in the same order."""
         opened: list[bytes] = []
+        names: list[str] = []
         for key in keys:
             try:
                 opened.append(self.vault.open(KIND_KEY, key.name, key.secret_sealed))
             except SecretKeyError as exc:
                 # Fail closed: the key is left out, and never replaced by another set.
                 log.error("auth.secret_unreadable", key=key.name, reason=str(exc))
-        return tuple(opened)
+                continue
+            names.append(key.name)
+        return tuple(opened), tuple(names)
 
     def resolve_source(self, address: str) -> SourcePolicy:
         """The policy for a source address (rules in :mod:`auth.policy`)."""
@@ -87,7 +92,8 @@ class SqlCredentialStore(UserAdmin, SharedKeyAdmin, NetworkAdmin, MasterKeyRotat
             global_keys = select(SharedKey).where(SharedKey.network_id.is_(None))
             if match is None:
                 keys = session.scalars(global_keys.order_by(SharedKey.name)).all()
-                return SourcePolicy(network=None, shared_keys=self._open_keys(keys))
+                opened, names = self._open_keys(keys)
+                return SourcePolicy(network=None, shared_keys=opened, shared_key_names=names)
             keys = session.scalars(
                 select(SharedKey).where(SharedKey.network_id == match.id).order_by(SharedKey.name)
             ).all()
@@ -96,11 +102,13 @@ class SqlCredentialStore(UserAdmin, SharedKeyAdmin, NetworkAdmin, MasterKeyRotat
             users = None
             if match.restrict_users:
                 users = frozenset(u.name for u in match.users)
+            opened, names = self._open_keys(keys)
             return SourcePolicy(
                 network=match.cidr,
-                shared_keys=self._open_keys(keys),
+                shared_keys=opened,
                 allowed_users=users,
                 allow_anonymous=match.allow_anonymous,
+                shared_key_names=names,
             )
 
     def password_of(self, username: str) -> bytes | None:
@@ -108,6 +116,7 @@ class SqlCredentialStore(UserAdmin, SharedKeyAdmin, NetworkAdmin, MasterKeyRotat
         with self._read() as session:
             user = session.scalar(select(User).where(User.name == username))
             if user is None or not user.enabled:
+                self._open_decoy()
                 return None
             try:
                 return self.vault.open(KIND_USER, user.name, user.password_sealed)
@@ -126,13 +135,18 @@ class SqlCredentialStore(UserAdmin, SharedKeyAdmin, NetworkAdmin, MasterKeyRotat
                 user.last_login_address = clean(address, ADDRESS_LENGTH)
 
     def note_failure(self, address: str, username: str | None, reason: str) -> None:
-        """Append a failed handshake to the audit log (the reason must hold no secret)."""
+        """Append a failed handshake to the audit log (the reason must hold no secret).
+
+        Its actor is ``unauthenticated:<address>``: the username is only what
+        the client claimed (it could claim ``cli:root``), so it is the
+        entry's target, escaped, never its actor.
+        """
         with self._write() as session:
             self._audit(
                 session,
                 "auth.failure",
-                username or "",
-                actor=username,
+                escape_claimed(username or ""),
+                actor=unauthenticated_actor(address),
                 source_address=address,
                 detail=reason,
             )

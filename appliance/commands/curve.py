@@ -37,7 +37,10 @@ __all__ = ["add_parser"]
 def _add(args: argparse.Namespace, config: Config) -> int:
     from auth.curve import generate_keypair
     from auth.errors import InvalidValueError
+    from auth.principals import check_principal_name
 
+    # Refused before a keypair is made or the database opened (or created).
+    check_principal_name("CURVE key", args.name)
     secret: str | None = None
     if args.generate:
         if args.public_key:
@@ -71,7 +74,12 @@ def _list(args: argparse.Namespace, config: Config) -> int:
 def _revoke(args: argparse.Namespace, config: Config) -> int:
     with open_auth(config) as db:
         key = db.curve_keys.revoke(args.name, actor=admin())
-    print(f"revoked CURVE key {key.name}; new connections with it are refused")
+    from appliance.server.revocation import RECHECK_INTERVAL_SECONDS
+
+    print(
+        f"revoked CURVE key {key.name}; new connections with it are refused, and messages on "
+        f"open ones within {RECHECK_INTERVAL_SECONDS:g} s ('appliance cert reload': now)"
+    )
     return 0
 
 

@@ -6,7 +6,9 @@
   tag prefixes, or any tag without one); ``admin`` tokens may also watch the
   live tail (``appliance tail``).
 * ``list`` shows every token without its secret; ``revoke NAME`` refuses it
-  from the next connection on (a running service needs no restart).
+  from the next connection on (a running service needs no restart), and a
+  running service closes the connections it opened within 30 s, at once on a
+  reload (docs/security.md, "Revocation").
 """
 
 from __future__ import annotations
@@ -25,6 +27,10 @@ __all__ = ["add_parser"]
 
 
 def _add(args: argparse.Namespace, config: Config) -> int:
+    from auth.principals import check_principal_name
+
+    # Refused before the database is opened (or created).
+    check_principal_name("token", args.name)
     with open_auth(config, create=True) as db:
         info, token = db.tokens.add(args.name, args.scope, args.tag_prefix or (), actor=admin())
     if args.json:
@@ -66,7 +72,12 @@ def _list(args: argparse.Namespace, config: Config) -> int:
 def _revoke(args: argparse.Namespace, config: Config) -> int:
     with open_auth(config) as db:
         info = db.tokens.revoke(args.name, actor=admin())
-    print(f"revoked token {info.name}; new connections with it are refused")
+    from appliance.server.revocation import RECHECK_INTERVAL_SECONDS
+
+    print(
+        f"revoked token {info.name}; new connections with it are refused, open ones close "
+        f"within {RECHECK_INTERVAL_SECONDS:g} s ('appliance cert reload' closes them now)"
+    )
     return 0
 
 

@@ -43,6 +43,10 @@ def _print_user(user: UserInfo, as_json: bool) -> None:
 
 
 def _add(args: argparse.Namespace, config: Config) -> int:
+    from auth.principals import check_principal_name
+
+    # A reserved or invalid name is refused before the password is asked.
+    check_principal_name("user", args.name)
     password = read_secret(args.password_stdin, f"password for {args.name}")
     with open_auth(config, create=True) as db:
         user = db.credentials.add_user(
@@ -86,7 +90,12 @@ def _enable(args: argparse.Namespace, config: Config) -> int:
 def _disable(args: argparse.Namespace, config: Config) -> int:
     with open_auth(config) as db:
         db.credentials.set_user_enabled(args.name, False, actor=admin())
-    print(f"disabled user {args.name}: its next handshakes fail")
+    from appliance.server.revocation import RECHECK_INTERVAL_SECONDS
+
+    print(
+        f"disabled user {args.name}: its next handshakes fail, its open connections close "
+        f"within {RECHECK_INTERVAL_SECONDS:g} s ('appliance cert reload' closes them now)"
+    )
     return 0
 
 

@@ -11,8 +11,9 @@ import trio
 from appliance.lake.writer import LakeWriter
 from appliance.metrics import NULL_METRICS, Metrics
 from appliance.server.lifecycle import Lifecycle
+from appliance.server.revocation import OpenConnections
 from auth.policy import CredentialStore
-from auth.ratelimit import FailureLimiter
+from auth.ratelimit import CountStore, FailureLimiter, MemoryCounts
 
 __all__ = ["AUTH_THREADS", "ServiceContext"]
 
@@ -33,8 +34,15 @@ class ServiceContext:
     #: Failed authentications per source address, for listeners without a
     #: limiter of their own (each forward listener has its own settings).
     failure_limiter: FailureLimiter = field(default_factory=FailureLimiter)
+    #: The forward handshakes' failure counts (address, pair, user): every
+    #: forward listener of the process shares them, and the service puts them
+    #: in the node's shared table so that every worker does (auth/failure_table.py).
+    guess_counts: CountStore = field(default_factory=MemoryCounts)
     auth_threads: trio.CapacityLimiter = field(
         default_factory=lambda: trio.CapacityLimiter(AUTH_THREADS)
     )
     #: The service's metrics (none counted by default: tests, tools).
     metrics: Metrics = NULL_METRICS
+    #: Every listener's open connections and their credentials, checked again
+    #: every ``RECHECK_INTERVAL_SECONDS`` and at once on a reload (revocation.py).
+    connections: OpenConnections = field(default_factory=OpenConnections)

@@ -97,6 +97,8 @@ async def serve_tcp(
         max_connections_per_address=listener.max_connections_per_address,
         metrics=context.metrics.listener(listener.name, listener.protocol),
         proxy=ProxySettings.of(listener),
+        connections=context.connections,
+        certificate_check=site.tls.certificate_revocation,
     )
     try:
         sockets = await open_tcp_listeners(

@@ -31,6 +31,13 @@ client's: its address is the one in ``ConnectionInfo``, the per-address limit
 counts it, and its log lines name it (``connection.proxied`` says which
 balancer relayed it). Connections still waiting for their header are
 bounded by ``max_connections`` and the header deadline.
+
+Revocation: every connection is registered in the service's
+:class:`~appliance.server.revocation.OpenConnections` for as long as it is
+served (its :attr:`ConnectionInfo.guard`), with the client certificate it
+presented as its first credential; a certificate found on the CRL at a later
+check (a TLS reload re-reads the CRL) closes it, as does any credential its
+protocol's handshake added.
 """
 
 from __future__ import annotations
@@ -43,17 +50,21 @@ from dataclasses import dataclass, field, replace
 from typing import Final
 
 import trio
+from cryptography import x509
 
 from appliance.logs import get_logger
 from appliance.metrics import NULL_LISTENER, ListenerMetrics
 from appliance.server.proxied import ProxyFailure, ProxySettings, is_health_check, read_proxy_header
+from appliance.server.revocation import Credential, Guard, OpenConnections, Revoked
 from pki.tls import peer_subject
 
 __all__ = [
     "ANONYMOUS",
+    "CertificateCheck",
     "ConnectionInfo",
     "Handler",
     "TcpService",
+    "certificate_credential",
     "describe_failure",
     "peer_name",
 ]
@@ -114,6 +125,10 @@ class ConnectionInfo:
     source: str = "anonymous"  # ANONYMOUS
     #: The listener's metrics, which its connection handler counts into.
     metrics: ListenerMetrics = field(default=NULL_LISTENER, compare=False, repr=False)
+    #: The connection in the service's registry of open connections: a
+    #: handshake adds the credentials it checked, which are checked again
+    #: until the connection closes (None: not registered, as in some tests).
+    guard: Guard | None = field(default=None, compare=False, repr=False)
 
     @property
     def peer(self) -> str:
@@ -122,6 +137,24 @@ class ConnectionInfo:
 
 
 Handler = Callable[[trio.abc.Stream, ConnectionInfo], Awaitable[None]]
+#: Why the CRL in force refuses a client certificate, or None when it does not.
+CertificateCheck = Callable[[x509.Certificate], str | None]
+
+
+def certificate_credential(der: bytes, check: CertificateCheck) -> Credential:
+    """The credential of a client certificate (DER) verified at the handshake.
+
+    Its id is ``cert:<serial in hex>``, as ``appliance cert list`` shows it.
+    """
+    certificate = x509.load_der_x509_certificate(der)
+    ident = f"cert:{certificate.serial_number:x}"
+
+    def recheck() -> Revoked | None:
+        reason = check(certificate)
+        return Revoked(ident, reason) if reason is not None else None
+
+    key = ("cert", certificate.issuer.public_bytes(), certificate.serial_number)
+    return Credential(ident, key, recheck)
 
 
 async def _close(stream: trio.abc.Stream) -> None:
@@ -188,6 +221,10 @@ class TcpService:
         max_connections_per_address: open connections allowed at once from one IP address.
         metrics: the listener's metrics, handed on to its connections (default: none).
         proxy: the PROXY protocol settings when the listener sits behind a balancer.
+        connections: the service's registry of open connections (default: one of
+            this listener's own).
+        certificate_check: the CRL in force, for client certificates checked
+            again after the handshake (None: they are not).
     """
 
     def __init__(
@@ -201,6 +238,8 @@ class TcpService:
         max_connections_per_address: int | None = None,
         metrics: ListenerMetrics = NULL_LISTENER,
         proxy: ProxySettings | None = None,
+        connections: OpenConnections | None = None,
+        certificate_check: CertificateCheck | None = None,
     ) -> None:
         self.name = name
         self._handler = handler
@@ -218,6 +257,8 @@ class TcpService:
         self.on_tls_failure: Callable[[ConnectionInfo, str], None] | None = None
         self.metrics = metrics
         self._proxy = proxy
+        self.connections = connections if connections is not None else OpenConnections()
+        self._certificate_check = certificate_check
 
     def update(
         self,
@@ -354,7 +395,9 @@ class TcpService:
                     return
                 counted = client[0]
                 info = replace(info, address=client[0], port=client[1])
-            await self._serve_connection(sock, context, info)
+            # A revocation cancels the block: the stream still closes politely.
+            with self.connections.watch(self.name, info.peer) as guard:
+                await self._serve_connection(sock, context, replace(info, guard=guard))
         except Exception as exc:  # noqa: BLE001 - the connection boundary (module docstring)
             # Cancelled is a BaseException and is not caught here.
             self.failed += 1
@@ -405,9 +448,13 @@ class TcpService:
                     self.metrics.tls_failure("no handshake within the deadline")
                     return
                 # The certificate was verified in the handshake (CRL included).
-                subject = peer_subject(tls.getpeercert(binary_form=True))
+                der = tls.getpeercert(binary_form=True)
+                subject = peer_subject(der)
                 if subject:
                     info = replace(info, source=subject)
+                if der and info.guard is not None and self._certificate_check is not None:
+                    # Checked again against each CRL a reload brings.
+                    info.guard.add(certificate_credential(der, self._certificate_check))
             await self._handler(stream, info)
         finally:
             await _close(stream)

@@ -15,7 +15,10 @@ With ``curve`` the server's keypair is created under ``<state_dir>/curve`` on
 first start and each client's key is checked in the auth database by the
 context's ZAP handler (:mod:`appliance.server.zap`), bound before the
 listening sockets so no handshake can happen without it. Without it the
-sockets speak plain ZMTP, and the listener says so in its log.
+sockets speak plain ZMTP, and the listener says so in its log. A key
+revoked while its peers stay connected is found by the service's checks of
+open connections (:mod:`appliance.server.revocation`, through the ZAP
+handler), and both sockets' sessions drop its messages from then on.
 """
 
 from __future__ import annotations
@@ -128,12 +131,14 @@ class _SocketFactory:
         metrics: ListenerMetrics,
         curve: bool,
         fqdn: str,
+        revoked: set[str],
     ) -> None:
         self._settings = settings
         self._context = context
         self._metrics = metrics
         self._curve = curve
         self._fqdn = fqdn
+        self._revoked = revoked
         self._receiver = LogjamReceiver(settings_from(settings, LogjamLimits))
         #: One message decodes in a worker thread at a time per listener.
         self._decode_threads = trio.CapacityLimiter(1)
@@ -148,7 +153,8 @@ class _SocketFactory:
         name = self._settings.name
         transport = ZeroMQFrames(pump, listener=name, log=log, metrics=self._metrics)
         session = LogjamSession(kind, self._receiver, listener=name, curve=self._curve,
-                                fqdn=self._fqdn, metrics=self._metrics)  # fmt: skip
+                                fqdn=self._fqdn, metrics=self._metrics,
+                                revoked=self._revoked)  # fmt: skip
         # A socket's peers are many: its logs name the socket.
         info = ConnectionInfo(name, kind, None, tls=False, metrics=self._metrics)
         connection: Connection[ZmqMessage, list[bytes]] = Connection(
@@ -181,6 +187,7 @@ def _closed_line(listener: str, sockets: list[_Socket]) -> dict[str, object]:
         "refused": sum(t.refused for t in tallies),
         "hosts_dropped": sum(s.hosts_dropped for s in stats),
         "failed": sum(s.failed for s in stats),
+        "revoked": sum(s.revoked for s in stats),
     }
 
 
@@ -227,6 +234,8 @@ async def serve_logjam(
             fqdn = await trio.to_thread.run_sync(socket.getfqdn)
         metrics = context.metrics.listener(listener.name, "logjam")
         zap: ZapHandler | None = None
+        # CURVE user ids revoked while connected: their messages are dropped.
+        revoked: set[str] = set()
         if keypair is not None:
             lookup, close_store = await trio.to_thread.run_sync(
                 _curve_lookup, auth or AuthSettings.under(state_dir)
@@ -234,7 +243,8 @@ async def serve_logjam(
             closers.append(close_store)
             zap = ZapHandler(zctx, lookup, listener=listener.name,
                              auth_threads=context.auth_threads,
-                             failures=context.failure_limiter, metrics=metrics)  # fmt: skip
+                             failures=context.failure_limiter, metrics=metrics,
+                             connections=context.connections, revoked=revoked)  # fmt: skip
             # Bound before the listening sockets: no handshake can happen without it.
             zap.start()
             closers.append(zap.stop)
@@ -260,7 +270,7 @@ async def serve_logjam(
             log.info("listener.ready", listener=listener.name, protocol="logjam",
                      router=ports.router, pull=ports.pull, curve=keypair is not None)  # fmt: skip
             task_status.started(ports)
-            new = _SocketFactory(listener, context, metrics, keypair is not None, fqdn)
+            new = _SocketFactory(listener, context, metrics, keypair is not None, fqdn, revoked)
             sockets = [new("router", router)]
             if pull is not None:
                 sockets.append(new("pull", pull))

@@ -2,23 +2,29 @@
 
 A reload (SIGHUP, ``appliance cert reload``, or a re-signed CRL) builds new
 contexts and hands them to the listeners. New connections use them; open
-connections keep the context they were made with, so nothing is dropped. A
-reload that fails (a broken file) is logged and the old contexts stay.
+connections keep the context they were made with, so nothing is dropped for
+a new server certificate. The CRL the contexts were built with is kept too
+(:meth:`TlsManager.certificate_revocation`): an open connection whose client
+certificate is on it is closed (:mod:`appliance.server.revocation`). A
+reload that fails (a broken file) is logged and the old contexts and CRL stay.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import re
 import ssl
 from collections.abc import Mapping
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
+from typing import Final
 
 from cryptography import x509
 
 from appliance.config import Config, ListenerConfig
 from appliance.logs import get_logger
 from appliance.server.listener import TcpService
-from pki.authority import CertificateAuthority, PkiPaths
+from pki.authority import CertificateAuthority, PkiPaths, crl_number
 from pki.errors import PkiError
 from pki.inventory import EXPIRY_WARNING_DAYS
 from pki.tls import server_context
@@ -26,6 +32,35 @@ from pki.tls import server_context
 __all__ = ["TlsManager"]
 
 log = get_logger("tls")
+
+#: Longest a reload (in the event loop) waits for a CLI's PKI change to finish, in
+#: seconds. A change holds the PKI lock for milliseconds; past this the reload
+#: fails, says why, and the listeners keep their contexts.
+RELOAD_LOCK_WAIT_SECONDS: Final = 2.0
+
+#: One CRL of a PEM file (a file may hold the CRLs of several issuers, as OpenSSL reads it).
+_PEM_CRL: Final = re.compile(rb"-----BEGIN X509 CRL-----.+?-----END X509 CRL-----", re.DOTALL)
+
+
+def _load_crls(path: Path) -> list[x509.CertificateRevocationList]:
+    """Every CRL in a PEM file.
+
+    Raises:
+        PkiError: the file cannot be read or holds a broken CRL.
+    """
+    try:
+        data = path.read_bytes()
+        return [x509.load_pem_x509_crl(block) for block in _PEM_CRL.findall(data)]
+    except (OSError, ValueError) as exc:
+        raise PkiError(f"cannot read the CRL {path}: {exc}") from None
+
+
+def _revocation_reason(entry: x509.RevokedCertificate) -> str:
+    try:
+        reason = entry.extensions.get_extension_for_class(x509.CRLReason).value.reason
+    except x509.ExtensionNotFound:
+        return "certificate revoked"
+    return f"certificate revoked ({reason.value})"
 
 
 class TlsManager:
@@ -35,6 +70,12 @@ class TlsManager:
         self._config = config
         self.ca = CertificateAuthority(PkiPaths(config.pki_dir))
         self._contexts: dict[str, ssl.SSLContext] = {}
+        #: The admin listener, when it serves TLS (:meth:`attach_admin`).
+        self._admin: TcpService | None = None
+        #: The CRL number of the appliance CRL the contexts check (None: they check none).
+        self.crl_number: int | None = None
+        #: The CRLs the contexts were built with (none without client authentication).
+        self._crls: list[x509.CertificateRevocationList] = []
 
     @property
     def _generated_server(self) -> bool:
@@ -67,7 +108,7 @@ class TlsManager:
         ca_file = self.ca.paths.ca_cert.resolve()
         if created:
             log.info("pki.created", ca=str(ca_file))
-        self._build()
+        self._rebuild()
         return ca_file
 
     def _build(self) -> None:
@@ -75,18 +116,38 @@ class TlsManager:
         for listener in self._config.listeners:
             if listener.tls:
                 contexts[listener.name] = self._context(listener)
-        self._contexts = contexts
+        crl = self._crl_file()
+        checks_clients = any(lc.tls and lc.client_auth != "off" for lc in self._config.listeners)
+        crls = _load_crls(crl) if crl is not None and checks_clients else []
+        self._contexts, self._crls = contexts, crls
         self.warn_expiring()
+
+    def _crl_file(self) -> Path | None:
+        return self._config.tls.crl_file or (self.ca.paths.crl if self._own_client_ca else None)
 
     def _context(self, listener: ListenerConfig) -> ssl.SSLContext:
         tls = self._config.tls
         cert = tls.cert_file or self.ca.paths.server_cert
         key = tls.key_file or self.ca.paths.server_key
         client_ca = tls.client_ca_file or self.ca.paths.ca_cert
-        crl = tls.crl_file or (self.ca.paths.crl if self._own_client_ca else None)
         return server_context(
-            cert, key, client_auth=listener.client_auth, client_ca=client_ca, crl=crl
+            cert, key, client_auth=listener.client_auth, client_ca=client_ca, crl=self._crl_file()
         )
+
+    def certificate_revocation(self, certificate: x509.Certificate) -> str | None:
+        """Why the CRL in force revokes ``certificate`` (a verified client's), or None.
+
+        The CRL is the one the listeners' contexts check at the handshake,
+        replaced by each reload that builds them; a CRL applies to the
+        certificates of its issuer only, as in OpenSSL's check.
+        """
+        for crl in self._crls:
+            if crl.issuer != certificate.issuer:
+                continue
+            entry = crl.get_revoked_certificate_by_serial_number(certificate.serial_number)
+            if entry is not None:
+                return _revocation_reason(entry)
+        return None
 
     def use_config(self, config: Config) -> None:
         """Take a re-read configuration (its ``[tls]`` files and listeners) for the next build."""
@@ -97,23 +158,80 @@ class TlsManager:
         if not listener.tls:
             return None
         if listener.name not in self._contexts:
-            self._build()
+            self._rebuild()
         return self._contexts[listener.name]
 
     def reload(self, services: Mapping[str, TcpService], reason: str) -> bool:
-        """Rebuild every context and give it to the running listeners."""
+        """Rebuild every context and give it to the running listeners and the admin listener."""
         try:
             if self._own_client_ca and self.ca.exists and self.ca.crl_needs_refresh():
-                self.ca.write_crl()
-            self._build()
-        except PkiError as exc:
+                # Checked again and signed under the PKI lock: never over a CLI's newer CRL.
+                self.ca.refresh_crl(RELOAD_LOCK_WAIT_SECONDS)
+            admin = self._rebuild()
+        except (PkiError, OSError) as exc:
             log.error("tls.reload_failed", reason=str(exc), trigger=reason)
             return False
         for name, service in services.items():
             if name in self._contexts:
                 service.ssl_context = self._contexts[name]
-        log.info("tls.reloaded", trigger=reason, listeners=",".join(sorted(self._contexts)))
+        names = sorted(self._contexts)
+        if self._admin is not None and admin is not None:
+            self._admin.ssl_context = admin
+            names.append("admin")
+        log.info(
+            "tls.reloaded", trigger=reason, listeners=",".join(names), crl_number=self.crl_number
+        )
         return True
+
+    def _reading(self) -> AbstractContextManager[None]:
+        """The PKI lock while the files are read, when any of them is the appliance's.
+
+        So a reload never reads half of a change (a new key next to the old
+        certificate), and the CRL number read is the one of the CRL loaded.
+        """
+        uses_pki = self._generated_server or self._own_client_ca
+        if uses_pki and self.ca.paths.directory.is_dir():
+            return self.ca.locked(RELOAD_LOCK_WAIT_SECONDS)
+        return nullcontext()
+
+    def _loaded_crl_number(self) -> int | None:
+        # Only the appliance's own CRL has numbers this CA gave (an operator's
+        # [tls] crl_file or client CA is checked instead of it).
+        uses_own_crl = self._own_client_ca and self._config.tls.crl_file is None
+        if not uses_own_crl or not self.ca.exists:
+            return None
+        try:
+            return crl_number(x509.load_pem_x509_crl(self.ca.paths.crl.read_bytes()))
+        except (OSError, ValueError):
+            return None
+
+    def _rebuild(self) -> ssl.SSLContext | None:
+        """Build every context under the PKI lock; returns the admin listener's, if attached.
+
+        Raises:
+            PkiError: a file is missing or broken, or the PKI lock stayed taken.
+        """
+        with self._reading():
+            number = self._loaded_crl_number()
+            self._build()
+            admin = self.admin_context() if self._admin is not None else None
+        self.crl_number = number
+        return admin
+
+    def admin_context(self) -> ssl.SSLContext:
+        """The admin listener's context: the ``[tls]`` server certificate, or the generated one.
+
+        Raises:
+            PkiError: a file is missing or unreadable.
+        """
+        tls = self._config.tls
+        if tls.cert_file is not None and tls.key_file is not None:
+            return server_context(tls.cert_file, tls.key_file)
+        return server_context(self.ca.paths.server_cert, self.ca.paths.server_key)
+
+    def attach_admin(self, service: TcpService) -> None:
+        """Give the admin listener ``service`` the server certificate anew on every reload."""
+        self._admin = service
 
     def warn_expiring(self) -> None:
         """Log a warning for each certificate in use that expires within 30 days."""

@@ -22,7 +22,12 @@ The HTTP upgrade, under ``tls_handshake_timeout_seconds``, is refused with:
 The body of a refusal is ``{"error": reason}``. Tokens are checked in the auth
 database (:class:`auth.tokens.TokenStore`) in a worker thread under the
 service's ``auth_threads`` limiter, afresh at every handshake, so a revoked
-token is refused from its next connection on.
+token is refused from its next connection on. The token of an open
+connection is checked again with the same look-up (every
+``RECHECK_INTERVAL_SECONDS`` and on a reload: :mod:`appliance.server.revocation`);
+once revoked, the connection (ingest or tail) is closed with 1008 and the
+reason, ``token revoked``. A client certificate's revocation closes it the
+same way (the listener checks it).
 
 Ingest: each message is one unit of the answering loop
 (:mod:`appliance.server.connection`) through the ingest session
@@ -59,7 +64,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Final
 
 import orjson
@@ -86,6 +91,7 @@ from appliance.protocols.websocket_messages import (
 from appliance.server.connection import Cause, Connection, DriverSettings
 from appliance.server.context import ServiceContext
 from appliance.server.listener import ANONYMOUS, ConnectionInfo
+from appliance.server.revocation import Credential, Revoked
 from appliance.server.sessions.websocket import IngestSession
 from appliance.server.tail import TailHub, serve_tail
 from appliance.server.transports.websocket import (
@@ -93,6 +99,7 @@ from appliance.server.transports.websocket import (
     CLOSE_GOING_AWAY,
     CLOSE_INTERNAL_ERROR,
     CLOSE_NORMAL,
+    CLOSE_POLICY,
     SHUTTING_DOWN,
     WebSocketMessages,
 )
@@ -107,6 +114,7 @@ __all__ = [
     "TokenVerifier",
     "WebSocketHandler",
     "open_token_verifier",
+    "token_credential",
     "websocket_handler",
 ]
 
@@ -137,6 +145,21 @@ def open_token_verifier(auth: AuthSettings) -> tuple[TokenVerifier, Callable[[],
     return database.tokens.verify, database.close
 
 
+def token_credential(verifier: TokenVerifier, token: str, name: str) -> Credential:
+    """The credential of a connection that ``token`` (named ``name``) authenticated.
+
+    Checked again with the handshake's own look-up; the token stays in the
+    check's closure, in memory only (the id is ``token:<name>``).
+    """
+    ident = f"token:{name}"
+
+    def recheck() -> Revoked | None:
+        grant = verifier(token)
+        return None if grant is not None and grant.name == name else Revoked(ident, "token revoked")
+
+    return Credential(ident, ("token", name), recheck)
+
+
 # -- the handshake ----------------------------------------------------------------------
 
 
@@ -153,6 +176,8 @@ class _Admission:
     grant: TokenGrant | None
     tail_filter: TailFilter
     subprotocol: str | None
+    #: The bearer token that ``grant`` came from, checked again while the connection is open.
+    token: str | None = field(default=None, repr=False)
 
 
 def _subprotocol_token(offered: Sequence[str]) -> tuple[str | None, str | None]:
@@ -264,6 +289,10 @@ class WebSocketHandler:
             path=decision.path,
             source=decision.source,
         )
+        guard = info.guard
+        if guard is not None and decision.grant is not None and decision.token is not None:
+            assert self.tokens is not None  # it verified the grant
+            guard.add(token_credential(self.tokens, decision.token, decision.grant.name))
         # What the client is told when neither path returns: a bug (1011, and
         # the exception goes on to the listener's boundary), or cancellation.
         code, reason = CLOSE_INTERNAL_ERROR, "internal error"
@@ -273,7 +302,10 @@ class WebSocketHandler:
             else:
                 code, reason = await self._ingest(ws, info, decision)
         finally:
-            if code == CLOSE_INTERNAL_ERROR and trio.current_effective_deadline() == -math.inf:
+            if guard is not None and guard.revoked is not None:
+                # Cancelled because its token or certificate was revoked.
+                code, reason = CLOSE_POLICY, guard.revoked.reason
+            elif code == CLOSE_INTERNAL_ERROR and trio.current_effective_deadline() == -math.inf:
                 # -inf: this task is being cancelled (the service stops), not failing.
                 code, reason = CLOSE_GOING_AWAY, SHUTTING_DOWN
             with trio.CancelScope(shield=True), trio.move_on_after(CLOSE_TIMEOUT_SECONDS):
@@ -309,7 +341,8 @@ class WebSocketHandler:
             return _Refusal(401, "authentication required: a bearer token or a client certificate")
         if path == TAIL_PATH and (grant is None or grant.scope != "admin"):
             return _Refusal(403, "the live tail needs an admin token")
-        return _Admission(path, source, grant, tail_filter, subprotocol)
+        return _Admission(path, source, grant, tail_filter, subprotocol,
+                          token if grant is not None else None)  # fmt: skip
 
     async def _verify(self, token: str, info: ConnectionInfo) -> _Refusal | TokenGrant:
         verifier = self.tokens

@@ -8,6 +8,13 @@ parsing and digests are the codec's (:mod:`appliance.protocols.forward`,
 and, with ``security`` on, asks the credential store (in a worker
 thread, at every PING, so CLI changes apply to the next connection) and the
 failure limiter.
+
+Once the handshake succeeded, the connection's user (or, without one, the
+shared key its PING matched) is registered as its credential
+(:mod:`appliance.server.revocation`): the same look-ups and the same PING
+check are made again every ``RECHECK_INTERVAL_SECONDS`` and on a reload, and
+a user disabled, deleted, denied the network or given a new password, or a
+shared key deleted, closes the connection (``connection.revoked``).
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ from appliance.protocols.forward import (
 from appliance.protocols.forward_handshake import (
     AUTH_SALT_BYTES,
     NONCE_BYTES,
+    REASON_SHARED_KEY,
     Helo,
     Verdict,
     anonymous_denied_reason,
@@ -41,20 +49,37 @@ from appliance.rows.forward import forward_block
 from appliance.server.connection import Action, Arrival, Await, DriverSettings, Reply, Submit
 from appliance.server.context import ServiceContext
 from appliance.server.listener import ANONYMOUS, ConnectionInfo
+from appliance.server.revocation import Credential, Revoked
 from appliance.server.transports.stream import ByteStreamSession, StreamHandler, close_for
 from auth.errors import AuthError
-from auth.policy import CredentialStore
-from auth.ratelimit import FailureLimiter, LimiterSettings
+from auth.policy import CredentialStore, SourcePolicy
+from auth.ratelimit import GuessLimiter, GuessRules, LimiterSettings
 
 __all__ = ["ForwardSession", "forward_handler"]
 
 log = get_logger("forward")
 
+#: Why a user's connection is closed, by the detail of the PING check that now fails.
+_USER_REVOKED: dict[str, str] = {
+    "unknown or disabled user": "user disabled or deleted",
+    "password mismatch": "password changed",
+    "user not allowed from this client network": "user no longer allowed from this client network",
+}
+
+
+def _key_name(policy: SourcePolicy, key: bytes | None) -> str:
+    """The name of the shared key a PING matched (its scope when the store names none)."""
+    if key is not None and key in policy.shared_keys:
+        index = policy.shared_keys.index(key)
+        if index < len(policy.shared_key_names):
+            return policy.shared_key_names[index]
+    return policy.network or "global"
+
 
 @dataclass(frozen=True, slots=True)
 class _Security:
     store: CredentialStore
-    limiter: FailureLimiter
+    limiter: GuessLimiter
     users_required: bool
     allow_anonymous_source: bool
     server_hostname: str
@@ -77,6 +102,8 @@ class ForwardSession(ByteStreamSession):
             settings_from(settings, ForwardLimits), allow_json=True, helo=helo
         )
         self._host: str | None = None
+        #: The shared key the PING matched, named (set by a successful check).
+        self._key_name = ""
 
     def greeting(self) -> bytes | None:
         return self._codec.helo_bytes() if self._security is not None else None
@@ -141,13 +168,17 @@ class ForwardSession(ByteStreamSession):
         ping = event.ping
         address = self._info.address
         mechanism = "users" if security.users_required else "shared_key"
+        # Counted per address, per (address, username) and per username; only
+        # a username the listener checks names a count (auth/ratelimit.py).
+        counted_user = ping.username if security.users_required else ""
         # The attempt is counted before the look-up: parallel PINGs cannot
-        # pass the limit while their look-ups run (auth/ratelimit.py).
-        wait = security.limiter.begin(address)
+        # pass the limit while their look-ups run.
+        wait = security.limiter.begin(address, counted_user)
         if wait > 0:
             log.warning(
-                "handshake.throttled", peer=self._info.peer, retry_after_seconds=round(wait)
-            )
+                "handshake.throttled", peer=self._info.peer, username=counted_user or None,
+                retry_after_seconds=round(wait),
+            )  # fmt: skip
             self._info.metrics.auth(mechanism, "throttled")
             return [
                 close_for(
@@ -161,24 +192,27 @@ class ForwardSession(ByteStreamSession):
         except AuthError as exc:
             # The credential database is down or a secret cannot be opened:
             # fail closed for this client, keep serving the others.
-            security.limiter.release(address)
+            security.limiter.release(address, counted_user)
             log.error("handshake.unavailable", peer=self._info.peer, reason=str(exc))
             self._info.metrics.auth(mechanism, "unavailable")
             refusal = self._codec.refuse("authentication unavailable; retry later", "appliance")
             return [close_for(refusal)]
         self._info.metrics.auth(mechanism, "success" if verdict.ok else "failure")
         if not verdict.ok:
-            backoff = security.limiter.failure(address)
+            backoff = security.limiter.failure(address, counted_user)
             log.warning(
                 "handshake.failed", peer=self._info.peer, client_hostname=ping.client_hostname,
                 username=ping.username or None, reason=verdict.reason, backoff_seconds=backoff,
             )  # fmt: skip
         else:
-            security.limiter.success(address)
+            # Clears this (address, username) pair only: a login does not wipe
+            # the failures of guesses at other users' passwords.
+            security.limiter.success(address, counted_user)
             self._host = ping.client_hostname or None
             if verdict.username:
                 # The authenticated user is the principal of this connection's events.
                 self._info = replace(self._info, source=verdict.username)
+            self._watch(ping.username, verdict)
             log.info(
                 "handshake.ok", peer=self._info.peer, client_hostname=ping.client_hostname,
                 username=verdict.username, source=self._info.source,
@@ -186,25 +220,41 @@ class ForwardSession(ByteStreamSession):
         pong, events = self._codec.finish_handshake(verdict, security.server_hostname)
         return [Reply(pong), *self._actions(events, received_at_ns)]
 
-    def _verdict(self, username: str, address: str) -> Verdict:
-        """The blocking part of the handshake: database look-ups and audit (worker thread)."""
+    def _check(self, username: str, address: str) -> tuple[SourcePolicy, Verdict]:
+        """The PING checked against the database as it is now (blocking: a worker thread)."""
         security = self._security
         assert security is not None
         policy = security.store.resolve_source(address)
         if policy.network is None and not security.allow_anonymous_source:
-            verdict = Verdict(False, anonymous_denied_reason(address))
-        else:
-            password = None
-            if security.users_required and username:
-                password = security.store.password_of(username)
-            verdict = self._codec.check_ping(
-                shared_keys=policy.shared_keys,
-                users_required=security.users_required,
-                password=password,
-                allowed_users=policy.allowed_users,
-                allow_anonymous=policy.allow_anonymous,
-            )
+            return policy, Verdict(False, anonymous_denied_reason(address))
+        password = None
+        # The user is looked up only once the PING proved the shared key:
+        # without the key, whether a username exists takes no time to tell
+        # (and the store spends as long on a missing user as on one).
+        if (
+            security.users_required
+            and username
+            and self._codec.check_ping(
+                shared_keys=policy.shared_keys, users_required=False, password=None
+            ).ok
+        ):
+            password = security.store.password_of(username)
+        verdict = self._codec.check_ping(
+            shared_keys=policy.shared_keys,
+            users_required=security.users_required,
+            password=password,
+            allowed_users=policy.allowed_users,
+            allow_anonymous=policy.allow_anonymous,
+        )
+        return policy, verdict
+
+    def _verdict(self, username: str, address: str) -> Verdict:
+        """The blocking part of the handshake: database look-ups and audit (worker thread)."""
+        security = self._security
+        assert security is not None
+        policy, verdict = self._check(username, address)
         if verdict.ok:
+            self._key_name = _key_name(policy, verdict.shared_key)
             security.store.note_login(verdict.username, address)
             certificate = self._info.source
             if verdict.username and certificate != ANONYMOUS:
@@ -223,6 +273,30 @@ class ForwardSession(ByteStreamSession):
             security.store.note_failure(address, username or None, reason)
         return verdict
 
+    def _watch(self, username: str, verdict: Verdict) -> None:
+        """Register what the handshake authenticated: checked again while the connection lasts."""
+        guard = self._info.guard
+        if guard is None:
+            return
+        key = f"key:{self._key_name}"
+        ident = f"user:{verdict.username}" if verdict.username else key
+        address = self._info.address
+
+        def recheck() -> Revoked | None:
+            _, now = self._check(username, address)
+            if now.ok:
+                return None
+            if now.reason == REASON_SHARED_KEY:
+                return Revoked(key, "shared key deleted or changed")
+            if now.detail and username:
+                return Revoked(f"user:{username}", _USER_REVOKED.get(now.detail, now.detail))
+            if now.detail:
+                return Revoked(key, "clients without a user no longer allowed from this network")
+            return Revoked(ident, "source address no longer in an allowed client network")
+
+        # Checked per connection: the PING's digests are this connection's own.
+        guard.add(Credential(ident, ("forward", id(self)), recheck))
+
 
 def forward_handler(settings: ForwardListenerConfig, context: ServiceContext) -> StreamHandler:
     """The connection handler of one forward listener."""
@@ -232,12 +306,17 @@ def forward_handler(settings: ForwardListenerConfig, context: ServiceContext) ->
             raise ValueError(f"listener {settings.name}: security needs the auth database")
         security = _Security(
             store=context.credentials,
-            limiter=FailureLimiter(
-                LimiterSettings(
-                    free_failures=settings.free_failed_handshakes,
-                    base_backoff_seconds=settings.failed_handshake_backoff_seconds,
-                    max_backoff_seconds=settings.failed_handshake_max_backoff_seconds,
-                )
+            # The listener's own rules over the counts that every listener and,
+            # in a service, every worker of the node share (context.guess_counts).
+            limiter=GuessLimiter(
+                GuessRules.of(
+                    LimiterSettings(
+                        free_failures=settings.free_failed_handshakes,
+                        base_backoff_seconds=settings.failed_handshake_backoff_seconds,
+                        max_backoff_seconds=settings.failed_handshake_max_backoff_seconds,
+                    )
+                ),
+                context.guess_counts,
             ),
             users_required=settings.security == "users",
             allow_anonymous_source=settings.allow_anonymous_source,

@@ -11,6 +11,11 @@ bytes its decoding reads and produces (the body as *decompressed*, see
 anything larger, which for deflate is any body over about 63 bytes, is
 decoded in a worker thread, one at a time per listener.
 
+A message whose ``User-Id`` (the CURVE key's name) was revoked while its
+connection stayed open is dropped before it is decoded, with no reply
+(docs/logjam.md, "CURVE"): the first of each key is logged
+(``message.revoked``), the others counted (``revoked`` in ``listener.closed``).
+
 Faults are per message: a malformed message gets its 400 (or nothing on an
 async socket), a block the writer refuses (``BlockRefused``) gets a 400 and
 a ``message.refused`` line, and any other exception while one message is
@@ -35,6 +40,7 @@ cancelled before the commit sends nothing for it). A ``400`` or a ping's
 
 from __future__ import annotations
 
+from collections.abc import Set
 from dataclasses import dataclass
 from functools import partial
 from typing import Final, Literal
@@ -81,6 +87,8 @@ class MessageStats:
     pings: int = 0
     hosts_dropped: int = 0
     failed: int = 0
+    #: Messages dropped because their CURVE key was revoked.
+    revoked: int = 0
 
 
 class LogjamSession(SessionDefaults[list[bytes]]):
@@ -93,6 +101,8 @@ class LogjamSession(SessionDefaults[list[bytes]]):
         curve: whether the socket is CURVE (the ZAP user id is the source).
         fqdn: the name a ping's reply carries.
         metrics: the listener's metrics.
+        revoked: the user ids (CURVE key names) whose messages are dropped;
+            the listener adds to it while the session runs.
     """
 
     def __init__(
@@ -104,6 +114,7 @@ class LogjamSession(SessionDefaults[list[bytes]]):
         curve: bool,
         fqdn: str,
         metrics: ListenerMetrics,
+        revoked: Set[str] = frozenset(),
     ) -> None:
         self.kind: SocketKind = kind
         self._receiver = receiver
@@ -111,6 +122,9 @@ class LogjamSession(SessionDefaults[list[bytes]]):
         self._curve = curve
         self._fqdn = fqdn
         self._metrics = metrics
+        self._revoked = revoked
+        #: The revoked user ids whose first dropped message was logged.
+        self._revoked_logged: set[str] = set()
         self.stats = MessageStats()
 
     def decode_bytes(self, message: ZmqMessage) -> int:
@@ -140,6 +154,9 @@ class LogjamSession(SessionDefaults[list[bytes]]):
     def _receive(self, message: ZmqMessage, arrival: Arrival) -> list[Action[Frames]]:
         peer = message.peer
         source = (message.user_id or ANONYMOUS) if self._curve else ANONYMOUS
+        if self._curve and message.user_id and message.user_id in self._revoked:
+            self._drop_revoked(message.user_id, peer)
+            return []
         try:
             event = self.decode(message.frames)
         except MalformedMessage as exc:
@@ -169,6 +186,16 @@ class LogjamSession(SessionDefaults[list[bytes]]):
             Submit(block, ack=accepted_frames(route), label=block.batch_id, refused=refused,
                    lane=route.identity)
         ]  # fmt: skip
+
+    def _drop_revoked(self, user_id: str, peer: str) -> None:
+        """Count a message of a revoked key; log the first of each key."""
+        self.stats.revoked += 1
+        if user_id in self._revoked_logged:
+            return
+        self._revoked_logged.add(user_id)
+        log.warning("message.revoked", listener=self._listener, socket=self.kind, peer=peer,
+                    credential=f"curve:{user_id}", reason="CURVE key revoked", reply="none",
+                    more="counted as revoked in listener.closed")  # fmt: skip
 
     def _refused(
         self, route: Route | None, peer: str, source: str, exc: BlockRefused

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import os
 import stat
 import subprocess
@@ -85,6 +86,8 @@ class Harness:
     state_dir: Path
     table_uri: str
     keys: dict[str, tuple[bytes, bytes]] = field(default_factory=dict)
+    #: The service context the listener runs in (its open connections).
+    context: ServiceContext | None = None
 
     @property
     def router(self) -> str:
@@ -161,7 +164,7 @@ async def logjam_service(
             nursery.start_soon(writer.run)
         ports = await nursery.start(functools.partial(serve_logjam, config, context, state))
         try:
-            yield Harness(ports, lifecycle, writer, state, table_uri)
+            yield Harness(ports, lifecycle, writer, state, table_uri, context=context)
         finally:
             lifecycle.stop_reading()
             await lifecycle.wait_no_readers()
@@ -664,6 +667,54 @@ async def test_curve_source_is_the_key_name_and_keys_are_checked_at_each_handsha
         again.close()
         assert len(writer.blocks) == 1
         dealer.close()
+
+
+@pytest.mark.trio
+async def test_a_revoked_key_is_refused_on_the_connection_it_already_holds(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """libzmq cannot drop one peer: from the check on, the key's messages are dropped."""
+    caplog.set_level(logging.INFO, logger="appliance.logjam")  # listener.closed
+    writer = StandInWriter()
+    async with logjam_service(tmp_path, writer=writer, curve=True) as service:
+        server_key = service.ports.server_public_key
+        connect = functools.partial(monitored, zmq.DEALER, service.router, server_key=server_key)
+        web1 = await service.add_key("web1")
+        web2 = await service.add_key("web2")
+        dealer, outcome = await in_thread(functools.partial(connect, keypair=web1))
+        assert outcome == "ok"
+        other, outcome = await in_thread(functools.partial(connect, keypair=web2))
+        assert outcome == "ok"
+        for n in range(3):  # busy: one request after another on one connection
+            await in_thread(send, dealer, [b"", *message(n)])
+            await writer.wait_blocks(n + 1)
+            writer.commit(n)
+            assert await in_thread(receive, dealer) == [APP_ENV, b"202 Accepted"]
+
+        await service.revoke("web1")
+        assert service.context is not None
+        # The check a reload makes (and every RECHECK_INTERVAL_SECONDS).
+        with trio.fail_after(30):
+            await service.context.connections.recheck("SIGHUP")
+        await in_thread(send, dealer, [b"", *message(10)])  # the same connection
+        with trio.fail_after(30):
+            while not events(caplog, "message.revoked"):
+                await trio.sleep(0.01)
+        assert await in_thread(quiet, dealer)  # no reply: its client times out and reconnects
+        await in_thread(send, other, [b"", *message(11)])  # another key is not affected
+        await writer.wait_blocks(4)
+        writer.commit(3)
+        assert await in_thread(receive, other) == [APP_ENV, b"202 Accepted"]
+        assert [b.source for b in writer.blocks] == ["web1", "web1", "web1", "web2"]
+        dealer.close()
+        other.close()
+    (line,) = events(caplog, "connection.revoked")
+    assert (line["listener"], line["peer"], line["trigger"]) == ("logjam", "127.0.0.1", "SIGHUP")
+    assert (line["credential"], line["reason"]) == ("curve:web1", "CURVE key revoked")
+    (dropped,) = events(caplog, "message.revoked")
+    assert (dropped["credential"], dropped["socket"]) == ("curve:web1", "router")
+    (closed,) = events(caplog, "listener.closed")
+    assert closed["revoked"] == 1
 
 
 def test_server_keypair_is_created_once_with_private_modes(tmp_path: Path) -> None:

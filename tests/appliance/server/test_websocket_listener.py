@@ -7,6 +7,7 @@ import json
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -25,6 +26,7 @@ from appliance.rows.block import RowBlock
 from appliance.server.context import ServiceContext
 from appliance.server.lifecycle import Lifecycle
 from appliance.server.listener import ConnectionInfo
+from appliance.server.revocation import RECHECK_INTERVAL_SECONDS, OpenConnections
 from appliance.server.websocket_listener import WebSocketHandler
 from auth.tokens import TokenGrant
 
@@ -542,3 +544,64 @@ async def test_a_tag_over_its_byte_limit_is_answered_and_the_connection_goes_on(
         {"ack": "b"},
     ]
     assert [b.batch_id for b in writer.committed] == ["b"]
+
+
+# -- revocation: a token revoked while its connection is open ------------------------------
+
+
+@pytest.mark.trio
+async def test_a_busy_tail_is_closed_within_the_recheck_interval_once_its_token_is_revoked(
+    mock_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    tokens = dict(TOKENS)
+    writer = FakeWriter()
+    # The look-up is a dict here: on the event loop, so the autojump clock
+    # never jumps while a worker thread runs it.
+    connections = OpenConnections(checks_in_thread=False)
+    context = ServiceContext(writer, Lifecycle(), connections=connections)  # type: ignore[arg-type]
+    handler = WebSocketHandler(WebSocketListenerConfig(), context, tokens=tokens.get)
+
+    async def listener(stream: trio.abc.Stream, info: ConnectionInfo) -> None:
+        # What the TCP listener does around every connection.
+        with connections.watch(info.listener, info.peer) as guard:
+            await handler(stream, replace(info, guard=guard))
+
+    async def until_closed(ws: WebSocketConnection) -> None:
+        while True:
+            await ws.get_message()
+
+    async def ingest_every_second(ws: WebSocketConnection) -> None:
+        for n in range(10**6):
+            await ws.send_message(msg(f"m{n}"))
+            while not writer.pending:
+                await trio.sleep(0.01)
+            writer.commit()
+            assert json.loads(await ws.get_message()) == {"ack": f"m{n}"}
+            await trio.sleep(1)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(connections.run)
+        # The handshakes verify their tokens in a worker thread: the clock
+        # stands still until both are open, then jumps whenever all wait.
+        async with (
+            client(listener, "/tail", token="apt_admin") as tail,  # type: ignore[arg-type]
+            client(listener, "/ingest", token="apt_ingest") as ingest,  # type: ignore[arg-type]
+        ):
+            mock_clock.autojump_threshold = 0
+            with trio.fail_after(RECHECK_INTERVAL_SECONDS * 10):
+                nursery.start_soon(ingest_every_second, ingest)
+                for _ in range(3):  # busy: the committed events flow
+                    assert json.loads(await tail.get_message())["tag"] == "web.app"
+                del tokens["apt_admin"]  # appliance token revoke operator
+                revoked_at = trio.current_time()
+                with pytest.raises(ConnectionClosed) as caught:
+                    await until_closed(tail)  # the events keep coming until the close
+                closed_at = trio.current_time()
+            nursery.cancel_scope.cancel()
+    assert (caught.value.reason.code, caught.value.reason.reason) == (1008, "token revoked")
+    assert closed_at - revoked_at <= RECHECK_INTERVAL_SECONDS + 5  # 5: the close handshake
+    (line,) = events(caplog, "connection.revoked")
+    assert (line["credential"], line["reason"]) == ("token:operator", "token revoked")
+    assert (line["listener"], line["peer"], line["trigger"]) == (
+        "websocket", "127.0.0.1:5000", "interval",
+    )  # fmt: skip

@@ -8,8 +8,9 @@ driver, in tests/appliance/test_service.py.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from typing import Any
 
 import msgpack
@@ -24,6 +25,7 @@ from appliance.server.connection import Submit
 from appliance.server.context import ServiceContext
 from appliance.server.lifecycle import Lifecycle
 from appliance.server.listener import ConnectionInfo
+from appliance.server.revocation import OpenConnections
 from appliance.server.sessions.forward import ForwardSession, forward_handler
 from auth.policy import SourcePolicy
 from tests.appliance.server.support import (
@@ -381,3 +383,119 @@ async def test_ping_followed_by_too_much_in_one_read_is_refused_cleanly() -> Non
         assert f"more than {MAX_PING_BYTES} bytes sent before the PONG" in pong[2]
         assert await until_closed(client) == b""
     assert writer.blocks == []
+
+
+# -- revocation: the user or shared key of an open connection taken away ---------------------
+
+
+class _Revocable(_UserStore):
+    """alice (password ``wonderland``) and the shared key ``fleet``, until a test changes them."""
+
+    def __init__(self) -> None:
+        super().__init__(allowed=None)
+        self.keys = {"fleet": KEY}
+        self.passwords = {"alice": b"wonderland"}
+
+    def resolve_source(self, address: str) -> SourcePolicy:
+        return SourcePolicy(
+            "192.0.2.0/24", tuple(self.keys.values()), allowed_users=self.allowed,
+            shared_key_names=tuple(self.keys),
+        )  # fmt: skip
+
+    def password_of(self, username: str) -> bytes | None:
+        return self.passwords.get(username)
+
+
+def _events(caplog: pytest.LogCaptureFixture, name: str) -> list[dict[str, Any]]:
+    return [getattr(r, "fields", {}) for r in caplog.records if r.getMessage() == name]
+
+
+async def _revoked_while_busy(
+    security: str, store: _Revocable, revoke: Callable[[], None]
+) -> tuple[StandInWriter, bytes]:
+    """Log in, send and get acks, then ``revoke`` with a request in flight and check again.
+
+    Returns the writer and what the client received after the check (until the close).
+    """
+    connections = OpenConnections()
+    writer = StandInWriter()
+    settings = ForwardListenerConfig(security=security, self_hostname="server.example")  # type: ignore[arg-type]
+    context = ServiceContext(writer, Lifecycle(), credentials=store, connections=connections)  # type: ignore[arg-type]
+    handler = forward_handler(settings, context)
+
+    async def listener(stream: trio.abc.Stream, info: ConnectionInfo) -> None:
+        # What the TCP listener does around every connection.
+        with connections.watch(info.listener, info.peer) as guard:
+            await handler(stream, replace(info, guard=guard))
+
+    async with served(listener, INFO) as client:
+        unpacker = msgpack.Unpacker()
+        (_, options) = await read_message(client, unpacker)
+        digest = ping_digest(b"salt", "client.example", options["nonce"], KEY)
+        user, secret = ("alice", password_digest(options["auth"], "alice", b"wonderland")) if (
+            security == "users"
+        ) else ("", "")  # fmt: skip
+        await client.send_all(msgpack.packb(
+            ["PING", "client.example", "salt", digest, user, secret], use_bin_type=True
+        ))  # fmt: skip
+        assert (await read_message(client, unpacker))[:2] == ["PONG", True]
+        for n in range(3):  # busy: one request after another
+            await client.send_all(request(f"c{n}"))
+            with trio.fail_after(30):
+                await writer.wait_blocks(n + 1)
+            writer.commit(n)
+            assert await read_message(client, unpacker) == {"ack": f"c{n}"}
+        await client.send_all(request("in-flight"))
+        with trio.fail_after(30):
+            await writer.wait_blocks(4)
+        revoke()
+        # The check a reload makes (and every RECHECK_INTERVAL_SECONDS).
+        with trio.fail_after(30):
+            await connections.recheck("SIGHUP")
+        writer.commit(3)
+        rest = await until_closed(client)  # within 30 s, or the test fails
+    assert connections.count() == 0
+    return writer, rest
+
+
+@pytest.mark.trio
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        ("disable", "user disabled or deleted"),
+        ("passwd", "password changed"),
+        ("deny", "user no longer allowed from this client network"),
+    ],
+)
+async def test_a_busy_connection_is_closed_once_its_user_is_revoked(
+    change: str, reason: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = _Revocable()
+
+    def revoke() -> None:
+        if change == "disable":
+            del store.passwords["alice"]
+        elif change == "passwd":
+            store.passwords["alice"] = b"new password"
+        else:
+            store.allowed = frozenset({"bob"})
+
+    writer, rest = await _revoked_while_busy("users", store, revoke)
+    assert rest == b""  # closed, and the request in flight is not acked
+    assert [b.source for b in writer.blocks] == ["alice"] * 4
+    (line,) = _events(caplog, "connection.revoked")
+    assert (line["credential"], line["reason"]) == ("user:alice", reason)
+    assert (line["listener"], line["peer"], line["trigger"]) == ("test", "192.0.2.1:5000", "SIGHUP")
+
+
+@pytest.mark.trio
+async def test_a_busy_connection_is_closed_once_its_shared_key_is_deleted(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    store = _Revocable()
+    store.keys["other"] = b"another key"  # a key that stays: only the one used counts
+    writer, rest = await _revoked_while_busy("shared_key", store, lambda: store.keys.pop("fleet"))
+    assert rest == b""
+    assert len(writer.blocks) == 4
+    (line,) = _events(caplog, "connection.revoked")
+    assert (line["credential"], line["reason"]) == ("key:fleet", "shared key deleted or changed")
