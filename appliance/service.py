@@ -29,7 +29,7 @@ import os
 import secrets
 import signal
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
@@ -37,7 +37,7 @@ from typing import Final
 import trio
 
 from appliance import gc_policy
-from appliance.config import Config, ConfigError, load_config, settings_from
+from appliance.config import Config, ConfigError, ListenerConfig, load_config, settings_from
 from appliance.lake.maintenance import run_maintenance
 from appliance.lake.retry import (
     STORAGE_ERRORS,
@@ -59,7 +59,7 @@ from appliance.server.launch import ListenerSite
 from appliance.server.lifecycle import Lifecycle
 from appliance.server.listener import ConnectionInfo, TcpService
 from appliance.server.proxied import ProxySettings
-from appliance.server.registry import handler_for, start_listener, stores_needed
+from appliance.server.registry import handler_for, kind_of, start_listener, stores_needed
 from appliance.server.reload import FIXED_KEYS as _FIXED_KEYS
 from appliance.server.reload import ReloadPlan, plan_reload
 from appliance.server.sdnotify import Notifier
@@ -633,23 +633,31 @@ class _Reloader:
                     os.getpid(), self._generation, ok=False, error=str(exc),
                     crl_number=self._tls.crl_number,
                 )  # fmt: skip
-            plan = plan_reload(config, new)
+            # Planned from what really listens: a listener that is not open (its
+            # re-open failed and so did the fallback) is started again.
+            plan = plan_reload(self._as_running(config), new)
             restart = plan.restart_required
             # The fixed parts stay as they run; the rest is the new file's.
             config = dataclasses.replace(new, **{k: getattr(config, k) for k in _FIXED_KEYS})
-            try:
-                await self._apply(plan, config)
-            except OSError as exc:
-                log.error("config.reload_failed", trigger=why, reason=str(exc))
-                return ReloadStatus(
-                    os.getpid(), self._generation, ok=False, error=str(exc),
-                    crl_number=self._tls.crl_number,
-                )  # fmt: skip
+            failed = await self._apply(plan, config)
             if plan.listener_changes:
                 applied.append("listeners")
+            # What the service reports is what it runs: a listener whose change
+            # failed keeps its previous settings, a new one that failed is not there.
+            config = dataclasses.replace(
+                config, listeners=self._effective(config.listeners, failed)
+            )
             self.config = config
             if restart:
                 log.warning("config.changed", trigger=why, restart_required=restart)
+            if failed:
+                error = "; ".join(failed.values())
+                log.error("config.reload_failed", trigger=why, reason=error, applied=applied)
+                self._tls.use_config(config)
+                return ReloadStatus(
+                    os.getpid(), self._generation, ok=False, applied=applied,
+                    restart_required=restart, error=error, crl_number=self._tls.crl_number,
+                )  # fmt: skip
         self._tls.use_config(config)
         if not self._tls.reload(self._running.services, why):
             return ReloadStatus(
@@ -664,15 +672,34 @@ class _Reloader:
             crl_number=self._tls.crl_number,
         )  # fmt: skip
 
-    async def _apply(self, plan: ReloadPlan, config: Config) -> None:
+    def _as_running(self, config: Config) -> Config:
+        """``config`` less the live listeners that are not open now."""
         running = self._running
-        for name in plan.stop + [listener.name for listener in plan.reopen]:
-            scope = running.accepting.pop(name, None)
-            if scope is not None:
-                scope.cancel()  # its open connections finish in their own nursery
-            running.services.pop(name, None)
-            running.ports.pop(name, None)
-            log.info("listener.stopped", listener=name, trigger="reload")
+        listeners = [
+            listener
+            for listener in config.listeners
+            if not kind_of(listener).live_reload or listener.name in running.accepting
+        ]
+        return dataclasses.replace(config, listeners=listeners)
+
+    def _effective(
+        self, wanted: Sequence[ListenerConfig], failed: Mapping[str, str]
+    ) -> list[ListenerConfig]:
+        """The listeners as they run after a reload in which ``failed`` could not change."""
+        before = {listener.name: listener for listener in self.config.listeners}
+        effective: list[ListenerConfig] = []
+        for listener in wanted:
+            if listener.name not in failed:
+                effective.append(listener)
+            elif listener.name in before:
+                effective.append(before[listener.name])
+        return effective
+
+    async def _apply(self, plan: ReloadPlan, config: Config) -> dict[str, str]:
+        """Apply ``plan``; the listeners that could not change, and why (they keep the old)."""
+        running = self._running
+        for name in plan.stop:
+            self._stop_accepting(name)
         if self._context.credentials is None:
             self._context.credentials = _credentials(config)
         self._tls.use_config(config)
@@ -690,6 +717,90 @@ class _Reloader:
         site = ListenerSite(
             self._context, config, self._tls, self._acceptors, self._connections, running
         )
-        for listener in plan.start + plan.reopen:
-            await start_listener(listener, site)
+        old_site = ListenerSite(
+            self._context, self.config, self._tls, self._acceptors, self._connections, running
+        )
+        before = {listener.name: listener for listener in self.config.listeners}
+        failed: dict[str, str] = {}
+        for listener in plan.start:
+            try:
+                await start_listener(listener, site)
+            except OSError as exc:
+                failed[listener.name] = str(exc)
+                log.error("listener.start_failed", listener=listener.name, reason=str(exc))
+                continue
             log.info("listener.started", listener=listener.name, trigger="reload")
+        for listener in plan.reopen:
+            try:
+                await self._reopen(listener, before.get(listener.name), site, old_site)
+            except OSError as exc:
+                failed[listener.name] = str(exc)
+                continue
+            log.info("listener.started", listener=listener.name, trigger="reload")
+        return failed
+
+    def _stop_accepting(self, name: str) -> None:
+        running = self._running
+        scope = running.accepting.pop(name, None)
+        if scope is not None:
+            scope.cancel()  # its open connections finish in their own nursery
+        running.services.pop(name, None)
+        running.ports.pop(name, None)
+        log.info("listener.stopped", listener=name, trigger="reload")
+
+    async def _reopen(
+        self,
+        listener: ListenerConfig,
+        old: ListenerConfig | None,
+        site: ListenerSite,
+        old_site: ListenerSite,
+    ) -> None:
+        """Re-open ``listener`` with its new settings; on failure the old one keeps serving.
+
+        The new sockets are bound before the old ones close. Only when both
+        use the same port (a change of tls or client_auth) must the old close
+        first; should the new then fail to open, the old is opened again.
+
+        Raises:
+            OSError: the new settings could not be opened (the old serve on).
+        """
+        running = self._running
+        name = listener.name
+        kept = (
+            running.accepting.pop(name, None),
+            running.services.pop(name, None),
+            running.ports.pop(name, None),
+        )
+        same_port = old is not None and old.port == listener.port and listener.port != 0
+        if kept[0] is not None and same_port:
+            kept[0].cancel()
+            log.info("listener.stopped", listener=name, trigger="reload")
+            try:
+                await start_listener(listener, site)
+            except OSError as exc:
+                log.error("listener.reopen_failed", listener=name, reason=str(exc),
+                          kept="the previous settings, opened again")  # fmt: skip
+                if old is not None:
+                    try:
+                        await start_listener(old, old_site)
+                    except OSError as again:
+                        log.error("listener.not_open", listener=name, reason=str(again))
+                raise
+            return
+        try:
+            await start_listener(listener, site)
+        except OSError as exc:
+            # Put the old listener's records back: it never stopped.
+            scope, service, port = kept
+            if scope is not None:
+                running.accepting[name] = scope
+            if service is not None:
+                running.services[name] = service
+            if port is not None:
+                running.ports[name] = port
+            log.error("listener.reopen_failed", listener=name, reason=str(exc),
+                      kept="the previous settings, still serving")  # fmt: skip
+            raise
+        if kept[0] is not None:
+            kept[0].cancel()  # the new one serves: the old stops accepting
+            log.info("listener.stopped", listener=name, trigger="reload")

@@ -1,0 +1,128 @@
+"""Reloads never take a listener down: a busy port, a restore, a limit-only change.
+
+In-process service with its admin listener, a real TLS forward client and
+the configuration file a reload re-reads. After each step the old listener
+still acks, ``/readyz`` answers 200, and what the service reports (its
+reload status, the ports it lists) is what is really listening.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+from pathlib import Path
+
+import pytest
+import trio
+
+from appliance.config import load_config
+from appliance.reload_status import read_status
+from appliance.service import Running
+from tests.appliance.test_metrics import http_get, in_thread
+from tests.appliance.test_service import packed, read_ack, tls_client
+from tests.support_service import running
+
+
+def config_text(tmp_path: Path, bind: str, max_connections: int = 100) -> str:
+    return (
+        f'state_dir = "{tmp_path / "state"}"\nshutdown_timeout_seconds = 20\n'
+        '[lake]\nack = "commit"\ncommit_max_delay_seconds = 0.05\n'
+        '[admin]\nbind = "127.0.0.1:0"\n'
+        f'[[listeners]]\nname = "forward"\nbind = "{bind}"\nmax_connections = {max_connections}\n'
+    )
+
+
+async def acked(info: Running, chunk: str) -> bool:
+    stream = await tls_client(info)
+    async with stream:
+        await stream.send_all(packed(chunk))
+        return await read_ack(stream) == {"ack": chunk}
+
+
+async def ready(info: Running) -> tuple[int, dict[str, object]]:
+    assert info.admin_port is not None
+    status, body = await in_thread(http_get, info.admin_port, "/readyz")
+    return status, json.loads(body)
+
+
+@pytest.mark.trio
+async def test_a_failed_reload_keeps_the_listener_and_a_later_one_repairs_nothing_lost(
+    tmp_path: Path,
+) -> None:
+    port = socket.socket()
+    port.bind(("127.0.0.1", 0))
+    first = port.getsockname()[1]
+    port.close()
+    file = tmp_path / "appliance.toml"
+    file.write_text(config_text(tmp_path, f"127.0.0.1:{first}"))
+    busy = socket.socket()  # another process's port
+    busy.bind(("127.0.0.1", 0))
+    busy.listen()
+    taken = busy.getsockname()[1]
+    try:
+        async with running(load_config(file)) as info:
+            assert info.reload is not None
+            assert await acked(info, "before")
+
+            # 1. Move the listener to a port another process holds.
+            file.write_text(config_text(tmp_path, f"127.0.0.1:{taken}"))
+            status = await info.reload("SIGHUP")
+            assert not status.ok
+            assert f"cannot bind 127.0.0.1:{taken}" in (status.error or "")
+            assert info.ports["forward"] == first  # still the old port
+            assert await acked(info, "after-busy")
+            assert (await ready(info))[0] == 200
+            written = read_status(tmp_path / "state")
+            assert written is not None
+            assert not written.ok
+
+            # 2. Restore the file: nothing to change, everything still serves.
+            file.write_text(config_text(tmp_path, f"127.0.0.1:{first}"))
+            status = await info.reload("SIGHUP")
+            assert status.ok, status
+            assert info.ports["forward"] == first
+            assert await acked(info, "after-restore")
+            assert (await ready(info))[0] == 200
+
+            # 3. A change of a limit only: the listener is updated in place.
+            file.write_text(config_text(tmp_path, f"127.0.0.1:{first}", max_connections=50))
+            status = await info.reload("SIGHUP")
+            assert status.ok, status
+            assert await acked(info, "after-limit")
+            assert (await ready(info))[0] == 200
+
+            # 4. A move to a free port: the new one serves, the old one is gone.
+            free = socket.socket()
+            free.bind(("127.0.0.1", 0))
+            moved = free.getsockname()[1]
+            free.close()
+            file.write_text(config_text(tmp_path, f"127.0.0.1:{moved}"))
+            status = await info.reload("SIGHUP")
+            assert status.ok, status
+            assert info.ports["forward"] == moved
+            assert await acked(info, "after-move")
+            assert (await ready(info))[0] == 200
+            with pytest.raises(OSError, match="failed"):
+                await trio.open_tcp_stream("127.0.0.1", first)
+    finally:
+        busy.close()
+
+
+@pytest.mark.trio
+async def test_a_listener_that_is_not_open_is_started_by_the_next_reload(tmp_path: Path) -> None:
+    file = tmp_path / "appliance.toml"
+    file.write_text(config_text(tmp_path, "127.0.0.1:0"))
+    async with running(load_config(file)) as info:
+        assert info.reload is not None
+        # The listener is down (as after a re-open whose fallback failed too).
+        info.accepting.pop("forward").cancel()
+        info.services.pop("forward")
+        info.ports.pop("forward")
+        status, body = await ready(info)
+        assert status == 503
+        assert body["checks"]["listeners"] == {"ok": False, "reason": "not open: forward"}  # type: ignore[index]
+        status_after = await info.reload("SIGHUP")  # the file did not change
+        assert status_after.ok, status_after
+        assert "forward" in info.ports
+        assert await acked(info, "repaired")
+        assert (await ready(info))[0] == 200
