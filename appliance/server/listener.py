@@ -56,6 +56,7 @@ from appliance.logs import get_logger
 from appliance.metrics import NULL_LISTENER, ListenerMetrics
 from appliance.server.proxied import ProxyFailure, ProxySettings, is_health_check, read_proxy_header
 from appliance.server.revocation import Credential, Guard, OpenConnections, Revoked
+from appliance.server.tls_errors import handshake_failure
 from pki.tls import peer_subject
 
 __all__ = [
@@ -430,7 +431,7 @@ class TcpService:
                     try:
                         await tls.do_handshake()
                     except trio.BrokenResourceError as exc:
-                        reason = str(exc.__cause__ or exc) or "peer closed during handshake"
+                        reason = handshake_failure(exc.__cause__)
                         log.warning(
                             "tls.handshake_failed", listener=self.name, peer=peer, reason=reason
                         )
