@@ -11,11 +11,13 @@ file never interleaves with it.
 from __future__ import annotations
 
 import ipaddress
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Final
 
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session, selectinload
 
@@ -38,6 +40,8 @@ MAX_SECRET_BYTES: Final = 1024
 #: Associated-data kinds of the sealed secrets (a ciphertext opens only as its own kind).
 KIND_USER: Final = "user"
 KIND_KEY: Final = "shared-key"
+#: Bytes of the stand-in password opened for a user that has none: about a typical password's.
+DECOY_PASSWORD_BYTES: Final = 32
 
 
 def check_secret(what: str, secret: bytes) -> bytes:
@@ -77,6 +81,21 @@ class CredentialTables(TableStore):
     def __init__(self, engine: Engine, secret_key_file: Path) -> None:
         super().__init__(engine)
         self.vault = SecretVault(secret_key_file)
+        # A stand-in sealed under a key of its own, opened for a user that
+        # has no password to open: as long as opening a real one.
+        self._decoy_key = AESGCM.generate_key(256)
+        self._decoy_nonce = os.urandom(12)
+        self._decoy_sealed = AESGCM(self._decoy_key).encrypt(
+            self._decoy_nonce, bytes(DECOY_PASSWORD_BYTES), KIND_USER.encode()
+        )
+
+    def _open_decoy(self) -> None:
+        """Spend on an unknown or disabled user what opening a password costs.
+
+        Whether a username exists must not show in the time a handshake
+        takes; the look-up itself is the same query either way.
+        """
+        AESGCM(self._decoy_key).decrypt(self._decoy_nonce, self._decoy_sealed, KIND_USER.encode())
 
     @contextmanager
     def _write(self, *, seals: bool = False) -> Iterator[Session]:

@@ -34,8 +34,9 @@ from zmq.utils import z85
 
 from auth.errors import ConflictError, InvalidValueError
 from auth.models import NAME_LENGTH, Base, UtcDateTime, utc_now
+from auth.principals import check_principal_name
 from auth.records import CurveKeyInfo
-from auth.tablestore import TableStore, check_name
+from auth.tablestore import TableStore
 
 __all__ = [
     "Z85_KEY_LENGTH",
@@ -119,7 +120,7 @@ class CurveKeyStore(TableStore):
             InvalidValueError: a bad name or key.
             ConflictError: the name or the key is already there (revoked ones too).
         """
-        name = check_name("CURVE key", name)
+        name = check_principal_name("CURVE key", name)
         key = check_public_key(public_key)
         with self._write() as session:
             taken = session.scalar(

@@ -33,8 +33,9 @@ from sqlalchemy.orm import Mapped, mapped_column
 
 from auth.errors import ConflictError, InvalidValueError
 from auth.models import NAME_LENGTH, Base, UtcDateTime, utc_now
+from auth.principals import check_principal_name
 from auth.records import TokenGrant, TokenInfo
-from auth.tablestore import TableStore, check_name
+from auth.tablestore import TableStore
 
 __all__ = [
     "MAX_TAG_PREFIXES",
@@ -147,7 +148,7 @@ class TokenStore(TableStore):
             InvalidValueError: a bad name, scope or tag prefix.
             ConflictError: the name is taken (revoked tokens too).
         """
-        name = check_name("token", name)
+        name = check_principal_name("token", name)
         if scope not in SCOPES:
             raise InvalidValueError(f"scope must be one of {', '.join(SCOPES)}, not {scope!r}")
         prefixes = _check_prefixes(tag_prefixes)

@@ -12,8 +12,8 @@ from sqlalchemy.orm import selectinload
 from auth.credentials import KIND_USER, CredentialTables, check_secret
 from auth.errors import ConflictError
 from auth.models import User, utc_now
+from auth.principals import check_principal_name
 from auth.records import UserInfo
-from auth.tablestore import check_name
 
 __all__ = ["UserAdmin"]
 
@@ -35,7 +35,7 @@ class UserAdmin(CredentialTables):
 
     def add_user(self, name: str, password: bytes, *, actor: str, enabled: bool = True) -> UserInfo:
         """Create a user (the name must be free)."""
-        check_name("user", name)
+        check_principal_name("user", name)
         check_secret("password", password)
         with self._write(seals=True) as session:
             if session.scalar(select(User.id).where(User.name == name)) is not None:

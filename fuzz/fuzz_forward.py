@@ -52,7 +52,7 @@ with instrumented(__name__):
     from appliance.server.sessions.forward import ForwardSession, _Security
     from auth.errors import AuthError
     from auth.policy import SourcePolicy
-    from auth.ratelimit import FailureLimiter, LimiterSettings
+    from auth.ratelimit import GuessLimiter, GuessRules, LimiterSettings
     from fuzz.harness import SMALL_LIMITS, FuzzInput, connection_info, drive, fuzz_main
 
 #: The shared key the seeds' PINGs are signed with.
@@ -160,10 +160,11 @@ def run_one(data: bytes) -> None:
     unknown = fuzz.has(UNKNOWN_NETWORK)
     unavailable = unknown and fuzz.has(ALLOW_ANONYMOUS_USER)
     throttled = unknown and fuzz.has(ACCEPT_ANY_PING)
-    limiter = FailureLimiter(LimiterSettings())
+    # A clock that stands still: a throttled address stays throttled for the run.
+    limiter = GuessLimiter(GuessRules.of(LimiterSettings()), clock=lambda: 0.0)
     if throttled:
-        for _ in range(LimiterSettings().free_failures + 1):
-            limiter.record_failure(info.address)
+        for _ in range(limiter.rules.address.free_failures + 1):
+            limiter.record_failure(info.address, "")
     with _no_threads_no_randomness():
         security = None
         if settings.security != "off":

@@ -194,6 +194,7 @@ PAGE_SECTIONS: Final[dict[str, tuple[type, ...]]] = {
     "lumberjack.md": (LumberjackListenerConfig,),
     "maintenance.md": (MaintenanceConfig, RetentionConfig, LakeConfig),
     "observability.md": (AdminConfig,),
+    "security.md": (ForwardListenerConfig,),
     "spark.md": (SparkConfig,),
     "wal.md": (WalConfig, LakeConfig),
     "websocket.md": (WebSocketListenerConfig,),

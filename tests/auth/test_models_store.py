@@ -6,6 +6,7 @@ import datetime as dt
 import shutil
 import threading
 from pathlib import Path
+from unittest import mock
 
 import pytest
 from sqlalchemy import create_engine, select, text
@@ -488,6 +489,20 @@ def test_rotation_stops_on_an_unreadable_secret(
 # -- audit -----------------------------------------------------------------------------------
 
 
+def test_a_user_without_a_password_costs_what_opening_one_costs(
+    store: SqlCredentialStore,
+) -> None:
+    """Unknown or disabled: a stand-in secret is opened, so existence takes no time to tell."""
+    store.add_user("alice", b"pw-alice", actor=ADMIN)
+    store.add_user("bob", b"pw-bob", actor=ADMIN, enabled=False)
+    with mock.patch.object(store, "_open_decoy", wraps=store._open_decoy) as decoy:
+        assert store.password_of("nobody") is None
+        assert store.password_of("bob") is None
+        assert decoy.call_count == 2
+        assert store.password_of("alice") == b"pw-alice"
+        assert decoy.call_count == 2
+
+
 def test_audit_log_records_changes_and_failures_without_secrets(
     store: SqlCredentialStore, migrated_url: str
 ) -> None:
@@ -501,6 +516,8 @@ def test_audit_log_records_changes_and_failures_without_secrets(
     store.note_failure("192.0.2.7", "mallory", "password digest mismatch")
     store.note_failure("192.0.2.8", None, "shared key digest mismatch")
     store.note_failure("192.0.2.9", "evil\x1b[2Jname", "x" * 5000)
+    store.note_failure("192.0.2.10", "cli:root", "password digest mismatch")
+    store.note_failure("192.0.2.11", "a\\x0ab\nc", "password digest mismatch")
 
     entries = store.audit_entries()
     actions = [e.action for e in reversed(entries)]
@@ -514,17 +531,26 @@ def test_audit_log_records_changes_and_failures_without_secrets(
         "auth.failure",
         "auth.failure",
         "auth.failure",
+        "auth.failure",
+        "auth.failure",
     ]
-    failure = entries[2]
+    # A failed handshake proved no identity: its actor is the address, never
+    # the name the client claimed (which is the target, escaped).
+    failure = entries[4]
     assert (failure.source_address, failure.actor, failure.target) == (
         "192.0.2.7",
-        "mallory",
+        "unauthenticated:192.0.2.7",
         "mallory",
     )
     assert failure.detail == "password digest mismatch"
-    assert entries[1].actor is None
-    assert entries[0].actor == "evil\\x1b[2Jname"  # no terminal escapes stored
-    assert len(entries[0].detail) == 1000
+    assert (entries[3].actor, entries[3].target) == ("unauthenticated:192.0.2.8", "")
+    assert entries[2].actor == "unauthenticated:192.0.2.9"
+    assert entries[2].target == "evil\\x1b[2Jname"  # no terminal escapes stored
+    assert len(entries[2].detail) == 1000
+    assert (entries[1].actor, entries[1].target) == ("unauthenticated:192.0.2.10", "cli:root")
+    # The backslash is escaped too: a sent "\x0a" never reads as an escaped newline.
+    assert entries[0].target == "a\\\\x0ab\\x0ac"
+    assert not any(e.actor == "cli:root" for e in entries)
     assert all(e.at.tzinfo is not None for e in entries)
     assert entries[-1].actor == ADMIN
 
