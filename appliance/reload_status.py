@@ -3,9 +3,11 @@
 ``appliance cert revoke|rotate-server|reload`` send SIGHUP to the process that
 holds the state directory's lock; the service answers by rewriting
 ``<state_dir>/reload-status.json`` (atomically, 0600) with a generation
-number that grows with every reload, whether it succeeded, and what needs a
-restart. The CLI waits for a generation newer than the one it saw before the
-signal, so it can say truthfully whether the running service reloaded.
+number that grows with every reload, whether it succeeded, what needs a
+restart, and the number of the appliance CRL its TLS contexts check. The CLI
+waits for a generation newer than the one it saw before the signal, so it
+can say truthfully whether the running service reloaded, and, after ``cert
+revoke``, whether it checks a CRL that lists the revocation.
 """
 
 from __future__ import annotations
@@ -36,6 +38,10 @@ class ReloadStatus:
     restart_required: list[str] = field(default_factory=list)
     #: Why the reload failed, when it did.
     error: str | None = None
+    #: The CRL number of the appliance CRL the TLS contexts check (for a
+    #: supervisor: the lowest of its workers'); None when they check none of the
+    #: appliance's CRLs (``[tls] client_ca_file`` set, or no CA yet).
+    crl_number: int | None = None
 
 
 def write_status(state_dir: Path, status: ReloadStatus) -> None:
@@ -51,6 +57,10 @@ def write_status(state_dir: Path, status: ReloadStatus) -> None:
     os.replace(tmp, path)
 
 
+def _optional_int(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
 def read_status(state_dir: Path) -> ReloadStatus | None:
     """The latest status, or None when there is none (or it cannot be read)."""
     try:
@@ -62,6 +72,7 @@ def read_status(state_dir: Path) -> ReloadStatus | None:
             applied=[str(x) for x in data.get("applied", [])],
             restart_required=[str(x) for x in data.get("restart_required", [])],
             error=data.get("error"),
+            crl_number=_optional_int(data.get("crl_number")),
         )
     except (OSError, ValueError, KeyError, TypeError):
         return None

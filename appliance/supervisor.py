@@ -14,12 +14,17 @@ serves nothing itself:
   it), restarts one that exits (after 1 s, doubling to 30 s), and tells
   systemd ``READY=1`` once all are up (the workers do not talk to systemd);
 * SIGHUP (``appliance cert ...``, ``systemctl reload``) goes to every
-  worker; the supervisor writes the combined outcome to its own
-  ``reload-status.json`` once every worker has answered;
+  worker, one that is starting or restarting included (it is signalled once
+  it is ready: it may have read the files before the change); each must
+  answer with a CRL number at least that of the CRL on disk when the signal
+  came. The supervisor writes the combined outcome to its own
+  ``reload-status.json`` once every worker has answered, or after
+  :data:`RELOAD_WAIT_SECONDS` naming each worker that did not;
 * SIGTERM or SIGINT stops every worker (each drains and acks as a single
   service does) and ends once they have, killing a worker that takes
   longer than ``shutdown_timeout_seconds`` plus :data:`STOP_GRACE_SECONDS`;
-* it re-signs the CRL before it runs out and has the workers reload it.
+* it re-signs the CRL before it runs out (under the PKI lock, so never over a
+  CLI's newer CRL) and has every worker reload it the same way.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from pathlib import Path
 from typing import Final
 
 import trio
+from cryptography import x509
 
 from appliance.config import Config, ConfigError, load_config, settings_from
 from appliance.logs import get_logger
@@ -42,6 +48,7 @@ from appliance.server.registry import stores_needed
 from appliance.server.sdnotify import Notifier
 from appliance.server.tls import TlsManager
 from appliance.state_lock import PID_FILE, StateLock, StateLocked
+from pki.authority import PkiPaths, crl_number
 from pki.errors import PkiError
 
 __all__ = [
@@ -66,8 +73,9 @@ RESTART_INITIAL_SECONDS: Final = 1.0
 RESTART_MAX_SECONDS: Final = 30.0
 #: Seconds a stopping worker gets beyond its own shutdown_timeout_seconds before SIGKILL.
 STOP_GRACE_SECONDS: Final = 30.0
-#: Longest the supervisor waits for every worker to answer a reload, in seconds: under
-#: the CLI's own wait (RELOAD_CONFIRM_TIMEOUT_SECONDS, 10 s), so it gets the answer.
+#: Longest the supervisor waits for every worker to answer a reload, a restarting one
+#: included, in seconds: under the CLI's own wait (RELOAD_CONFIRM_TIMEOUT_SECONDS,
+#: 10 s), so it gets the answer.
 RELOAD_WAIT_SECONDS: Final = 8.0
 #: Seconds between looks at a worker's pid file or reload status.
 POLL_SECONDS: Final = 0.1
@@ -212,7 +220,7 @@ async def _supervise(config: Config, state_lock: StateLock, signals: AsyncIterat
         notifier.notify("READY=1", f"STATUS=workers: {len(workers)}")
         nursery.start_soon(notifier.keep_alive)
         if config.tls.client_ca_file is None:
-            nursery.start_soon(_refresh_crl, tls, workers)
+            nursery.start_soon(_refresh_crl, tls, reloads, config, workers)
     log.info("supervisor.stopped", workers=len(workers))
 
 
@@ -301,32 +309,90 @@ async def _terminate(process: trio.Process, grace: float) -> None:
     await process.wait()
 
 
-async def _reload_serialized(lock: trio.Lock, config: Config, workers: Sequence[_Worker]) -> None:
-    """One reload at a time; each writes the next generation of the combined status."""
+async def _reload_serialized(
+    lock: trio.Lock, config: Config, workers: Sequence[_Worker], *, publish: bool = True
+) -> None:
+    """One reload at a time; each published one writes the next generation of the combined status.
+
+    ``publish`` false (the supervisor's own CRL re-sign): the workers reload and
+    confirm all the same, but the status the CLI waits on is left alone, so that
+    no command takes this reload for the answer to its own signal.
+    """
     async with lock:
         previous = read_status(config.state_dir)
-        await _reload(config, workers, (previous.generation if previous else 0) + 1)
+        status = await _reload(config, workers, (previous.generation if previous else 0) + 1)
+        if publish:
+            write_status(config.state_dir, status)
 
 
-async def _reload(config: Config, workers: Sequence[_Worker], generation: int) -> None:
-    """Forward SIGHUP to the ready workers, wait for their answers, write the combined one.
+def _crl_on_disk(config: Config) -> int | None:
+    """The number of the appliance CRL on disk, which every worker must then check, or None."""
+    if config.tls.client_ca_file is not None or config.tls.crl_file is not None:
+        return None  # the workers check the operator's CRL, which this CA does not number
+    try:
+        return crl_number(x509.load_pem_x509_crl(PkiPaths(config.pki_dir).crl.read_bytes()))
+    except (OSError, ValueError):
+        return None
 
-    A worker that is starting is not signalled (it would die of SIGHUP before
-    it handles it); it reads the files as they are now when it is ready.
+
+def _confirms(status: ReloadStatus, required: int | None) -> bool:
+    """Whether ``status`` answers a reload that must load CRL number ``required`` or later.
+
+    A failed reload answers too (it is reported); an ok one that loaded an older CRL
+    was a reload under way before the change, and the signal sent after it brings
+    the next.
     """
-    ready = [worker for worker in workers if worker.ready]
-    before = {w.index: _generation(config, w.index) for w in ready}
-    for worker in ready:
+    if not status.ok or required is None or status.crl_number is None:
+        return True
+    return status.crl_number >= required
+
+
+async def _confirm(
+    config: Config, worker: _Worker, required: int | None, answers: dict[int, ReloadStatus]
+) -> None:
+    """Have ``worker`` reload, and put its answer in ``answers``.
+
+    A worker that is starting or restarting is waited for, then signalled: it
+    may have read the files before the change (and SIGHUP before it is ready
+    would end it). One that restarts before it answers is asked again.
+    """
+    state_dir = config.worker_state_dir(worker.index)
+    while True:
+        while not worker.ready:
+            await trio.sleep(POLL_SECONDS)
+        pid = worker.pid
+        # Its start status comes just after its pid file: the generation to go beyond.
+        before: int | None = None
+        while before is None and worker.ready and worker.pid == pid:
+            status = read_status(state_dir)
+            if status is not None and status.pid == pid:
+                before = status.generation
+            else:
+                await trio.sleep(POLL_SECONDS)
+        if before is None:
+            continue  # it stopped meanwhile: its next process is asked
         worker.signal(signal.SIGHUP)
+        while worker.ready and worker.pid == pid:
+            status = read_status(state_dir)
+            if (
+                status is not None
+                and status.pid == pid
+                and status.generation > before
+                and _confirms(status, required)
+            ):
+                answers[worker.index] = status
+                return
+            await trio.sleep(POLL_SECONDS)
+
+
+async def _reload(config: Config, workers: Sequence[_Worker], generation: int) -> ReloadStatus:
+    """Have every worker reload and confirm it; the combined status (not written here)."""
+    required = _crl_on_disk(config)
     answers: dict[int, ReloadStatus] = {}
     with trio.move_on_after(RELOAD_WAIT_SECONDS):
-        while len(answers) < len(ready):
-            for worker in ready:
-                status = read_status(config.worker_state_dir(worker.index))
-                if status is not None and status.generation > before[worker.index]:
-                    answers[worker.index] = status
-            if len(answers) < len(ready):
-                await trio.sleep(POLL_SECONDS)
+        async with trio.open_nursery() as nursery:
+            for worker in workers:
+                nursery.start_soon(_confirm, config, worker, required, answers)
     restart: set[str] = set()
     if config.source is not None:
         try:
@@ -334,47 +400,58 @@ async def _reload(config: Config, workers: Sequence[_Worker], generation: int) -
                 restart.add("workers")
         except ConfigError:
             pass  # each worker reports the broken file itself
-    errors = [
-        f"worker {index}: {status.error}"
-        for index, status in sorted(answers.items())
-        if not status.ok and status.error
-    ]
-    missing = sorted({w.index for w in ready} - set(answers))
-    errors += [f"worker {index} did not answer the reload" for index in missing]
+    errors: list[str] = []
+    for worker in workers:
+        answer = answers.get(worker.index)
+        if answer is None:
+            doing = "running" if worker.ready else "restarting"
+            errors.append(
+                f"worker {worker.index} ({doing}) did not confirm the reload within "
+                f"{RELOAD_WAIT_SECONDS:g} s"
+            )
+        elif not answer.ok:
+            errors.append(f"worker {worker.index}: {answer.error or 'its reload failed'}")
     applied = sorted({item for status in answers.values() for item in status.applied})
-    for status in answers.values():
-        restart.update(status.restart_required)
+    for answer in answers.values():
+        restart.update(answer.restart_required)
+    numbers = [answer.crl_number for answer in answers.values()]
+    # Every worker's, or none: the lowest is what the whole service is sure to check.
+    combined = (
+        min(n for n in numbers if n is not None)
+        if len(answers) == len(workers) and numbers and None not in numbers
+        else None
+    )
     status = ReloadStatus(
         os.getpid(), generation, ok=not errors, applied=applied,
         restart_required=sorted(restart), error="; ".join(errors) or None,
+        crl_number=combined,
     )  # fmt: skip
-    write_status(config.state_dir, status)
     log.info(
         "supervisor.reloaded", ok=status.ok, applied=applied,
         restart_required=status.restart_required, error=status.error,
+        crl_number=combined, required_crl_number=required,
     )  # fmt: skip
+    return status
 
 
-def _generation(config: Config, index: int) -> int:
-    status = read_status(config.worker_state_dir(index))
-    return -1 if status is None else status.generation
-
-
-async def _refresh_crl(tls: TlsManager, workers: Sequence[_Worker]) -> None:
-    """Re-sign the CRL before it runs out, and have the workers reload it, every hour."""
+async def _refresh_crl(
+    tls: TlsManager, reloads: trio.Lock, config: Config, workers: Sequence[_Worker]
+) -> None:
+    """Re-sign the CRL before it runs out, and have every worker reload it, every hour."""
     while True:
         await trio.sleep(CRL_CHECK_SECONDS)
-        if tls.ca.exists and tls.ca.crl_needs_refresh():
-            try:
-                await trio.to_thread.run_sync(tls.ca.write_crl)
-            except (PkiError, OSError) as exc:
-                # The workers keep serving the current CRL; try again in an hour.
-                log.error("supervisor.crl_refresh_failed", reason=str(exc))
-                continue
+        if not (tls.ca.exists and tls.ca.crl_needs_refresh()):
+            continue
+        try:
+            # Checked again under the PKI lock: a CLI may have signed a newer one meanwhile.
+            signed = await trio.to_thread.run_sync(tls.ca.refresh_crl)
+        except (PkiError, OSError) as exc:
+            # The workers keep serving the current CRL; try again in an hour.
+            log.error("supervisor.crl_refresh_failed", reason=str(exc))
+            continue
+        if signed:
             log.info("supervisor.crl_refreshed", workers=len(workers))
-            for worker in workers:
-                if worker.ready:
-                    worker.signal(signal.SIGHUP)
+            await _reload_serialized(reloads, config, workers, publish=False)
 
 
 def _left_log_dirs(config: Config) -> list[Path]:

@@ -13,6 +13,14 @@ the PKI directory (``<state_dir>/pki``)::
 
 The CA key is kept unencrypted at mode 0600 because the service re-signs the
 CRL by itself; protect the state directory accordingly.
+
+Every change (the CA created or imported, a certificate issued or revoked,
+the server credentials replaced, a CRL signed) holds the PKI lock
+(:mod:`pki.lock`) from the files it reads to the last file it writes, so
+changes from several processes (CLI commands, the service's CRL re-sign)
+never undo each other. Each CRL carries a CRL number one higher than the
+last: a CRL with a number at least N lists every revocation that the CRL
+number N listed.
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ from __future__ import annotations
 import datetime as dt
 import ipaddress
 import socket
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, Literal
@@ -30,8 +39,10 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from pki.errors import PkiError
-from pki.files import write_private, write_public
+from pki.files import read_private, write_private, write_public
 from pki.inventory import Inventory, IssuedCert
+from pki.lock import PKI_LOCK_WAIT_SECONDS, pki_lock
+from pki.names import check_client_name, check_server_name, check_server_names
 
 __all__ = [
     "CA_VALIDITY_DAYS",
@@ -43,6 +54,7 @@ __all__ = [
     "Issued",
     "KeyType",
     "PkiPaths",
+    "crl_number",
 ]
 
 CA_VALIDITY_DAYS: Final = 3650
@@ -152,13 +164,29 @@ def _san(names: list[str]) -> x509.SubjectAlternativeName:
     return x509.SubjectAlternativeName(entries)
 
 
+def _is_server_name(name: str) -> bool:
+    try:
+        check_server_name(name)
+    except PkiError:
+        return False
+    return True
+
+
 def default_server_names() -> list[str]:
-    """localhost, the loopback addresses, and this machine's names."""
+    """localhost, the loopback addresses, and this machine's names (those that are DNS names)."""
     names = ["localhost", "127.0.0.1", "::1"]
     for name in (socket.gethostname(), socket.getfqdn()):
-        if name and name not in names:
+        if name and name not in names and _is_server_name(name):
             names.append(name)
     return names
+
+
+def crl_number(crl: x509.CertificateRevocationList) -> int | None:
+    """The CRL number of ``crl`` (None: it has none, e.g. signed by an older version)."""
+    try:
+        return crl.extensions.get_extension_for_class(x509.CRLNumber).value.crl_number
+    except x509.ExtensionNotFound:
+        return None
 
 
 def _now() -> dt.datetime:
@@ -171,6 +199,14 @@ class CertificateAuthority:
     def __init__(self, paths: PkiPaths) -> None:
         self.paths = paths
         self.inventory = Inventory(paths.index)
+
+    def locked(self, wait: float = PKI_LOCK_WAIT_SECONDS) -> AbstractContextManager[None]:
+        """The PKI lock, for a change (or a consistent read) of several files.
+
+        Raises:
+            pki.lock.PkiLockTimeout: another process held it for ``wait`` seconds.
+        """
+        return pki_lock(self.paths.directory, wait=wait)
 
     # -- the CA itself ---------------------------------------------------------
 
@@ -188,15 +224,19 @@ class CertificateAuthority:
 
     def _key(self) -> PrivateKey:
         try:
-            return load_key(self.paths.ca_key.read_bytes())
+            return load_key(read_private(self.paths.ca_key))
         except (OSError, ValueError) as exc:
             raise PkiError(f"cannot read the CA key {self.paths.ca_key}: {exc}") from None
 
     def create(self, common_name: str | None = None, key_type: KeyType = "ec") -> None:
         """Create a new self-signed CA (replaces nothing: fails if one exists)."""
-        if self.exists:
-            raise PkiError(f"a CA already exists in {self.paths.directory}")
         key = new_key(key_type)
+        with self.locked():
+            if self.exists:
+                raise PkiError(f"a CA already exists in {self.paths.directory}")
+            self._create(key, common_name)
+
+    def _create(self, key: PrivateKey, common_name: str | None) -> None:
         now = _now()
         name = x509.Name(
             [
@@ -243,15 +283,24 @@ class CertificateAuthority:
         Returns:
             True when something was created.
         """
+        paths = self.paths
+        if (
+            paths.ca_cert.exists()
+            and paths.server_cert.exists()
+            and paths.server_key.exists()
+            and not (paths.ca_key.exists() and self.crl_needs_refresh())
+        ):
+            return False  # nothing to do: every start of a set-up service, without the lock
         created = False
-        if not self.paths.ca_cert.exists():
-            self.create()
-            created = True
-        if not self.paths.server_cert.exists() or not self.paths.server_key.exists():
-            self.rotate_server(server_names)
-            created = True
-        if self.paths.ca_key.exists() and self.crl_needs_refresh():
-            self.write_crl()
+        with self.locked():
+            if not self.paths.ca_cert.exists():
+                self.create()
+                created = True
+            if not self.paths.server_cert.exists() or not self.paths.server_key.exists():
+                self.rotate_server(server_names)
+                created = True
+            if self.paths.ca_key.exists() and self.crl_needs_refresh():
+                self.write_crl()
         return created
 
     # -- issuing -----------------------------------------------------------------
@@ -263,11 +312,23 @@ class CertificateAuthority:
         kind: Literal["server", "client"],
         names: list[str],
         days: int,
-        key_type: KeyType,
+        key: PrivateKey,
+    ) -> Issued:
+        # The new key is made by the caller, before the lock: RSA takes a while.
+        with self.locked():
+            return self._sign(subject, kind=kind, names=names, days=days, key=key)
+
+    def _sign(
+        self,
+        subject: x509.Name,
+        *,
+        kind: Literal["server", "client"],
+        names: list[str],
+        days: int,
+        key: PrivateKey,
     ) -> Issued:
         ca_cert = self.certificate()
         ca_key = self._key()
-        key = new_key(key_type)
         now = _now()
         usage = (
             ExtendedKeyUsageOID.SERVER_AUTH if kind == "server" else ExtendedKeyUsageOID.CLIENT_AUTH
@@ -298,11 +359,14 @@ class CertificateAuthority:
     def issue_server(
         self, names: list[str], *, days: int = SERVER_VALIDITY_DAYS, key_type: KeyType = "ec"
     ) -> Issued:
-        """A server certificate for ``names`` (DNS names or IP addresses; the first is the CN)."""
-        if not names:
-            raise PkiError("a server certificate needs at least one name")
+        """A server certificate for ``names`` (DNS names or IP addresses; the first is the CN).
+
+        Raises:
+            PkiError: a name is not a server name (:func:`pki.names.check_server_names`).
+        """
+        check_server_names(names)
         subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, names[0])])
-        return self._issue(subject, kind="server", names=names, days=days, key_type=key_type)
+        return self._issue(subject, kind="server", names=names, days=days, key=new_key(key_type))
 
     def issue_client(
         self,
@@ -312,12 +376,18 @@ class CertificateAuthority:
         days: int = CLIENT_VALIDITY_DAYS,
         key_type: KeyType = "ec",
     ) -> Issued:
-        """A client certificate; its subject becomes the ``source`` of the client's events."""
+        """A client certificate; its subject becomes the ``source`` of the client's events.
+
+        Raises:
+            PkiError: ``common_name`` is not a certificate name
+                (:func:`pki.names.check_client_name`).
+        """
+        check_client_name(common_name)
         attributes = [x509.NameAttribute(NameOID.COMMON_NAME, common_name)]
         if organization:
             attributes.append(x509.NameAttribute(NameOID.ORGANIZATION_NAME, organization))
         return self._issue(
-            x509.Name(attributes), kind="client", names=[], days=days, key_type=key_type
+            x509.Name(attributes), kind="client", names=[], days=days, key=new_key(key_type)
         )
 
     def rotate_server(self, names: list[str] | None = None, *, key_type: KeyType = "ec") -> Issued:
@@ -328,31 +398,108 @@ class CertificateAuthority:
         """
         wanted = default_server_names()
         wanted += [n for n in names or [] if n not in wanted]
-        issued = self.issue_server(wanted, key_type=key_type)
-        write_private(self.paths.server_key, issued.key_pem())
-        write_public(self.paths.server_cert, issued.cert_pem() + self.paths.ca_cert.read_bytes())
+        check_server_names(wanted)
+        key = new_key(key_type)
+        subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, wanted[0])])
+        # One lock from the signature to the last file: two rotations at once cannot
+        # leave the key of one next to the certificate of the other.
+        with self.locked():
+            issued = self._sign(
+                subject, kind="server", names=wanted, days=SERVER_VALIDITY_DAYS, key=key
+            )
+            write_private(self.paths.server_key, issued.key_pem())
+            write_public(
+                self.paths.server_cert, issued.cert_pem() + self.paths.ca_cert.read_bytes()
+            )
         return issued
 
     # -- revocation ----------------------------------------------------------------
 
     def revoke(self, serial: int, reason: str = "unspecified") -> IssuedCert:
-        """Mark ``serial`` revoked and re-sign the CRL."""
+        """Mark ``serial`` revoked and re-sign the CRL, under one hold of the PKI lock.
+
+        A serial that the index has revoked but the CRL does not list (an earlier
+        revoke stopped between the two) gets its CRL now.
+
+        Raises:
+            PkiError: unknown reason or serial, or the serial is on the CRL already.
+        """
         if reason not in REVOCATION_REASONS:
             raise PkiError(f"unknown reason {reason!r}; one of {', '.join(REVOCATION_REASONS)}")
-        entry = self.inventory.revoke(serial, reason, _now())
-        self.write_crl()
+        with self.locked():
+            entry = self.inventory.get(serial)
+            if entry.revoked_at is None:
+                entry = self.inventory.revoke(serial, reason, _now())
+            elif self._listed(serial):
+                raise PkiError(f"certificate {entry.serial_hex} is already revoked")
+            self.write_crl()
         return entry
 
+    def _listed(self, serial: int) -> bool:
+        try:
+            crl = self.published_crl()
+        except PkiError:
+            return False
+        return crl.get_revoked_certificate_by_serial_number(serial) is not None
+
+    def published_crl(self) -> x509.CertificateRevocationList:
+        """The CRL on disk, its signature checked against the CA certificate.
+
+        Raises:
+            PkiError: it cannot be read, or the CA did not sign it.
+        """
+        try:
+            crl = x509.load_pem_x509_crl(self.paths.crl.read_bytes())
+        except (OSError, ValueError) as exc:
+            raise PkiError(f"cannot read the CRL {self.paths.crl}: {exc}") from None
+        public_key = self.certificate().public_key()
+        if not isinstance(public_key, ec.EllipticCurvePublicKey | rsa.RSAPublicKey):
+            raise PkiError("only EC and RSA CA keys are supported")
+        if not crl.is_signature_valid(public_key):
+            raise PkiError(f"the CRL {self.paths.crl} is not signed by the CA {self.paths.ca_cert}")
+        return crl
+
+    def confirm_revoked(self, serial: int) -> int:
+        """The number of the CRL on disk, once it is read back and found to list ``serial``.
+
+        Raises:
+            PkiError: the CRL cannot be read, is not the CA's, or does not list ``serial``.
+        """
+        crl = self.published_crl()
+        if crl.get_revoked_certificate_by_serial_number(serial) is None:
+            raise PkiError(f"the CRL {self.paths.crl} does not list serial {serial:x}")
+        return crl_number(crl) or 0
+
+    def _last_crl_number(self) -> int:
+        """The highest CRL number signed so far: the index's, or the CRL file's if higher."""
+        number = self.inventory.last_crl_number()
+        try:
+            on_disk = crl_number(x509.load_pem_x509_crl(self.paths.crl.read_bytes()))
+        except (OSError, ValueError):
+            on_disk = None
+        return max(number, on_disk or 0)
+
     def write_crl(self) -> x509.CertificateRevocationList:
-        """Sign a CRL listing every revoked serial, valid ``CRL_VALIDITY_DAYS``."""
+        """Sign a CRL listing every revoked serial, valid ``CRL_VALIDITY_DAYS``.
+
+        Under the PKI lock from reading the index to writing ``crl.pem``: a
+        revocation made meanwhile by another process is either in the index
+        read here, or waits and signs a CRL of its own after this one.
+        """
+        with self.locked():
+            return self._write_crl()
+
+    def _write_crl(self) -> x509.CertificateRevocationList:
         ca_cert = self.certificate()
         ca_key = self._key()
         now = _now()
+        number = self._last_crl_number() + 1
         builder = (
             x509.CertificateRevocationListBuilder()
             .issuer_name(ca_cert.subject)
             .last_update(now - _CLOCK_SKEW)
             .next_update(now + dt.timedelta(days=CRL_VALIDITY_DAYS))
+            .add_extension(x509.CRLNumber(number), critical=False)
         )
         for entry in self.inventory.entries():
             if entry.revoked_at is None:
@@ -370,7 +517,26 @@ class CertificateAuthority:
             builder = builder.add_revoked_certificate(revoked)
         crl = builder.sign(ca_key, hashes.SHA256())
         write_public(self.paths.crl, crl.public_bytes(serialization.Encoding.PEM))
+        self.inventory.record_crl_number(number)
         return crl
+
+    def refresh_crl(self, wait: float = PKI_LOCK_WAIT_SECONDS) -> bool:
+        """Re-sign the CRL when it is missing or a third of its validity is left.
+
+        The check and the signature are under one hold of the lock, so several
+        processes that find it due sign it once between them.
+
+        Returns:
+            True when a new CRL was signed.
+
+        Raises:
+            pki.lock.PkiLockTimeout: another process held the lock for ``wait`` seconds.
+        """
+        with self.locked(wait):
+            if not self.exists or not self.crl_needs_refresh():
+                return False
+            self._write_crl()
+            return True
 
     def crl_needs_refresh(self) -> bool:
         """True when the CRL is missing or has less than a third of its validity left."""
@@ -393,20 +559,22 @@ class CertificateAuthority:
         constraints = cert.extensions.get_extension_for_class(x509.BasicConstraints).value
         if not constraints.ca:
             raise PkiError("the certificate is not a CA certificate (basicConstraints CA:FALSE)")
-        write_private(self.paths.ca_key, key_pem(key))
-        write_public(self.paths.ca_cert, cert.public_bytes(serialization.Encoding.PEM))
-        self.write_crl()
+        with self.locked():
+            write_private(self.paths.ca_key, key_pem(key))
+            write_public(self.paths.ca_cert, cert.public_bytes(serialization.Encoding.PEM))
+            self.write_crl()
 
     def import_server(self, chain_pem: bytes, key_pem_data: bytes) -> None:
         """Use an operator's server certificate (chain, leaf first) and key."""
         certs = x509.load_pem_x509_certificates(chain_pem)
         key = load_key(key_pem_data)
         _check_pair(certs[0], key)
-        write_private(self.paths.server_key, key_pem(key))
-        write_public(
-            self.paths.server_cert,
-            b"".join(c.public_bytes(serialization.Encoding.PEM) for c in certs),
-        )
+        with self.locked():
+            write_private(self.paths.server_key, key_pem(key))
+            write_public(
+                self.paths.server_cert,
+                b"".join(c.public_bytes(serialization.Encoding.PEM) for c in certs),
+            )
 
 
 def _load_cert(data: bytes) -> x509.Certificate:

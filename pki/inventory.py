@@ -2,7 +2,11 @@
 
 A small JSON file rather than a database table: the CA must work before the
 auth database exists (first start), and the file is rewritten atomically
-with mode 0644 (it holds no secrets).
+with mode 0644 (it holds no secrets). Every change reads, changes and
+rewrites it under the PKI lock (:mod:`pki.lock`), so concurrent changes
+(two ``cert issue-client`` and a ``cert revoke`` at once) all land. It also
+keeps the number of the latest CRL signed, so CRL numbers keep growing even
+if ``crl.pem`` is lost.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from cryptography import x509
 
 from pki.errors import PkiError
 from pki.files import write_public
+from pki.lock import pki_lock
 
 __all__ = ["EXPIRY_WARNING_DAYS", "Inventory", "IssuedCert", "status"]
 
@@ -90,28 +95,68 @@ def status(entry: IssuedCert, now: dt.datetime | None = None) -> Status:
     return "valid"
 
 
+def _entries(data: dict[str, Any]) -> list[IssuedCert]:
+    return [IssuedCert.from_json(item) for item in data.get("certificates", [])]
+
+
+def _crl_number(data: dict[str, Any]) -> int:
+    number = data.get("crl_number", 0)
+    return number if isinstance(number, int) else 0
+
+
 class Inventory:
-    """The issued certificates in ``index.json``."""
+    """The issued certificates in ``index.json``; changes hold the PKI lock of its directory."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
 
-    def entries(self) -> list[IssuedCert]:
-        """Every certificate issued, oldest first."""
+    def _load(self) -> dict[str, Any]:
         try:
             data = json.loads(self.path.read_text(encoding="utf-8"))
         except FileNotFoundError:
-            return []
+            return {}
         except (OSError, ValueError) as exc:
             raise PkiError(f"cannot read {self.path}: {exc}") from None
-        return [IssuedCert.from_json(item) for item in data.get("certificates", [])]
+        if not isinstance(data, dict):
+            raise PkiError(f"cannot read {self.path}: not a JSON object")
+        return data
 
-    def _save(self, entries: list[IssuedCert]) -> None:
-        payload = {"certificates": [e.to_json() for e in entries]}
+    def entries(self) -> list[IssuedCert]:
+        """Every certificate issued, oldest first."""
+        return _entries(self._load())
+
+    def last_crl_number(self) -> int:
+        """The number of the latest CRL signed (0: none yet)."""
+        return _crl_number(self._load())
+
+    def _save(self, entries: list[IssuedCert], crl_number: int) -> None:
+        payload: dict[str, Any] = {"certificates": [e.to_json() for e in entries]}
+        if crl_number:
+            payload["crl_number"] = crl_number
         write_public(self.path, (json.dumps(payload, indent=2) + "\n").encode())
 
     def add(self, entry: IssuedCert) -> None:
-        self._save([*self.entries(), entry])
+        """Record a newly issued certificate."""
+        with pki_lock(self.path.parent):
+            data = self._load()
+            self._save([*_entries(data), entry], _crl_number(data))
+
+    def record_crl_number(self, number: int) -> None:
+        """Remember ``number`` as the latest CRL's (the CA calls this when it signs one)."""
+        with pki_lock(self.path.parent):
+            data = self._load()
+            self._save(_entries(data), max(number, _crl_number(data)))
+
+    def get(self, serial: int) -> IssuedCert:
+        """The certificate with ``serial``.
+
+        Raises:
+            PkiError: there is none.
+        """
+        for entry in self.entries():
+            if entry.serial == serial:
+                return entry
+        raise PkiError(f"no certificate with serial {serial:x}")
 
     def find(self, ref: str) -> IssuedCert:
         """The certificate whose serial (hex) or common name is ``ref``."""
@@ -131,12 +176,19 @@ class Inventory:
         raise PkiError(f"no certificate with serial or name {ref!r}")
 
     def revoke(self, serial: int, reason: str, when: dt.datetime) -> IssuedCert:
-        entries = self.entries()
-        for index, entry in enumerate(entries):
-            if entry.serial == serial:
-                if entry.revoked_at is not None:
-                    raise PkiError(f"certificate {entry.serial_hex} is already revoked")
-                entries[index] = replace(entry, revoked_at=when, reason=reason)
-                self._save(entries)
-                return entries[index]
+        """Mark ``serial`` revoked (read, changed and written under the PKI lock).
+
+        Raises:
+            PkiError: there is no such certificate, or it is revoked already.
+        """
+        with pki_lock(self.path.parent):
+            data = self._load()
+            entries = _entries(data)
+            for index, entry in enumerate(entries):
+                if entry.serial == serial:
+                    if entry.revoked_at is not None:
+                        raise PkiError(f"certificate {entry.serial_hex} is already revoked")
+                    entries[index] = replace(entry, revoked_at=when, reason=reason)
+                    self._save(entries, _crl_number(data))
+                    return entries[index]
         raise PkiError(f"no certificate with serial {serial:x}")

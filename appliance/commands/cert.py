@@ -8,8 +8,14 @@ anything changes, so a change is never made without its audit entry.
 
 ``revoke``, ``rotate-server``, ``crl``, ``import`` and ``reload`` then ask
 the running service to reload (:mod:`appliance.commands.reload`) and exit 1
-unless it confirms; with no service running, the change is on disk and
-applies at the next start (exit 0, except ``reload``, which had nothing to do).
+unless it confirms (after a CRL change: that every process of it checks the
+new CRL); with no service running, the change is on disk and applies at the
+next start (exit 0, except ``reload``, which had nothing to do).
+
+``revoke`` says "revoked" only once it has read the new CRL back, checked
+the CA's signature on it and found the serial on it. Certificate names are
+checked before anything is written (:mod:`pki.names`), so ``issue-client
+NAME --out DIR`` writes in ``DIR`` and nowhere else.
 """
 
 from __future__ import annotations
@@ -36,11 +42,13 @@ from pki.authority import (
     SERVER_VALIDITY_DAYS,
     CertificateAuthority,
     PkiPaths,
+    crl_number,
 )
 from pki.bundle import pem_bundle, pkcs12_bundle
 from pki.errors import PkiError
 from pki.files import write_private, write_public
 from pki.inventory import IssuedCert, status
+from pki.names import check_client_name, check_server_names
 
 if TYPE_CHECKING:
     from auth.audit import AuditLog
@@ -89,14 +97,18 @@ def _record(
 # -- the service ---------------------------------------------------------------------------
 
 
-def reload_service(config: Config, timeout: float, *, required: bool = False) -> int:
+def reload_service(
+    config: Config, timeout: float, *, required: bool = False, crl: int | None = None
+) -> int:
     """Have the running service reload; prints what happened and returns the exit code.
 
     Args:
         required: there must be a running service (``cert reload``); otherwise
             "not running" is fine: the change applies at its next start.
+        crl: the number of the CRL the command wrote, which the service must
+            confirm it checks.
     """
-    outcome = request_reload(config.state_dir, timeout=timeout)
+    outcome = request_reload(config.state_dir, timeout=timeout, crl_number=crl)
     if outcome.confirmed:
         print(outcome.message)
         return 0
@@ -252,6 +264,7 @@ def _init(args: argparse.Namespace, config: Config) -> int:
 
 
 def _issue_server(args: argparse.Namespace, config: Config) -> int:
+    check_server_names(args.names)  # the first names the files in --out
     ca = _existing_ca(config)
     with _audit_log(config) as audit:
         issued = ca.issue_server(args.names, days=args.days, key_type=args.key_type)
@@ -279,6 +292,7 @@ def _passphrase(args: argparse.Namespace) -> bytes:
 
 
 def _issue_client(args: argparse.Namespace, config: Config) -> int:
+    check_client_name(args.name)  # it names the files in --out: never a path of its own
     ca = _existing_ca(config)
     passphrase = _passphrase(args) if args.p12 else None
     with _audit_log(config) as audit:
@@ -312,19 +326,23 @@ def _revoke(args: argparse.Namespace, config: Config) -> int:
     with _audit_log(config) as audit:
         entry = ca.revoke(ca.inventory.find(args.ref).serial, args.reason)
         _record(audit, "cert.revoke", entry, kind=entry.kind, reason=entry.reason or "")
+    # Only what is read back counts: the CRL on disk, signed by the CA, listing the serial.
+    number = ca.confirm_revoked(entry.serial)
     print(f"revoked {entry.serial_hex} ({entry.subject}), reason {entry.reason}")
-    return reload_service(config, args.reload_timeout)
+    print(f"CRL number {number} lists it: {ca.paths.crl}")
+    return reload_service(config, args.reload_timeout, crl=number)
 
 
 def _crl(args: argparse.Namespace, config: Config) -> int:
     ca = _existing_ca(config)
     crl = ca.write_crl()
     count = len(list(crl))
-    print(f"CRL with {count} revoked certificate(s): {ca.paths.crl}")
+    number = crl_number(crl)
+    print(f"CRL number {number} with {count} revoked certificate(s): {ca.paths.crl}")
     if args.out:
         write_public(Path(args.out), ca.paths.crl.read_bytes())
         print(f"copied to {args.out}")
-    return reload_service(config, args.reload_timeout)
+    return reload_service(config, args.reload_timeout, crl=number)
 
 
 def _import(args: argparse.Namespace, config: Config) -> int:
@@ -334,11 +352,13 @@ def _import(args: argparse.Namespace, config: Config) -> int:
         raise PkiError("nothing to import: use --ca-cert/--ca-key or --server-cert/--server-key")
     _create_state_dir(config)
     ca = _ca(config)
+    number: int | None = None
     with _audit_log(config) as audit:
         if args.ca_cert:
             ca.import_ca(Path(args.ca_cert).read_bytes(), Path(args.ca_key).read_bytes())
             _record(audit, "cert.import", ca.certificate(), kind="ca")
             print(f"imported CA into {ca.paths.ca_cert}")
+            number = crl_number(ca.published_crl())  # the new CA's CRL, which clients meet
         if args.server_cert:
             ca.import_server(
                 Path(args.server_cert).read_bytes(), Path(args.server_key).read_bytes()
@@ -347,7 +367,7 @@ def _import(args: argparse.Namespace, config: Config) -> int:
             _record(audit, "cert.import", leaf, kind="server", active="yes")
             print(f"imported server certificate into {ca.paths.server_cert}")
             _warn_if_not_presented(config)
-    return reload_service(config, args.reload_timeout)
+    return reload_service(config, args.reload_timeout, crl=number)
 
 
 def _rotate_server(args: argparse.Namespace, config: Config) -> int:

@@ -6,6 +6,10 @@ trusted. The CLI reads the service's reload status
 (:mod:`appliance.reload_status`), sends SIGHUP, and waits up to
 :data:`RELOAD_CONFIRM_TIMEOUT_SECONDS` for a status with a newer generation
 from that same process. Only that status lets a command say "reloaded".
+A command that changed the CRL (``cert revoke``, ``cert crl``, ``cert import
+--ca-cert``) also gives the CRL number it wrote: the status must report a
+CRL at least that new (a supervisor reports the lowest of its workers'), or
+the reload is not confirmed.
 
 A service that holds the lock but has written no status yet is still
 starting (or predates reload confirmation): it is not signalled until it
@@ -71,7 +75,7 @@ def _not_running(state_dir: Path) -> ReloadOutcome:
     )
 
 
-def _reloaded(pid: int, status: ReloadStatus) -> ReloadOutcome:
+def _reloaded(pid: int, status: ReloadStatus, crl_number: int | None) -> ReloadOutcome:
     if not status.ok:
         return ReloadOutcome(
             "failed",
@@ -80,9 +84,20 @@ def _reloaded(pid: int, status: ReloadStatus) -> ReloadOutcome:
             f"; it keeps its previous settings: fix that, then {RELOAD_ADVICE}",
             status,
         )
+    if crl_number is not None and status.crl_number is None:
+        return ReloadOutcome(
+            "unconfirmed",
+            pid,
+            f"the running service (pid {pid}) reloaded but reports no CRL of this CA in use "
+            f"([tls] client_ca_file or crl_file set, or a version that does not say): "
+            f"CRL number {crl_number} is not confirmed in force",
+            status,
+        )
     message = f"the running service (pid {pid}) reloaded"
     if status.applied:
         message += f" ({', '.join(status.applied)})"
+    if crl_number is not None:
+        message += f"; it checks CRL number {status.crl_number}"
     if status.restart_required:
         message += (
             f"; these changes need a restart to apply: {', '.join(status.restart_required)} "
@@ -91,9 +106,21 @@ def _reloaded(pid: int, status: ReloadStatus) -> ReloadOutcome:
     return ReloadOutcome("reloaded", pid, message, status)
 
 
+def _confirms(status: ReloadStatus, crl_number: int | None) -> bool:
+    """Whether ``status`` answers a reload that must bring CRL number ``crl_number`` or later.
+
+    A reload that was under way before the change (it loaded an older CRL) does not:
+    the signal sent after the change brings the next one.
+    """
+    if not status.ok or crl_number is None or status.crl_number is None:
+        return True
+    return status.crl_number >= crl_number
+
+
 def request_reload(
     state_dir: Path,
     *,
+    crl_number: int | None = None,
     timeout: float = RELOAD_CONFIRM_TIMEOUT_SECONDS,
     poll: float = RELOAD_POLL_SECONDS,
     holder: Callable[[Path], int | None] = holder_pid,
@@ -104,7 +131,9 @@ def request_reload(
 ) -> ReloadOutcome:
     """Signal the service holding ``state_dir`` to reload and wait for its confirmation.
 
-    The keyword arguments after ``poll`` are for tests (a fake clock, status, signal).
+    ``crl_number``: the CRL the command wrote; the service must confirm it checks
+    that one or a later one. The keyword arguments after ``poll`` are for tests (a
+    fake clock, status, signal).
     """
     pid = holder(state_dir)
     if pid is None:
@@ -141,9 +170,25 @@ def request_reload(
             f"service's user or root, or {RELOAD_ADVICE}",
         )
     seen = before.generation
-    after = wait_for(lambda status: status.generation > seen)
+    after = wait_for(lambda status: status.generation > seen and _confirms(status, crl_number))
     if after is not None:
-        return _reloaded(pid, after)
+        return _reloaded(pid, after, crl_number)
+    latest = read(state_dir)
+    if (
+        crl_number is not None
+        and latest is not None
+        and latest.pid == pid
+        and latest.generation > seen
+        and latest.crl_number is not None
+    ):
+        return ReloadOutcome(
+            "unconfirmed",
+            pid,
+            f"the running service (pid {pid}) reloaded but still checks CRL number "
+            f"{latest.crl_number}, not {crl_number} or later, after {timeout:g} s: "
+            f"{RELOAD_ADVICE}",
+            latest,
+        )
     if holder(state_dir) != pid:
         return ReloadOutcome(
             "unconfirmed",

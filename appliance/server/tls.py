@@ -7,6 +7,13 @@ a new server certificate. The CRL the contexts were built with is kept too
 (:meth:`TlsManager.certificate_revocation`): an open connection whose client
 certificate is on it is closed (:mod:`appliance.server.revocation`). A
 reload that fails (a broken file) is logged and the old contexts and CRL stay.
+
+The admin listener, when it serves HTTPS, gets its new context from the same
+reload (:meth:`TlsManager.attach_admin`). The files are read under the PKI
+lock (:mod:`pki.lock`), so a reload never reads half of a change (a new key
+next to the old certificate) and knows the number of the CRL it loaded
+(:attr:`TlsManager.crl_number`), which the reload status reports so that
+``cert revoke`` can confirm the revocation is in force.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ from appliance.server.listener import TcpService
 from pki.authority import CertificateAuthority, PkiPaths, crl_number
 from pki.errors import PkiError
 from pki.inventory import EXPIRY_WARNING_DAYS
+from pki.lock import PKI_LOCK_WAIT_SECONDS
 from pki.tls import server_context
 
 __all__ = ["TlsManager"]
@@ -104,11 +112,11 @@ class TlsManager:
             if created:
                 self.ca.create()
             elif self.ca.crl_needs_refresh():
-                self.ca.write_crl()
+                self.ca.refresh_crl()  # checked again under the PKI lock: signed once
         ca_file = self.ca.paths.ca_cert.resolve()
         if created:
             log.info("pki.created", ca=str(ca_file))
-        self._rebuild()
+        self._rebuild(PKI_LOCK_WAIT_SECONDS)  # at start, before the loop serves anything
         return ca_file
 
     def _build(self) -> None:
@@ -183,7 +191,7 @@ class TlsManager:
         )
         return True
 
-    def _reading(self) -> AbstractContextManager[None]:
+    def _reading(self, wait: float) -> AbstractContextManager[None]:
         """The PKI lock while the files are read, when any of them is the appliance's.
 
         So a reload never reads half of a change (a new key next to the old
@@ -191,7 +199,7 @@ class TlsManager:
         """
         uses_pki = self._generated_server or self._own_client_ca
         if uses_pki and self.ca.paths.directory.is_dir():
-            return self.ca.locked(RELOAD_LOCK_WAIT_SECONDS)
+            return self.ca.locked(wait)
         return nullcontext()
 
     def _loaded_crl_number(self) -> int | None:
@@ -205,13 +213,15 @@ class TlsManager:
         except (OSError, ValueError):
             return None
 
-    def _rebuild(self) -> ssl.SSLContext | None:
+    def _rebuild(self, wait: float = RELOAD_LOCK_WAIT_SECONDS) -> ssl.SSLContext | None:
         """Build every context under the PKI lock; returns the admin listener's, if attached.
+
+        ``wait``: how long to wait for the lock (a reload runs in the event loop).
 
         Raises:
             PkiError: a file is missing or broken, or the PKI lock stayed taken.
         """
-        with self._reading():
+        with self._reading(wait):
             number = self._loaded_crl_number()
             self._build()
             admin = self.admin_context() if self._admin is not None else None

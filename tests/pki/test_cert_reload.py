@@ -177,6 +177,62 @@ def test_a_service_that_stops_instead_of_answering() -> None:
     assert "stopped before it confirmed the reload" in outcome.message
 
 
+def test_after_a_crl_change_the_service_must_check_that_crl_or_a_newer_one() -> None:
+    answer = ReloadStatus(PID, 1, True, ["tls"], crl_number=7)
+    world = FakeWorld(started(), answer)
+    outcome = request_reload(
+        STATE, crl_number=7, holder=lambda _: PID, read=world.read, send=world.send,
+        clock=lambda: world.now, sleep=world.sleep,
+    )  # fmt: skip
+    assert outcome.confirmed
+    assert (
+        outcome.message == f"the running service (pid {PID}) reloaded (tls); it checks CRL number 7"
+    )
+
+
+def test_a_reload_that_loaded_an_older_crl_does_not_confirm_a_revocation() -> None:
+    # A reload under way before the revocation (say, another SIGHUP) answers with
+    # the CRL before it: not the answer; the one after it is.
+    world = FakeWorld(started(), ReloadStatus(PID, 1, True, ["tls"], crl_number=6))
+    real_read = world.read
+
+    def read(state_dir: Path) -> ReloadStatus | None:
+        status = real_read(state_dir)
+        if world.now >= 2.0:
+            return ReloadStatus(PID, 2, True, ["tls"], crl_number=7)
+        return status
+
+    def run(timeout: float) -> ReloadOutcome:
+        return request_reload(
+            STATE, crl_number=7, timeout=timeout, holder=lambda _: PID, read=read,
+            send=world.send, clock=lambda: world.now, sleep=world.sleep,
+        )  # fmt: skip
+
+    stuck = run(timeout=1.5)
+    assert stuck.outcome == "unconfirmed"
+    assert stuck.message == (
+        f"the running service (pid {PID}) reloaded but still checks CRL number 6, not 7 or "
+        "later, after 1.5 s: run 'systemctl reload appliance' and check "
+        "'journalctl -u appliance'"
+    )
+    world.now = 0.0
+    outcome = run(timeout=10)
+    assert outcome.confirmed
+    assert outcome.status is not None
+    assert outcome.status.crl_number == 7
+
+
+def test_a_service_that_reports_no_crl_does_not_confirm_a_revocation() -> None:
+    world = FakeWorld(started(), ReloadStatus(PID, 1, True, ["tls"]))
+    outcome = request_reload(
+        STATE, crl_number=3, holder=lambda _: PID, read=world.read, send=world.send,
+        clock=lambda: world.now, sleep=world.sleep,
+    )  # fmt: skip
+    assert outcome.outcome == "unconfirmed"
+    assert "reports no CRL of this CA in use" in outcome.message
+    assert "CRL number 3 is not confirmed in force" in outcome.message
+
+
 # -- the real CLI against a fake service ---------------------------------------------------
 
 
@@ -314,3 +370,33 @@ def test_a_stale_pid_file_is_not_trusted(cli: Run, fake_service, tmp_path: Path)
     (tmp_path / "state" / "appliance.pid").unlink()
     assert cli("reload").returncode == 0
     assert hups(tmp_path) == 2
+
+
+def test_revoke_confirms_the_serial_on_the_crl_the_service_checks(
+    cli: Run, fake_service, tmp_path: Path
+) -> None:
+    service = fake_service("ok")
+    cli("issue-client", "web-01", "--out", str(tmp_path / "out"))
+    result = cli("revoke", "web-01")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("revoked ")
+    number = int(lines[1].split()[2])
+    assert lines[1] == f"CRL number {number} lists it: {tmp_path / 'state' / 'pki' / 'crl.pem'}"
+    assert lines[2] == (
+        f"the running service (pid {service.pid}) reloaded (tls, config); "
+        f"it checks CRL number {number}"
+    )
+
+
+def test_a_service_that_keeps_its_old_crl_fails_the_revoke(
+    cli: Run, fake_service, tmp_path: Path
+) -> None:
+    cli("issue-client", "web-01", "--out", str(tmp_path / "out"))
+    service = fake_service("oldcrl")
+    result = cli("revoke", "web-01", "--reload-timeout", "0.5")
+    assert result.returncode == 1
+    assert "revoked" in result.stdout  # on disk all the same
+    assert (
+        f"appliance: the running service (pid {service.pid}) reloaded but still checks CRL number"
+    ) in result.stderr
