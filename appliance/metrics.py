@@ -22,14 +22,22 @@ constructor that takes metrics) hands out :class:`_Noop` objects: drivers,
 writers and tests that were built without metrics count nothing and cost
 nothing. The service disables metrics when ``[admin]`` is disabled, since
 nothing could read them.
+
+Every family's name is a constant of :class:`MetricNames`, which ``appliance
+status`` reads too. :class:`Instance` says which appliance a process is (node
+id, state directory, pid, version, worker): ``/readyz`` serves it, and
+``appliance_build_info`` carries its node id and worker as labels.
 """
 
 from __future__ import annotations
 
 import math
+import os
+import time
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Final, Literal, Protocol
 
 from prometheus_client import (
@@ -51,6 +59,7 @@ from prometheus_client.metrics_core import (
 )
 
 from appliance import __version__
+from appliance.state_lock import held_state_dirs
 
 __all__ = [
     "ACK_LATENCY_BUCKETS_SECONDS",
@@ -58,12 +67,15 @@ __all__ = [
     "NULL_LISTENER",
     "NULL_METRICS",
     "AuthResult",
+    "Instance",
     "LakeMetrics",
     "ListenerMetrics",
+    "MetricNames",
     "Metrics",
     "WalSample",
     "drop_reason_class",
     "protocol_error_class",
+    "refusal_class",
     "tls_failure_class",
 ]
 
@@ -82,6 +94,84 @@ AuthResult = Literal["success", "failure", "throttled", "unavailable"]
 # No ``*_created`` series beside every counter and histogram: they double the
 # series and tell nothing that process_start_time_seconds does not.
 disable_created_metrics()  # type: ignore[no-untyped-call]
+
+# -- names ------------------------------------------------------------------------------------
+
+
+class MetricNames:
+    """Every metric family's name as a scrape shows it (a counter's with ``_total``).
+
+    The definitions in this module use these, and so does ``appliance
+    status``: a renamed metric renames what status looks for, and status
+    refuses a scrape that lacks a family it reads instead of showing 0 for
+    it. prometheus-client takes a counter's name with or without ``_total``.
+    """
+
+    # listeners (labels listener, protocol)
+    CONNECTIONS_OPEN: Final = "appliance_connections_open"
+    CONNECTIONS_ACCEPTED: Final = "appliance_connections_accepted_total"
+    CONNECTIONS_FAILED: Final = "appliance_connections_failed_total"
+    REQUESTS: Final = "appliance_requests_total"
+    EVENTS_RECEIVED: Final = "appliance_events_received_total"
+    RECEIVED_BYTES: Final = "appliance_received_bytes_total"
+    ACKS_SENT: Final = "appliance_acks_sent_total"
+    ACK_LATENCY: Final = "appliance_ack_latency_seconds"
+    CONNECTIONS_REFUSED: Final = "appliance_connections_refused_total"
+    TLS_FAILURES: Final = "appliance_tls_handshake_failures_total"
+    EVENTS_DROPPED: Final = "appliance_events_dropped_total"
+    PROTOCOL_ERRORS: Final = "appliance_protocol_errors_total"
+    BATCHES_REFUSED: Final = "appliance_batches_refused_total"
+    AUTH_ATTEMPTS: Final = "appliance_auth_attempts_total"
+    # the table and its writer
+    LAKE_COMMITS: Final = "appliance_lake_commits_total"
+    LAKE_COMMIT_DURATION: Final = "appliance_lake_commit_duration_seconds"
+    LAKE_COMMITTED_ROWS: Final = "appliance_lake_committed_rows_total"
+    LAKE_COMMITTED_BYTES: Final = "appliance_lake_committed_bytes_total"
+    LAKE_COMMIT_FAILURES: Final = "appliance_lake_commit_failures_total"
+    LAKE_COMMIT_RETRYING: Final = "appliance_lake_commit_retrying"
+    LAKE_QUEUE_BLOCKS: Final = "appliance_lake_queue_blocks"
+    LAKE_QUEUE_CAPACITY: Final = "appliance_lake_queue_capacity_blocks"
+    LAKE_DEDUPE_HITS: Final = "appliance_lake_dedupe_hits_total"
+    LAKE_BLOCKS_REFUSED: Final = "appliance_lake_blocks_refused_total"
+    LAKE_COMMIT_CONFLICTS: Final = "appliance_lake_commit_conflicts_total"
+    LAKE_DEDUPE_KEYS: Final = "appliance_lake_dedupe_keys"
+    LAKE_DEDUPE_EVICTED: Final = "appliance_lake_dedupe_evicted"
+    LAKE_BATCHES_STORED_ELSEWHERE: Final = "appliance_lake_batches_stored_elsewhere_total"
+    LAKE_TABLE_VERSION: Final = "appliance_lake_table_version"
+    LAKE_LAST_COMMIT_TIMESTAMP: Final = "appliance_lake_last_commit_timestamp_seconds"
+    LAKE_LAST_COMMIT_AGE: Final = "appliance_lake_last_commit_age_seconds"
+    LAKE_TABLE_FILES: Final = "appliance_lake_table_files"
+    LAKE_TABLE_BYTES: Final = "appliance_lake_table_bytes"
+    # the write-ahead log (ack = "wal"; records_unstorable is the writer's, always there)
+    WAL_FILE_BYTES: Final = "appliance_wal_file_bytes"
+    WAL_MAX_BYTES: Final = "appliance_wal_max_bytes"
+    WAL_UNCOMMITTED_BYTES: Final = "appliance_wal_uncommitted_bytes"
+    WAL_OLDEST_UNCOMMITTED_AGE: Final = "appliance_wal_oldest_uncommitted_age_seconds"
+    WAL_SEGMENTS: Final = "appliance_wal_segments"
+    WAL_AT_CAP: Final = "appliance_wal_at_cap"
+    WAL_CACHE_BYTES: Final = "appliance_wal_cache_bytes"
+    WAL_APPENDS: Final = "appliance_wal_appends_total"
+    WAL_SYNCS: Final = "appliance_wal_syncs_total"
+    WAL_FAILED_SYNCS: Final = "appliance_wal_failed_syncs_total"
+    WAL_WRITTEN_BYTES: Final = "appliance_wal_written_bytes_total"
+    WAL_CAP_WAITS: Final = "appliance_wal_cap_waits_total"
+    WAL_CAP_REFUSALS: Final = "appliance_wal_cap_refusals_total"
+    WAL_SYNC_WAIT_SECONDS: Final = "appliance_wal_sync_wait_seconds_total"
+    WAL_GROUPS_FROM_CACHE: Final = "appliance_wal_groups_from_cache_total"
+    WAL_GROUPS_READ_BACK: Final = "appliance_wal_groups_read_back_total"
+    WAL_RECORDS_LOST: Final = "appliance_wal_records_lost_total"
+    WAL_RECORDS_UNSTORABLE: Final = "appliance_wal_records_unstorable_total"
+    # maintenance and the process
+    MAINTENANCE_RUNS: Final = "appliance_maintenance_runs_total"
+    MAINTENANCE_LAST_RUN: Final = "appliance_maintenance_last_run_timestamp_seconds"
+    MAINTENANCE_LAST_DURATION: Final = "appliance_maintenance_last_duration_seconds"
+    BUILD_INFO: Final = "appliance_build_info"
+    #: prometheus-client's process collector (Linux only; status shows "-" without it).
+    PROCESS_START_TIME: Final = "process_start_time_seconds"
+    PROCESS_CPU_SECONDS: Final = "process_cpu_seconds_total"
+    PROCESS_RESIDENT_MEMORY: Final = "process_resident_memory_bytes"
+    PROCESS_OPEN_FDS: Final = "process_open_fds"
+
 
 # -- reason classes: free text in, one of a few words out -------------------------------
 #
@@ -129,6 +219,28 @@ def protocol_error_class(reason: str) -> str:
 def drop_reason_class(reason: str) -> str:
     """Why an event inside a valid request was dropped, as a label value."""
     return _classify(reason, _DROP_REASON_CLASSES, "invalid_event")
+
+
+#: A refused batch's reason class, by how the writer's refusal begins
+#: (appliance/lake/log_sink.py, appliance/lake/diskguard.py); the first match wins.
+#: By prefix, not by word: the rest of a reason may quote what a client sent.
+_REFUSAL_CLASSES: Final = (
+    ("wal_full", "write-ahead log full"),
+    ("disk_full", "write-ahead log: disk full"),
+    ("wal_error", "write-ahead log"),
+    ("disk_nearly_full", "disk nearly full"),
+)
+
+
+def refusal_class(reason: str) -> str:
+    """Why the writer refused a batch: ``wal_full`` (the log at its cap past
+    ``full_wait_seconds``), ``disk_full`` (the log's disk), ``wal_error`` (another
+    failed append), ``disk_nearly_full`` (the table's disk guard) or
+    ``unstorable`` (the batch's data, or a record over ``max_record_bytes``)."""
+    for name, prefix in _REFUSAL_CLASSES:
+        if reason.startswith(prefix):
+            return name
+    return "unstorable"
 
 
 # -- what the instrumented code calls -----------------------------------------------------
@@ -231,21 +343,21 @@ class _LoopHistogram:
 
 #: The hot-path metrics of a listener: attribute, metric name, kind, help.
 _LOOP_METRICS: Final = (
-    ("connections_open", "appliance_connections_open", "gauge", "Connections open now."),
-    ("connections_accepted", "appliance_connections_accepted", "counter",
+    ("connections_open", MetricNames.CONNECTIONS_OPEN, "gauge", "Connections open now."),
+    ("connections_accepted", MetricNames.CONNECTIONS_ACCEPTED, "counter",
      "Connections accepted (under the connection caps)."),
-    ("connections_failed", "appliance_connections_failed", "counter",
+    ("connections_failed", MetricNames.CONNECTIONS_FAILED, "counter",
      "Connections ended by an unexpected exception (a bug: see connection.failed)."),
-    ("requests", "appliance_requests", "counter",
+    ("requests", MetricNames.REQUESTS, "counter",
      "Requests (forward requests, Lumberjack windows, Courier payloads, WebSocket "
      "messages, Logjam messages) handed to the writer."),
-    ("events", "appliance_events_received", "counter", "Events handed to the writer."),
-    ("received_bytes", "appliance_received_bytes", "counter",
+    ("events", MetricNames.EVENTS_RECEIVED, "counter", "Events handed to the writer."),
+    ("received_bytes", MetricNames.RECEIVED_BYTES, "counter",
      "Bytes read from clients after TLS (WebSocket: message characters; Logjam: frames)."),
-    ("acks", "appliance_acks_sent", "counter", "Acknowledgements sent after a commit."),
+    ("acks", MetricNames.ACKS_SENT, "counter", "Acknowledgements sent after a commit."),
 )  # fmt: skip
 _ACK_LATENCY: Final = (
-    "appliance_ack_latency_seconds",
+    MetricNames.ACK_LATENCY,
     "Seconds from receiving a request to sending its acknowledgement.",
 )
 _LABELS: Final = ("listener", "protocol")
@@ -295,30 +407,36 @@ class _Families:
             return Counter(name, doc, [*_LABELS, *extra], registry=registry)
 
         self.connections_refused = counter(
-            "appliance_connections_refused",
+            MetricNames.CONNECTIONS_REFUSED,
             "Connections closed at once over a cap (reason: max_connections, "
             "max_connections_per_address).",
             "reason",
         )
         self.tls_failures = counter(
-            "appliance_tls_handshake_failures",
+            MetricNames.TLS_FAILURES,
             "TLS handshakes that failed (reason: timeout, plaintext, certificate, closed, "
             "protocol).",
             "reason",
         )
         self.events_dropped = counter(
-            "appliance_events_dropped",
+            MetricNames.EVENTS_DROPPED,
             "Events of a valid request dropped as unusable, by reason class.",
             "reason",
         )
         self.protocol_errors = counter(
-            "appliance_protocol_errors",
+            MetricNames.PROTOCOL_ERRORS,
             "Requests or connections refused for a protocol violation (reason: compression, "
             "limit, handshake, encoding, malformed).",
             "reason",
         )
+        self.batches_refused = counter(
+            MetricNames.BATCHES_REFUSED,
+            "Batches the writer refused, never acknowledged (reason: wal_full, disk_full, "
+            "wal_error, disk_nearly_full, unstorable).",
+            "reason",
+        )
         self.auth = counter(
-            "appliance_auth_attempts",
+            MetricNames.AUTH_ATTEMPTS,
             "Authentications by mechanism (shared_key, users, token, curve) and result "
             "(success, failure, throttled, unavailable).",
             "mechanism",
@@ -398,6 +516,12 @@ class ListenerMetrics:
         if self._families is not None:
             self._families.auth.labels(*self.labels, mechanism, result).inc()
 
+    def batch_refused(self, reason: str) -> None:
+        """A batch the writer refused (``BlockRefused``); ``reason`` is its text."""
+        if self._families is not None:
+            label = refusal_class(reason)
+            self._families.batches_refused.labels(*self.labels, label).inc()
+
 
 #: The metrics of a listener built without any (tests, tools): counts nothing.
 NULL_LISTENER: Final = ListenerMetrics(None, "", "")
@@ -460,24 +584,24 @@ class LakeMetrics:
             return
         r = registry
         self.commits = Counter(
-            "appliance_lake_commits", "Successful Delta commits of events.", registry=r
+            MetricNames.LAKE_COMMITS, "Successful Delta commits of events.", registry=r
         )
         self.commit_duration = Histogram(
-            "appliance_lake_commit_duration_seconds",
+            MetricNames.LAKE_COMMIT_DURATION,
             "Seconds one successful Delta commit took (in its worker thread).",
             buckets=COMMIT_DURATION_BUCKETS_SECONDS,
             registry=r,
         )
         self.committed_rows = Counter(
-            "appliance_lake_committed_rows", "Rows in successful commits.", registry=r
+            MetricNames.LAKE_COMMITTED_ROWS, "Rows in successful commits.", registry=r
         )
         self.committed_bytes = Counter(
-            "appliance_lake_committed_bytes",
+            MetricNames.LAKE_COMMITTED_BYTES,
             "Bytes of Arrow data in successful commits (before Parquet compression).",
             registry=r,
         )
         failures = Counter(
-            "appliance_lake_commit_failures",
+            MetricNames.LAKE_COMMIT_FAILURES,
             "Failed commit attempts (kind: storage, retried after a backoff until it "
             "succeeds; data, the group retried block by block).",
             ["kind"],
@@ -486,22 +610,22 @@ class LakeMetrics:
         self.commit_failures_storage = failures.labels("storage")
         self.commit_failures_data = failures.labels("data")
         self.commit_retrying = Gauge(
-            "appliance_lake_commit_retrying",
+            MetricNames.LAKE_COMMIT_RETRYING,
             "1 while a commit is failing and being retried (no acks meanwhile), else 0.",
             registry=r,
         )
         self.queue_blocks = Gauge(
-            "appliance_lake_queue_blocks",
+            MetricNames.LAKE_QUEUE_BLOCKS,
             "Batches waiting between the connections and the writer.",
             registry=r,
         )
         self.queue_capacity = Gauge(
-            "appliance_lake_queue_capacity_blocks",
+            MetricNames.LAKE_QUEUE_CAPACITY,
             "Batches that may wait before connections stop reading ([lake] queue_blocks).",
             registry=r,
         )
         dedupe = Counter(
-            "appliance_lake_dedupe_hits",
+            MetricNames.LAKE_DEDUPE_HITS,
             "Resent batches acknowledged again without a second write (state: committed; "
             "logged, in the write-ahead log; pending, its first copy not yet durable).",
             ["state"],
@@ -511,61 +635,61 @@ class LakeMetrics:
         self.dedupe_logged = dedupe.labels("logged")
         self.dedupe_pending = dedupe.labels("pending")
         self.log_records_lost = Counter(
-            "appliance_wal_records_unstorable",
+            MetricNames.WAL_RECORDS_UNSTORABLE,
             "Write-ahead log records (acknowledged) that could not be committed: "
             "wal.record_unstorable in the log says which.",
             registry=r,
         )
         self.blocks_refused = Counter(
-            "appliance_lake_blocks_refused",
+            MetricNames.LAKE_BLOCKS_REFUSED,
             "Batches refused because their data cannot be stored (never acknowledged).",
             registry=r,
         )
         self.commit_conflicts = Counter(
-            "appliance_lake_commit_conflicts",
+            MetricNames.LAKE_COMMIT_CONFLICTS,
             "Commits that lost their table version to another writer's commit and were "
             "checked again against it before the next attempt.",
             registry=r,
         )
         self.dedupe_keys = Gauge(
-            "appliance_lake_dedupe_keys",
+            MetricNames.LAKE_DEDUPE_KEYS,
             "Batch ids the writer knows as stored (its own commits and other writers'), "
             "up to [lake] dedupe_max_keys.",
             registry=r,
         )
         self.dedupe_evicted = Gauge(
-            "appliance_lake_dedupe_evicted",
+            MetricNames.LAKE_DEDUPE_EVICTED,
             "Batch ids pushed out by dedupe_max_keys before dedupe_window_seconds ended, "
             "since start: above 0, the dedupe window is shorter than configured.",
             registry=r,
         )
         self.batches_stored_elsewhere = Counter(
-            "appliance_lake_batches_stored_elsewhere",
+            MetricNames.LAKE_BATCHES_STORED_ELSEWHERE,
             "Batches left out of a commit because another writer's commit holds them "
             "(a client resent them there).",
             registry=r,
         )
         self.table_version = Gauge(
-            "appliance_lake_table_version", "The events table's version after the last commit.",
+            MetricNames.LAKE_TABLE_VERSION, "The events table's version after the last commit.",
             registry=r,
         )  # fmt: skip
         self.last_commit_time = Gauge(
-            "appliance_lake_last_commit_timestamp_seconds",
+            MetricNames.LAKE_LAST_COMMIT_TIMESTAMP,
             "Unix time of the last successful commit (or lease renewal), 0 before the first.",
             registry=r,
         )
         self.last_commit_age = Gauge(
-            "appliance_lake_last_commit_age_seconds",
+            MetricNames.LAKE_LAST_COMMIT_AGE,
             "Seconds since the last successful commit (or lease renewal, or the table's opening).",
             registry=r,
         )
         self.table_files = Gauge(
-            "appliance_lake_table_files",
+            MetricNames.LAKE_TABLE_FILES,
             "Live data files of the events table, as the last maintenance run counted them.",
             registry=r,
         )
         self.table_bytes = Gauge(
-            "appliance_lake_table_bytes",
+            MetricNames.LAKE_TABLE_BYTES,
             "Bytes of the live data files, as the last maintenance run counted them.",
             registry=r,
         )
@@ -599,56 +723,95 @@ class WalSample:
     groups_read_back: int
     #: Acknowledged records the log lost to damage found when it opened (``WalStats.records_lost``).
     records_lost: int = 0
+    #: The committed position (where the oldest uncommitted record starts).
+    committed: int = 0
+    #: ``(LSN, receive time in Unix ns)`` of the oldest record in the log's cache
+    #: (:attr:`~appliance.wal.log.WriteAheadLog.oldest_cached`), None when it is empty.
+    oldest_cached: tuple[int, int] | None = None
 
 
 class _WalCollector:
-    """Reads the write-ahead log's figures at scrape time (on the event loop's thread)."""
+    """Reads the write-ahead log's figures at scrape time (on the event loop's thread).
 
-    def __init__(self, sample: Callable[[], WalSample | None]) -> None:
+    The oldest uncommitted record's age comes from its block's receive time,
+    which only the log's cache keeps (the files hold no time): exact while
+    that record is the cache's oldest, or was at an earlier scrape and is
+    still the oldest uncommitted one (remembered by position); otherwise,
+    when older records left the cache, the age of the oldest it holds (a
+    lower bound); NaN with nothing to go by (``cache_bytes = 0``).
+    """
+
+    def __init__(
+        self, sample: Callable[[], WalSample | None], clock: Callable[[], float] = time.time
+    ) -> None:
         self._sample = sample
+        self._clock = clock
+        #: ``(committed position, receive time in ns)`` of the record seen there.
+        self._oldest: tuple[int, int] | None = None
+
+    def _oldest_age(self, found: WalSample) -> float:
+        """Seconds since the oldest uncommitted record was received (0 with none)."""
+        if found.uncommitted_bytes == 0:
+            self._oldest = None
+            return 0.0
+        cached = found.oldest_cached
+        if cached is not None and cached[0] == found.committed:
+            self._oldest = (found.committed, cached[1])
+        if self._oldest is not None and self._oldest[0] == found.committed:
+            received_ns = self._oldest[1]
+        elif cached is not None:
+            received_ns = cached[1]  # older records left the cache: at least this old
+        else:
+            return math.nan
+        return max(0.0, self._clock() - received_ns / 1e9)
 
     def collect(self) -> Iterable[Metric]:
         found = self._sample()
         if found is None:
             return
+        n = MetricNames
         for name, doc, value in (
-            ("appliance_wal_file_bytes", "Bytes of the write-ahead log's segment files.",
+            (n.WAL_FILE_BYTES, "Bytes of the write-ahead log's segment files.",
              found.file_bytes),
-            ("appliance_wal_max_bytes", "The cap on them ([wal] max_bytes).", found.max_bytes),
-            ("appliance_wal_uncommitted_bytes",
+            (n.WAL_MAX_BYTES, "The cap on them ([wal] max_bytes).", found.max_bytes),
+            (n.WAL_UNCOMMITTED_BYTES,
              "Bytes of durable log records not yet committed to the table.",
              found.uncommitted_bytes),
-            ("appliance_wal_segments", "Segment files of the log.", found.segments),
-            ("appliance_wal_at_cap",
+            (n.WAL_OLDEST_UNCOMMITTED_AGE,
+             "Seconds since the oldest uncommitted log record was received (0 with none; "
+             "a lower bound once it left the log's cache, NaN with the cache off).",
+             self._oldest_age(found)),
+            (n.WAL_SEGMENTS, "Segment files of the log.", found.segments),
+            (n.WAL_AT_CAP,
              "1 while an append waits for room under the cap (connections stop reading), else 0.",
              int(found.at_cap)),
-            ("appliance_wal_cache_bytes",
+            (n.WAL_CACHE_BYTES,
              "What the log's cache of decoded records holds, as [wal] cache_bytes counts it.",
              found.cache_bytes),
         ):  # fmt: skip
             yield GaugeMetricFamily(name, doc, value=value)
         for name, doc, count in (
-            ("appliance_wal_appends", "Records taken by the log (batches).", found.appends),
-            ("appliance_wal_syncs", "Groups written, each with one fdatasync.", found.syncs),
-            ("appliance_wal_failed_syncs",
+            (n.WAL_APPENDS, "Records taken by the log (batches).", found.appends),
+            (n.WAL_SYNCS, "Groups written, each with one fdatasync.", found.syncs),
+            (n.WAL_FAILED_SYNCS,
              "Groups whose write or fdatasync failed (disk full, I/O error): not acked.",
              found.failed_syncs),
-            ("appliance_wal_written_bytes", "Bytes of records made durable.", found.written_bytes),
-            ("appliance_wal_cap_waits", "Appends that waited for room under the cap.",
+            (n.WAL_WRITTEN_BYTES, "Bytes of records made durable.", found.written_bytes),
+            (n.WAL_CAP_WAITS, "Appends that waited for room under the cap.",
              found.cap_waits),
-            ("appliance_wal_cap_refusals",
+            (n.WAL_CAP_REFUSALS,
              "Appends refused after full_wait_seconds at the cap (connection closed).",
              found.cap_refusals),
-            ("appliance_wal_sync_wait_seconds",
+            (n.WAL_SYNC_WAIT_SECONDS,
              "Seconds from each group's first append to its durability, summed (divide by syncs).",
              found.sync_wait_seconds),
-            ("appliance_wal_groups_from_cache",
+            (n.WAL_GROUPS_FROM_CACHE,
              "Commit groups served from the cache: no read back, no decode.",
              found.groups_from_cache),
-            ("appliance_wal_groups_read_back",
+            (n.WAL_GROUPS_READ_BACK,
              "Commit groups read back from the files and decoded (replay, or a cache too small).",
              found.groups_read_back),
-            ("appliance_wal_records_lost",
+            (n.WAL_RECORDS_LOST,
              "Acknowledged records lost to damage the log found when it opened (at least this "
              "many): wal.tail_damaged, wal.record_damaged, wal.segment_damaged and wal.gap in "
              "the log say where.",
@@ -663,24 +826,107 @@ class _WalCollector:
 class _MaintenanceFamilies:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.runs = Counter(
-            "appliance_maintenance_runs",
+            MetricNames.MAINTENANCE_RUNS,
             "Maintenance runs by operation (compact, checkpoint, vacuum) and result (ok, "
             "failed, skipped).",
             ["operation", "result"],
             registry=registry,
         )
         self.last = Gauge(
-            "appliance_maintenance_last_run_timestamp_seconds",
+            MetricNames.MAINTENANCE_LAST_RUN,
             "Unix time the operation last finished (ok or failed).",
             ["operation"],
             registry=registry,
         )
         self.duration = Gauge(
-            "appliance_maintenance_last_duration_seconds",
+            MetricNames.MAINTENANCE_LAST_DURATION,
             "Seconds the operation's last run took.",
             ["operation"],
             registry=registry,
         )
+
+
+@dataclass(frozen=True, slots=True)
+class Instance:
+    """Which appliance answers: ``/readyz`` names it, ``appliance_build_info`` labels it.
+
+    ``appliance status`` compares the state directory with its configuration's,
+    so that an admin listener of another appliance on the same address is not
+    taken for this one.
+    """
+
+    node_id: str
+    #: Absolute; None when it cannot be told (several services in one process
+    #: with ``ack = "commit"``: tests only).
+    state_dir: str | None
+    pid: int
+    version: str
+    #: Which worker of ``workers = N`` this process is (None: a single process).
+    worker: int | None
+
+    @classmethod
+    def of(cls, node_id: str, wal_directory: Path | None) -> Instance:
+        """This process's identity, for the service with node id ``node_id``.
+
+        The state directory is the parent of the service's log
+        (``<state_dir>/wal``) when it has one, else the one state directory
+        whose lock this process holds. A worker's is ``<home>/workers/<k>``
+        (:meth:`~appliance.config.Config.worker_state_dir`).
+        """
+        state_dir: Path | None = None
+        if wal_directory is not None:
+            state_dir = wal_directory.parent.resolve()
+        else:
+            held = held_state_dirs()
+            state_dir = held[0] if len(held) == 1 else None
+        worker = None
+        if (
+            state_dir is not None
+            and state_dir.parent.name == "workers"
+            and state_dir.name.isdigit()
+        ):
+            worker = int(state_dir.name)
+        return cls(
+            node_id, None if state_dir is None else str(state_dir), os.getpid(), __version__, worker
+        )
+
+    def to_json(self) -> dict[str, object]:
+        """A JSON-ready mapping."""
+        return {
+            "node_id": self.node_id, "state_dir": self.state_dir, "pid": self.pid,
+            "version": self.version, "worker": self.worker,
+        }  # fmt: skip
+
+
+class _BuildInfo:
+    """``appliance_build_info``: 1, labelled with the version, the node id and the worker.
+
+    The node id and worker are empty until :meth:`Metrics.identify` (and the
+    worker stays empty for a single process): three labels of one value each,
+    one series per process.
+    """
+
+    def __init__(self) -> None:
+        self.instance: Instance | None = None
+
+    def _family(self) -> GaugeMetricFamily:
+        return GaugeMetricFamily(
+            MetricNames.BUILD_INFO,
+            "Always 1; the version, the node id and the worker (workers = N) as labels.",
+            labels=("version", "node_id", "worker"),
+        )
+
+    def collect(self) -> Iterable[Metric]:
+        family = self._family()
+        found = self.instance
+        node_id = "" if found is None else found.node_id
+        worker = "" if found is None or found.worker is None else str(found.worker)
+        family.add_metric([__version__, node_id, worker], 1)
+        yield family
+
+    def describe(self) -> Iterable[Metric]:
+        """The family's name, for the registry's duplicate check."""
+        yield self._family()
 
 
 class Metrics:
@@ -701,12 +947,10 @@ class Metrics:
             self.registry.register(_ListenerCollector(self._listeners))
         self.lake = LakeMetrics(registry)
         self._maintenance = _MaintenanceFamilies(self.registry) if enabled else None
+        self._build_info = _BuildInfo()
         if not enabled:
             return
-        Gauge(
-            "appliance_build_info", "Always 1; the version as a label.", ["version"],
-            registry=self.registry,
-        ).labels(__version__).set(1)  # fmt: skip
+        self.registry.register(self._build_info)
         if process:
             ProcessCollector(registry=self.registry)
             PlatformCollector(registry=self.registry)
@@ -732,6 +976,10 @@ class Metrics:
         if result != "skipped":
             families.last.labels(operation).set(finished_at)
             families.duration.labels(operation).set(seconds)
+
+    def identify(self, instance: Instance) -> None:
+        """Label ``appliance_build_info`` with the node id and worker of ``instance``."""
+        self._build_info.instance = instance
 
     def watch_wal(self, sample: Callable[[], WalSample | None]) -> None:
         """Serve the write-ahead log's figures, read by ``sample`` at each scrape (None: none)."""

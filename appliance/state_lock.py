@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Final
 
-__all__ = ["LOCK_FILE", "PID_FILE", "StateLock", "StateLocked", "holder_pid"]
+__all__ = ["LOCK_FILE", "PID_FILE", "StateLock", "StateLocked", "held_state_dirs", "holder_pid"]
 
 LOCK_FILE: Final = "appliance.lock"
 PID_FILE: Final = "appliance.pid"
@@ -24,6 +24,9 @@ PID_FILE: Final = "appliance.pid"
 #: CLI's :func:`holder_pid` probe holds it for an instant.
 _LOCK_TRIES: Final = 10
 _LOCK_RETRY_SECONDS: Final = 0.05
+
+#: The state directories (absolute) whose lock this process holds, in the order taken.
+_held: list[Path] = []
 
 
 class StateLocked(Exception):
@@ -66,6 +69,8 @@ class StateLock:
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode("ascii"))
         self._fd: int | None = fd
+        self._held = state_dir.resolve()
+        _held.append(self._held)
 
     def write_pid_file(self) -> None:
         """Write ``appliance.pid`` (only the lock holder does)."""
@@ -82,7 +87,13 @@ class StateLock:
         except OSError:
             pass
         fd, self._fd = self._fd, None
+        _held.remove(self._held)
         os.close(fd)  # closing the descriptor drops the flock
+
+
+def held_state_dirs() -> tuple[Path, ...]:
+    """The state directories (absolute) whose lock this process holds now."""
+    return tuple(_held)
 
 
 def holder_pid(state_dir: Path) -> int | None:

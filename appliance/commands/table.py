@@ -62,8 +62,36 @@ def _print_maintenance(result: maintenance.MaintenanceResult, as_json: bool) -> 
         _STATS_HEADERS,
         [_stats_row("before", result.before), _stats_row("after", result.after)],
     )
-    for key, value in result.details.items():
-        print(f"{key}: {value}")
+    for line in _detail_lines(result.details):
+        print(line)
+
+
+def _plain(value: Any) -> str:
+    """One value as an operator reads it: no Python reprs."""
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if value is None:
+        return "-"
+    if isinstance(value, int):
+        return f"{value:,}"
+    if isinstance(value, float):
+        return f"{value:,.3f}".rstrip("0").rstrip(".")
+    return str(value)
+
+
+def _detail_lines(details: dict[str, Any], indent: str = "") -> list[str]:
+    """``key: value`` lines; a mapping's keys indented under it, a list's items likewise."""
+    lines: list[str] = []
+    for key, value in details.items():
+        if isinstance(value, dict):
+            lines.append(f"{indent}{key}:" + ("" if value else " -"))
+            lines += _detail_lines(value, indent + "  ")
+        elif isinstance(value, list | tuple):
+            lines.append(f"{indent}{key}:" + ("" if value else " none"))
+            lines += [f"{indent}  - {_plain(item)}" for item in value]
+        else:
+            lines.append(f"{indent}{key}: {_plain(value)}")
+    return lines
 
 
 def _table_uri(args: argparse.Namespace, config: Config) -> str:

@@ -273,7 +273,8 @@ class LogSink:
             cap_waits=stats.cap_waits, cap_refusals=stats.cap_refusals,
             sync_wait_seconds=stats.group_wait_seconds, cache_bytes=wal.cache_bytes,
             groups_from_cache=self.cached_reads, groups_read_back=self.file_reads,
-            records_lost=stats.records_lost,
+            records_lost=stats.records_lost, committed=wal.committed,
+            oldest_cached=wal.oldest_cached,
         )  # fmt: skip
 
     # -- the committer ---------------------------------------------------------------

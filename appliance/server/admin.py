@@ -19,7 +19,8 @@ Endpoints (``GET`` or ``HEAD``; anything else is 405, an unknown path 404):
   failing, the disk guard not refusing), with ``[lake] ack
   = "wal"`` the write-ahead log takes appends (the last group did not fail,
   and no append waits for room under its cap), and the auth database answers
-  ``SELECT 1`` when a listener uses it.
+  ``SELECT 1`` when a listener uses it; and which appliance answers
+  (``instance``: node id, state directory, pid, version, worker).
 
 With a ``token_file`` every request needs ``Authorization: Bearer <token>``
 (compared in constant time), else 401. Off the loopback interface the
@@ -53,7 +54,7 @@ from appliance.config import DEFAULT_ADMIN_BIND, AdminConfig, Config
 from appliance.lake.diskguard import local_path
 from appliance.lake.writer import LakeWriter
 from appliance.logs import get_logger
-from appliance.metrics import Metrics
+from appliance.metrics import Instance, Metrics
 from appliance.server.lifecycle import Lifecycle
 from appliance.server.listener import ConnectionInfo, TcpService
 from pki.authority import CertificateAuthority
@@ -229,6 +230,11 @@ class Readiness:
         # One probe of the database at a time: a hung database cannot pile up threads.
         self._database_threads = trio.CapacityLimiter(1)
 
+    def instance(self) -> Instance:
+        """Which appliance answers (``/readyz``'s ``instance``; ``appliance status`` checks it)."""
+        wal = self._writer.wal
+        return Instance.of(self._writer.app_id, None if wal is None else wal.directory)
+
     async def checks(self) -> list[Check]:
         """Every check, in a fixed order (``wal`` only with ``[lake] ack = "wal"``)."""
         wal = [] if self._writer.wal is None else [self._wal()]
@@ -342,6 +348,8 @@ class _AdminHandler:
         self._metrics = metrics
         self._readiness = readiness
         self._token = token.encode("utf-8") if token is not None else None
+        self._instance = readiness.instance()
+        metrics.identify(self._instance)
 
     async def __call__(self, stream: trio.abc.Stream, info: ConnectionInfo) -> None:
         conn = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_REQUEST_HEAD_BYTES)
@@ -452,6 +460,7 @@ class _AdminHandler:
                 {
                     "status": "ready" if ready else "not ready",
                     "checks": {check.name: check.to_json() for check in checks},
+                    "instance": self._instance.to_json(),
                 }
             )
             return _Response(200 if ready else 503, body + b"\n", _JSON)
@@ -466,9 +475,15 @@ async def serve_admin(
     readiness: Readiness,
     ssl_context: ssl.SSLContext | None,
     *,
+    attach: Callable[[TcpService], None] | None = None,
     task_status: trio.TaskStatus[int | None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve the admin endpoints until cancelled; reports the bound port.
+
+    ``attach`` is given the listener's service once it exists, so that a TLS
+    reload (``cert rotate-server``, ``cert import``, SIGHUP) can give it a new
+    context as it does the other listeners
+    (:meth:`~appliance.server.tls.TlsManager.attach_admin`).
 
     The default address (:data:`~appliance.config.DEFAULT_ADMIN_BIND`) is
     shared by every appliance on a machine: when it is taken, the service
@@ -502,9 +517,13 @@ async def serve_admin(
         max_connections=MAX_CONNECTIONS,
         max_connections_per_address=MAX_CONNECTIONS,
     )
+    if attach is not None:
+        attach(service)
     log.info(
+        # Not "token=...": the log masks any field named like a secret, and
+        # whether one is required is no secret.
         "admin.ready", bind=f"{settings.host}:{port}", tls=ssl_context is not None,
-        token=token is not None,
+        bearer_required=token is not None,
     )  # fmt: skip
     async with trio.open_nursery() as connections:
         task_status.started(port)

@@ -598,6 +598,7 @@ class Connection(Generic[_In, _Out]):
             durable = await self._sink.submit(submit.block)
         except BlockRefused as exc:
             self.tally.refused += 1
+            self._info.metrics.batch_refused(exc.reason)  # status: listener errors
             if submit.refused is None:
                 self._pending.release(nbytes)
                 info = self._info
@@ -671,6 +672,7 @@ class Connection(Generic[_In, _Out]):
                 acked = answer is not None
             except BlockRefused as exc:
                 self.tally.refused_at_commit += 1
+                self._info.metrics.batch_refused(exc.reason)  # status: listener errors
                 if queued.refused is None:
                     # Nothing after a refused batch is acked either: acks are in order.
                     info = self._info

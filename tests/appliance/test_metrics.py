@@ -10,6 +10,8 @@ handshakes. /metrics is scraped over HTTP and parsed with
 from __future__ import annotations
 
 import json
+import math
+import os
 import socket
 import ssl
 import time
@@ -18,17 +20,22 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import msgpack
 import pytest
 import trio
 from prometheus_client.parser import text_string_to_metric_families
 
+from appliance import __version__
 from appliance.config import AdminConfig, Config, ConfigError, ForwardListenerConfig, parse_config
 from appliance.metrics import (
+    Instance,
     Metrics,
+    WalSample,
     drop_reason_class,
     protocol_error_class,
+    refusal_class,
     tls_failure_class,
 )
 from appliance.service import Running, serve
@@ -252,14 +259,16 @@ async def test_metrics_count_exactly_what_real_clients_sent(tmp_path: Path) -> N
     # The default collectors, and the build.
     assert value(samples, "process_resident_memory_bytes") > 0
     assert value(samples, "process_open_fds") > 0
-    assert ("appliance_build_info", frozenset({("version", "0.1.0")})) in samples
+    assert info.writer is not None
+    build = {"version": __version__, "node_id": info.writer.app_id, "worker": ""}
+    assert value(samples, "appliance_build_info", **build) == 1
     assert len(table_rows(config)) == chunks * events
     # Bounded labels only: no peer, tag or free text anywhere.
     for (name, labels), _ in samples.items():
         if name.startswith("appliance_"):
             assert {k for k, _ in labels} <= {
                 "listener", "protocol", "reason", "state", "kind", "mechanism", "result",
-                "operation", "version", "le",
+                "operation", "version", "le", "node_id", "worker",  # one value a process
             }, name  # fmt: skip
 
 
@@ -273,11 +282,19 @@ async def test_readyz_turns_503_when_the_delta_log_is_read_only_and_200_when_hea
         admin = info.admin_port
         status, body = await in_thread(http_get, admin, "/readyz")
         assert status == 200, body
+        assert info.writer is not None
+        node_id = info.writer.app_id
         assert json.loads(body) == {
             "status": "ready",
             "checks": {"listeners": {"ok": True}, "table": {"ok": True},
                        "auth_database": {"ok": True}},
+            # Which appliance answers: appliance status checks the state directory.
+            "instance": {"node_id": node_id, "state_dir": str(config.state_dir.resolve()),
+                         "pid": os.getpid(), "version": __version__, "worker": None},
         }  # fmt: skip
+        build_info = {"node_id": node_id, "version": __version__, "worker": ""}
+        samples = await in_thread(scrape, admin)
+        assert value(samples, "appliance_build_info", **build_info) == 1
         with read_only_dir(Path(config.table_uri) / "_delta_log") as fault:
             fault.break_()
             status, body = await in_thread(http_get, admin, "/readyz")
@@ -480,6 +497,97 @@ def test_reason_classes_are_a_few_words() -> None:
     assert drop_reason_class("time is not an integer or EventTime (str)") == "invalid_time"
     assert drop_reason_class("record is not a map") == "record_not_map"
     assert drop_reason_class("entry is not a [time, record] array") == "malformed_entry"
+    # A refused batch's class comes from how the writer's reason begins.
+    assert refusal_class("write-ahead log full: the table is not keeping up") == "wal_full"
+    assert refusal_class("write-ahead log: disk full (No space left on device)") == "disk_full"
+    assert refusal_class("write-ahead log: the write-ahead log stopped") == "wal_error"
+    assert refusal_class("disk nearly full: 1.0 GiB free on the table's filesystem") == (
+        "disk_nearly_full"
+    )
+    assert refusal_class("record is not valid UTF-8") == "unstorable"
+    assert refusal_class("cannot be logged: a record of 9 bytes is over the limit") == (
+        "unstorable"
+    )
+    # A client's text inside a reason does not pick the class.
+    assert refusal_class("tag 'write-ahead log full' is too long") == "unstorable"
+
+
+def _wal_sample(**changes: Any) -> WalSample:
+    sample = WalSample(
+        file_bytes=4096, max_bytes=8192, uncommitted_bytes=100, segments=1, at_cap=False,
+        appends=1, syncs=1, failed_syncs=0, written_bytes=100, cap_waits=0, cap_refusals=0,
+        sync_wait_seconds=0.0, cache_bytes=300, groups_from_cache=0, groups_read_back=0,
+        committed=1000, oldest_cached=(1000, 50 * 10**9),
+    )  # fmt: skip
+    return replace(sample, **changes)
+
+
+def test_the_oldest_uncommitted_record_s_age() -> None:
+    """From the cache's receive times: exact, remembered by position, a lower bound, or NaN."""
+    from appliance.metrics import _WalCollector
+
+    current: list[WalSample] = [_wal_sample()]
+    now = [60.0]
+    collector = _WalCollector(lambda: current[0], clock=lambda: now[0])
+
+    def age() -> float:
+        (family,) = [
+            f
+            for f in collector.collect()
+            if f.name == "appliance_wal_oldest_uncommitted_age_seconds"
+        ]
+        return float(family.samples[0].value)
+
+    # The cache's oldest record is the first uncommitted one (received at 50 s).
+    assert age() == 10.0
+    # It left the cache (which now starts later), still uncommitted: remembered.
+    current[0] = _wal_sample(oldest_cached=(2000, 55 * 10**9))
+    now[0] = 70.0
+    assert age() == 20.0
+    # A commit moved on to a record the cache no longer holds: the cache's oldest, a lower bound.
+    current[0] = _wal_sample(committed=1500, oldest_cached=(2000, 55 * 10**9))
+    assert age() == 15.0
+    # Nothing to go by (cache_bytes = 0).
+    current[0] = _wal_sample(committed=1500, oldest_cached=None)
+    assert math.isnan(age())
+    # Nothing uncommitted.
+    current[0] = _wal_sample(uncommitted_bytes=0, oldest_cached=None)
+    assert age() == 0.0
+
+
+def test_build_info_names_the_instance() -> None:
+    metrics = Metrics(process=False)
+    assert b'appliance_build_info{node_id="",version="' in metrics.exposition()[0]
+    metrics.identify(Instance("node-7", "/srv/state/workers/2", 42, __version__, 2))
+    text = metrics.exposition()[0].decode()
+    assert f'appliance_build_info{{node_id="node-7",version="{__version__}",worker="2"}} 1.0' in (
+        text
+    )
+
+
+def test_an_instance_says_which_state_directory_and_worker(tmp_path: Path) -> None:
+    from appliance.state_lock import StateLock
+
+    one = Instance.of("n1", tmp_path / "workers" / "3" / "wal")
+    assert one.state_dir == str((tmp_path / "workers" / "3").resolve())
+    assert one.worker == 3
+    assert one.pid == os.getpid()
+    # Without a log: the one state directory this process holds the lock of.
+    assert Instance.of("n1", None).state_dir is None
+    lock = StateLock(tmp_path)
+    try:
+        assert Instance.of("n1", None).state_dir == str(tmp_path.resolve())
+        assert Instance.of("n1", None).worker is None
+        other = tmp_path / "other"
+        other.mkdir()
+        second = StateLock(other)
+        try:
+            assert Instance.of("n1", None).state_dir is None  # two: cannot tell which
+        finally:
+            second.release()
+    finally:
+        lock.release()
+    assert Instance.of("n1", None).state_dir is None
 
 
 def test_two_services_in_one_process_have_their_own_registries() -> None:

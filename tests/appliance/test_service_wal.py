@@ -239,6 +239,12 @@ async def test_disk_full_under_the_log_means_no_ack_and_the_service_recovers(
         reasons = [f["reason"] for f in logged(caplog, "block.refused")]
         assert reasons, "the connection was closed without a logged reason"
         assert all(str(r).startswith("write-ahead log: disk full") for r in reasons), reasons
+        # Counted as the listener's error, with its reason (appliance status shows it).
+        assert info.metrics is not None
+        refused = 'listener="forward",protocol="forward",reason="disk_full"'
+        assert (
+            f"appliance_batches_refused_total{{{refused}}}" in info.metrics.exposition()[0].decode()
+        )
         filler.unlink()  # space returns
         # The service went on: the other connection was not touched, and the
         # client's resend of the refused chunk is stored, once.
