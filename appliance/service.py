@@ -24,11 +24,8 @@ the listeners open.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import os
-import secrets
 import signal
-import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,6 +48,7 @@ from appliance.lake.table import EventsTable
 from appliance.lake.writer import LakeWriter, WriterSettings
 from appliance.logs import get_logger
 from appliance.metrics import Metrics
+from appliance.node import drain_left_logs, node_id, write_ahead_log, writer_token
 from appliance.reload_status import ReloadStatus, write_status
 from appliance.server.admin import Readiness, admin_tls_context, serve_admin
 from appliance.server.context import ServiceContext
@@ -67,8 +65,6 @@ from appliance.server.tls import TlsManager
 from appliance.server.tls_audit import TlsRefusalAudit
 from appliance.server.websocket_listener import open_token_verifier
 from appliance.state_lock import StateLock
-from appliance.wal.log import WriteAheadLog
-from appliance.wal.settings import WalSettings
 from auth.failure_table import SharedCounts, table_path
 from auth.policy import CredentialStore
 
@@ -109,55 +105,6 @@ def prepare_state(config: Config) -> None:
     """Create the state directory (0750) if it is missing."""
     config.state_dir.mkdir(parents=True, exist_ok=True)
     os.chmod(config.state_dir, 0o750)  # noqa: S103 -- group read for operators, DESIGN §5
-
-
-def node_id(config: Config) -> str:
-    """This node's stable id: from the config, or generated once into ``<state>/node-id``."""
-    if config.node_id:
-        return config.node_id
-    path = config.state_dir / "node-id"
-    try:
-        return path.read_text(encoding="ascii").strip()
-    except FileNotFoundError:
-        value = f"appliance-{uuid.uuid4().hex}"
-        path.write_text(value + "\n", encoding="ascii")
-        return value
-
-
-def writer_token(config: Config) -> int:
-    """This state directory's writer token (the app id lease, appliance/lake/table.py).
-
-    Drawn once and kept in ``<state_dir>/writer-token``: a restart of the same
-    state directory reclaims its app id at once, even after SIGKILL, and
-    another state directory under the same ``node_id`` has another token, so
-    it is refused while the first one's lease is fresh. It is not tied to the
-    machine (``/etc/machine-id`` changes at every boot of a container without
-    one, which would lock a restarted node out for a lease). A machine cloned
-    from an image that already ran the appliance copies this file with
-    ``node-id``: remove both from the image (docs/table.md).
-    """
-    path = config.state_dir / "writer-token"
-    try:
-        text = path.read_text(encoding="ascii").strip()
-    except FileNotFoundError:
-        text = secrets.token_hex(16)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w", encoding="ascii") as out:
-            out.write(text + "\n")
-    digest = hashlib.sha256(text.encode("ascii", "replace")).digest()
-    return int.from_bytes(digest[:8], "big") >> 2  # positive, fits a Delta txn version
-
-
-def write_ahead_log(config: Config) -> WriteAheadLog | None:
-    """The log under ``<state_dir>/wal``: with ``ack = "wal"``, or to drain one left behind.
-
-    With ``ack = "commit"`` a log directory from an earlier ``ack = "wal"``
-    run is opened only to commit what it holds; none is created.
-    """
-    directory = config.state_dir / "wal"
-    if config.lake.ack != "wal" and not directory.is_dir():
-        return None
-    return WriteAheadLog(directory, settings_from(config.wal, WalSettings))
 
 
 def _credentials(config: Config) -> CredentialStore | None:
@@ -453,7 +400,6 @@ async def _serve_locked(
     ca_file = tls.prepare()
     if config.worker is None:
         # Logs left by workers of an earlier ``workers = N`` run: acked, so committed first.
-        from appliance.supervisor import drain_left_logs
 
         await drain_left_logs(config)
     # Counted only when the admin listener can serve them (docs/observability.md).

@@ -30,24 +30,24 @@ serves nothing itself:
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import sys
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
 import trio
 from cryptography import x509
 
-from appliance.config import Config, ConfigError, load_config, settings_from
+from appliance.config import Config, ConfigError, load_config
 from appliance.logs import get_logger
+from appliance.node import drain_left_logs
 from appliance.reload_status import ReloadStatus, read_status, write_status
 from appliance.server.registry import stores_needed
 from appliance.server.sdnotify import Notifier
 from appliance.server.tls import TlsManager
-from appliance.state_lock import PID_FILE, StateLock, StateLocked
+from appliance.state_lock import PID_FILE, StateLock
 from pki.authority import PkiPaths, crl_number
 from pki.errors import PkiError
 
@@ -58,7 +58,6 @@ __all__ = [
     "STOP_GRACE_SECONDS",
     "WORKER_START_TIMEOUT_SECONDS",
     "WorkerFailed",
-    "drain_left_logs",
     "supervise",
     "worker_command",
 ]
@@ -452,79 +451,3 @@ async def _refresh_crl(
         if signed:
             log.info("supervisor.crl_refreshed", workers=len(workers))
             await _reload_serialized(reloads, config, workers, publish=False)
-
-
-def _left_log_dirs(config: Config) -> list[Path]:
-    """State directories whose write-ahead logs no worker of ``config`` will replay.
-
-    With workers, this directory's own (from a run with ``workers = 1``);
-    always, those of workers beyond ``workers`` (from a run with more; all
-    of them for a single process): what they hold was acknowledged.
-    """
-    found: list[Path] = []
-    if config.workers > 1 and (config.state_dir / "wal").is_dir():
-        found.append(config.state_dir)
-    workers_dir = config.state_dir / "workers"
-    running = config.workers if config.workers > 1 else 0  # a single process runs no worker
-    if workers_dir.is_dir():
-        for entry in sorted(workers_dir.iterdir(), key=lambda p: p.name):
-            beyond = entry.name.isdigit() and int(entry.name) >= running
-            if beyond and (entry / "wal").is_dir():
-                found.append(entry)
-    return found
-
-
-async def drain_left_logs(config: Config) -> None:
-    """Commit every record of the logs no worker will replay, before the workers start.
-
-    Each is committed under the node id and writer token of the directory
-    that wrote it, as its own service would at start (exactly once: the
-    table's app transaction records how far each log is committed), then
-    its segments are gone. Changing ``workers`` thus loses nothing.
-
-    Raises:
-        LakeError: the table cannot be written.
-    """
-    from appliance.lake.table import EventsTable
-    from appliance.lake.writer import LakeWriter, WriterSettings
-    from appliance.service import node_id, write_ahead_log, writer_token
-
-    left = _left_log_dirs(config)
-    if not left:
-        return
-    shared = config.for_worker(0)
-    for state_dir in left:
-        if state_dir == config.state_dir:
-            owner = replace(shared, state_dir=state_dir, node_id=config.node_id, worker=None)
-        else:
-            index = int(state_dir.name)
-            node = f"{config.node_id}-w{index}" if config.node_id else None
-            owner = replace(shared, state_dir=state_dir, node_id=node, worker=None)
-        owner = replace(owner, lake=replace(owner.lake, ack="wal"))
-        lock: StateLock | None = None
-        if state_dir != config.state_dir:  # this process holds that one already
-            try:
-                # A process still running there (a worker of a supervisor that died) keeps it.
-                lock = await trio.to_thread.run_sync(StateLock, state_dir)
-            except StateLocked as exc:
-                raise WorkerFailed(f"cannot commit the log left in {state_dir}: {exc}") from None
-        try:
-            wal = write_ahead_log(owner)
-            if wal is None:
-                continue
-            writer = LakeWriter(
-                EventsTable(owner.table_uri, owner.lake.storage_options or None),
-                node_id(owner),
-                settings_from(owner.lake, WriterSettings),
-                token=writer_token(owner),
-            )
-            await writer.open()
-            await writer.drain_log(wal)
-            if writer.lost_records == 0:
-                # Everything in it is in the table now: no later start needs to look again.
-                # (Records logged as lost stay on disk, for whoever investigates.)
-                await trio.to_thread.run_sync(shutil.rmtree, state_dir / "wal")
-            log.info("supervisor.log_drained", state_dir=str(state_dir), commits=writer.commits)
-        finally:
-            if lock is not None:
-                lock.release()
