@@ -1,4 +1,4 @@
-"""The appliance's configuration: one TOML file, every key optional (DESIGN §6).
+"""The appliance's configuration: one TOML file, every key optional (docs/decisions.md).
 
 With no file, :func:`default_config` is the embedded default: state in
 ``./var``, a generated CA and server certificate, one forward TLS listener on
@@ -15,7 +15,7 @@ This module sits below everything that reads it: it imports only
 an auth library, so reading a config loads none of them. A codec's limits
 and the lake writer's settings are taken from a section with
 :func:`settings_from`; both sides take their defaults from
-:mod:`appliance.defaults` (docs/decisions.md, issue 17).
+:mod:`appliance.defaults` (docs/decisions.md, 27-28).
 """
 
 from __future__ import annotations
@@ -394,7 +394,7 @@ class ListenerConfig:
     #: host:port to listen on; port 0 takes any free port (the log's
     #: service.ready line names it).
     bind: str = ""
-    #: TLS is on unless a listener says otherwise (DESIGN §5).
+    #: TLS is on unless a listener says otherwise (docs/decisions.md).
     tls: bool = True
     #: Client certificates: "off", "optional" or "required" (mutual TLS).
     client_auth: Literal["off", "optional", "required"] = "off"

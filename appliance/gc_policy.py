@@ -8,8 +8,8 @@ everything that survived them. :func:`tune` freezes the start-up objects
 (modules, the config: they live as long as the process) out of every
 collection and raises the thresholds to
 :data:`~appliance.defaults.SERVE_GC_THRESHOLDS`: +15% events per
-CPU-second and half the p99 on the forward bench (bench/RESULTS.md,
-"Issue 14, third pass").
+CPU-second and half the p99 on the forward bench (bench/HISTORY.md,
+"2026-11-26, afternoon: third pass on forward throughput").
 
 Garbage without reference cycles is freed at once whatever the
 thresholds. Garbage with cycles waits for a collection, and some comes

@@ -102,9 +102,9 @@ class Running:
 
 
 def prepare_state(config: Config) -> None:
-    """Create the state directory (0750) if it is missing."""
+    """Create the state directory (0750, docs/decisions.md#state-belongs-to-the-service-user)."""
     config.state_dir.mkdir(parents=True, exist_ok=True)
-    os.chmod(config.state_dir, 0o750)  # noqa: S103 -- group read for operators, DESIGN §5
+    os.chmod(config.state_dir, 0o750)  # noqa: S103 -- group read for operators
 
 
 def _credentials(config: Config) -> CredentialStore | None:
@@ -293,7 +293,7 @@ async def serve(
     (``workers = N``); it stops once that process is gone.
     """
     prepare_state(config)
-    # One process per state directory (issue 20): before anything is written.
+    # One process per state directory (docs/table.md): before anything is written.
     # StateLock retries for up to half a second: in a worker thread, not on the loop.
     state_lock = await trio.to_thread.run_sync(StateLock, config.state_dir)
     try:

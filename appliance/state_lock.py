@@ -2,7 +2,7 @@
 
 Two services on one state directory would share one node id, so one Delta
 app id, and each would take the other's commits for its own (acked data
-lost, issue 20). The lock is taken at start and held for the process's life
+lost). The lock is taken at start and held for the process's life
 (the kernel drops it when the process dies, even by SIGKILL). Only the lock
 holder writes and removes ``appliance.pid``, so the CLI's reload signal
 always reaches the running service.

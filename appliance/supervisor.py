@@ -128,7 +128,7 @@ async def supervise(config: Config) -> None:
             database or table cannot be prepared.
     """
     config.state_dir.mkdir(parents=True, exist_ok=True)
-    os.chmod(config.state_dir, 0o750)  # noqa: S103 -- as the service's own, DESIGN §5
+    os.chmod(config.state_dir, 0o750)  # noqa: S103 -- as the service's own
     state_lock = await trio.to_thread.run_sync(StateLock, config.state_dir)
     try:
         # Caught from the start: a stop during the workers' start stops them too.

@@ -6,7 +6,7 @@ and a test checks that the head revision and these models agree.
 
 Secrets (``User.password_sealed``, ``SharedKey.secret_sealed``) are stored
 sealed by :class:`auth.vault.SecretVault`, never in clear and never hashed
-only: the forward handshake needs them raw (DESIGN §4).
+only: the forward handshake needs them raw (docs/auth.md).
 """
 
 from __future__ import annotations

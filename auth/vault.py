@@ -1,4 +1,4 @@
-"""Encryption of the secrets the forward handshake needs in clear (DESIGN §4).
+"""Encryption of the secrets the forward handshake needs in clear (docs/auth.md).
 
 The handshake digests are computed from the raw shared key and password, so
 the database cannot keep only a hash: it keeps each secret sealed with

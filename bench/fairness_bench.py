@@ -1,4 +1,4 @@
-"""Fairness (issue 13, item 6): a normal client's ack latency alone, and next to a hostile one.
+"""Fairness: a normal client's ack latency alone, and next to a hostile one.
 
 Per protocol (``--protocols``; forward, lumberjack, courier, websocket):
 
@@ -16,8 +16,8 @@ Per protocol (``--protocols``; forward, lumberjack, courier, websocket):
 
    * forward ``gzip-empty``: CompressedPackedForward whose entries inflate to
      just under ``max_decompressed_bytes`` (64 MiB) of empty msgpack maps,
-     about 64 KB of gzip (issue 13: "a 4 KB gzip request holding millions of
-     empty values stalls every other client's ack for seconds");
+     about 64 KB of gzip (before the limits, a 4 KB gzip request holding millions of
+     empty values stalled every other client's ack for seconds);
      ``max-events``: ``max_events_per_request`` (250,000) minimal events
      ``[0, {}]`` in one gzip request of a few KB, all stored;
    * lumberjack ``max-window``: a window of ``max_window_size`` (100,000) ``{}``
@@ -38,7 +38,8 @@ Per protocol (``--protocols``; forward, lumberjack, courier, websocket):
 
 Every server has ``commit_max_delay_seconds`` = ``--commit-delay`` (0.1): the
 normal client's latency alone is about that; "the commit delay plus a small
-margin" is the goal the issue sets for it with a neighbour.
+margin" is the goal for it with a neighbour (docs/security.md, the threat model: no peer
+stalls the others beyond a small, measured margin).
 """
 
 from __future__ import annotations

@@ -2,9 +2,10 @@
 
 Each seed is a valid (or a known-hostile) exchange of its protocol, in the
 input layout of fuzz/harness.py: a flags byte, two cut points, the payload.
-The hostile ones are the inputs issue 13 lists (a tag that is not UTF-8, a
-lone surrogate, a non-ASCII digit or Go's zero time in ``@timestamp``, a
-9-19 byte Courier HELO, a PING followed by too much, ...), so the fuzzer
+The hostile ones (``hostile-*``) are the inputs a review of the codecs found
+(a tag that is not UTF-8, a lone surrogate, a non-ASCII digit or Go's zero
+time in ``@timestamp``, a 9-19 byte Courier HELO, a PING followed by too
+much, ...), so the fuzzer
 starts next to the places that once crashed. Output is deterministic (gzip
 with a zero mtime), so regenerating changes nothing unless this file does.
 
@@ -151,13 +152,13 @@ def forward_seeds() -> Iterable[Seed]:
         "chunk-binary": _pack(["app.web", _T, record, {"chunk": b"\xff\x00\x01"}]),
         "two-requests": _pack(["a", _T, record]) + _pack(["b", [[_T, record]]]),
         "dropped-entries": _pack(["app.web", [[_T, "not a map"], [2**40, {}], "x", [1.5, {}]]]),
-        # issue 13: a msgpack str tag that is not UTF-8; a 1 KiB+ tag; an empty chunk.
-        "issue13-tag-not-utf8": b"\x93" + _raw_str(b"a\xffb") + _pack(_T) + _pack(record),
-        "issue13-tag-long": _pack(["t" * 1100, _T, record]),
-        "issue13-chunk-empty": _pack(["app.web", _T, record, {"chunk": ""}]),
-        "issue13-gzip-unlabelled": _pack(["app.web", gz(stream), {"chunk": "u"}]),
-        "issue13-entries-truncated": _pack(["app.web", stream[:-1], {"chunk": "t1"}]),
-        "issue13-entries-invalid-byte": _pack(
+        # Hostile: a msgpack str tag that is not UTF-8; a 1 KiB+ tag; an empty chunk.
+        "hostile-tag-not-utf8": b"\x93" + _raw_str(b"a\xffb") + _pack(_T) + _pack(record),
+        "hostile-tag-long": _pack(["t" * 1100, _T, record]),
+        "hostile-chunk-empty": _pack(["app.web", _T, record, {"chunk": ""}]),
+        "hostile-gzip-unlabelled": _pack(["app.web", gz(stream), {"chunk": "u"}]),
+        "hostile-entries-truncated": _pack(["app.web", stream[:-1], {"chunk": "t1"}]),
+        "hostile-entries-invalid-byte": _pack(
             ["app.web", _pack(entries[0]) + b"\xc1" + _pack(entries[1]), {"chunk": "t2"}]
         ),
         "time-out-of-range": _pack(["app.web", 2**62, record]),
@@ -169,9 +170,9 @@ def forward_seeds() -> Iterable[Seed]:
         "json-message": b'["app.web", 1732270000, {"message": "hi"}, {"chunk": "j1"}]',
         "json-forward": b'["app.web", [[1732270000, {"a": 1}], [0, {"b": [1, 2]}]]]\n'
         b'["x", 1.5, {"c": null}]',
-        # issue 13: lone surrogates in a JSON tag and chunk.
-        "issue13-json-tag-surrogate": b'["\\ud800", 1732270000, {"a": 1}]',
-        "issue13-json-chunk-surrogate": b'["t", 1732270000, {"a": 1}, {"chunk": "\\udfff"}]',
+        # Hostile: lone surrogates in a JSON tag and chunk.
+        "hostile-json-tag-surrogate": b'["\\ud800", 1732270000, {"a": 1}]',
+        "hostile-json-chunk-surrogate": b'["t", 1732270000, {"a": 1}, {"chunk": "\\udfff"}]',
         "json-escapes": b'["t\\"[{", 1, {"k\\\\": "]}\\u00e9"}]',
     }
     for name, payload in json_requests.items():
@@ -212,10 +213,10 @@ def forward_seeds() -> Iterable[Seed]:
     yield seed("limit-chunk-binary-long", _pack(["app.web", _T, record, {"chunk": b"\xff" * 200}]))
     yield seed("limit-request-small", _pack(["app.web", _T, {"m": "x" * 400}]), SMALL_LIMITS)
     yield seed("limit-json-small", b'["app.web", 1, {"m": "' + b"x" * 400 + b'"}]', SMALL_LIMITS)
-    # issue 13: a PING followed, in the same read, by more than a PING may hold.
-    yield seed("issue13-ping-then-flood", _ping() + _pack(["t", _T, {"x": "y" * 8000}]), SECURITY)
+    # Hostile: a PING followed, in the same read, by more than a PING may hold.
+    yield seed("hostile-ping-then-flood", _ping() + _pack(["t", _T, {"x": "y" * 8000}]), SECURITY)
     yield seed(
-        "issue13-ping-host-not-utf8",
+        "hostile-ping-host-not-utf8",
         _pack(["PING", b"h\xff", b"s", b"d", "", ""]),
         SECURITY | ACCEPT_ANY_PING,
     )
@@ -293,16 +294,16 @@ def lumberjack_seeds() -> Iterable[Seed]:
         "v1-window": v1,
         "v1-compressed": _lj_compressed(v1, b"1"),
         "v1-window-reused": v1 + _lj_data_v1(3, {b"line": b"after"}),
-        # issue 13: non-ASCII digits, Go's zero time, lone surrogates in tag and host.
-        "issue13-timestamp-superscript": _lj_window(1)
+        # Hostile: non-ASCII digits, Go's zero time, lone surrogates in tag and host.
+        "hostile-timestamp-superscript": _lj_window(1)
         + _lj_json(1, b'{"@timestamp": "2024-11-22T10:00:00.\xc2\xb2Z"}'),
-        "issue13-timestamp-go-zero": _lj_window(1)
+        "hostile-timestamp-go-zero": _lj_window(1)
         + _lj_json(1, {"@timestamp": "0001-01-01T00:00:00Z"}),
-        "issue13-host-surrogate": _lj_window(1)
+        "hostile-host-surrogate": _lj_window(1)
         + _lj_json(1, b'{"host": {"name": "\\ud800"}, "type": "\\udc00x"}'),
-        "issue13-tag-long": _lj_window(1) + _lj_json(1, {"type": "t" * 1100, "host": "h" * 300}),
-        "issue13-w0-in-c": _lj_window(1) + _lj_compressed(_lj_window(0) * 200 + _lj_json(1, {})),
-        "issue13-empty-nested-c": _lj_window(1)
+        "hostile-tag-long": _lj_window(1) + _lj_json(1, {"type": "t" * 1100, "host": "h" * 300}),
+        "hostile-w0-in-c": _lj_window(1) + _lj_compressed(_lj_window(0) * 200 + _lj_json(1, {})),
+        "hostile-empty-nested-c": _lj_window(1)
         + _lj_compressed(_lj_compressed(b"") * 20 + _lj_json(1, {})),
         "bad-json": _lj_window(1) + _lj_json(1, b'{"a": '),
         "version-mix": _lj_window(1) + _lj_data_v1(1, {b"a": b"b"}),
@@ -362,14 +363,14 @@ def courier_seeds() -> Iterable[Seed]:
         "hello-compact": _courier(b"HELO", b"\x01\x02\x07\x00RUBY"),
         "hello-empty": _courier(b"HELO"),
         "hello-20": _courier(b"HELO", hello[:20]),
-        # issue 13: HELO bodies of 9-19 bytes; lone surrogates in type and host;
+        # Hostile: HELO bodies of 9-19 bytes; lone surrogates in type and host;
         # odd digits and Go's zero time in @timestamp.
-        "issue13-hello-9": _courier(b"HELO", hello[:9]),
-        "issue13-hello-19": _courier(b"HELO", hello[:19]),
-        "issue13-type-host-surrogate": _courier(
+        "hostile-hello-9": _courier(b"HELO", hello[:9]),
+        "hostile-hello-19": _courier(b"HELO", hello[:19]),
+        "hostile-type-host-surrogate": _courier(
             b"JDAT", nonce + _courier_events([b'{"type": "\\ud800", "host": "\\udfff"}'])
         ),
-        "issue13-timestamp-odd": _courier(
+        "hostile-timestamp-odd": _courier(
             b"JDAT",
             nonce
             + _courier_events(
@@ -433,12 +434,12 @@ def logjam_seeds() -> Iterable[Seed]:
         "little-endian-meta": (_frames(*data, _meta(little_endian=True)), 0),
         "javascript-topic": (_frames(b"app-prod", b"javascript", b'{"host": 5}', _meta()), 0),
         "too-many-frames": (_frames(router_id, b"", *data, _meta(), b"x", b"y"), ROUTER),
-        # issue 13: a lone surrogate host (stored as null) and a long one.
-        "issue13-host-surrogate": (_frames(data[0], data[1], b'{"host": "\\ud800"}', _meta()), 0),
-        "issue13-host-long": (
+        # Hostile: a lone surrogate host (stored as null) and a long one.
+        "hostile-host-surrogate": (_frames(data[0], data[1], b'{"host": "\\ud800"}', _meta()), 0),
+        "hostile-host-long": (
             _frames(data[0], data[1], json.dumps({"host": "h" * 300}).encode(), _meta()), 0
         ),
-        "issue13-app-env-not-utf8": (_frames(b"my\xffapp-prod", data[1], body, _meta()), 0),
+        "hostile-app-env-not-utf8": (_frames(b"my\xffapp-prod", data[1], body, _meta()), 0),
         "started-ms-huge": (_frames(data[0], data[1], b'{"started_ms": 99999999999999999}',
                                     _meta()), 0),
         "not-json": (_frames(*data[:2], b"{not json", _meta()), 0),
@@ -481,12 +482,12 @@ def websocket_seeds() -> Iterable[Seed]:
         "ingest-int-id": json.dumps({"id": 42, "tag": "t", "events": [{"time": None,
                                                                         "record": {}}]}).encode(),
         "two-messages": _frames(json.dumps(good).encode(), b'{"id": 2, "tag": "t", "events": []}'),
-        # issue 13: the shared RFC 3339 parser (odd digits, Go's zero time), lone surrogates.
-        "issue13-time-superscript": '{"id": "a", "tag": "t", "events": [{"time": '
+        # Hostile: the shared RFC 3339 parser (odd digits, Go's zero time), lone surrogates.
+        "hostile-time-superscript": '{"id": "a", "tag": "t", "events": [{"time": '
         '"2024-11-22T10:00:00.\u00b2Z", "record": {}}]}'.encode(),
-        "issue13-time-go-zero": b'{"id": "a", "tag": "t", "events": [{"time": '
+        "hostile-time-go-zero": b'{"id": "a", "tag": "t", "events": [{"time": '
         b'"0001-01-01T00:00:00Z", "record": {}}]}',
-        "issue13-surrogates": b'{"id": "\\ud800", "tag": "\\udfff", "events": [{"record": '
+        "hostile-surrogates": b'{"id": "\\ud800", "tag": "\\udfff", "events": [{"record": '
         b'{"\\ud800": "\\udc00"}}]}',
         "time-huge": b'{"id": "a", "tag": "t", "events": [{"time": 1e300, "record": {}}]}',
         "not-json": b'{"id": ',

@@ -3,8 +3,8 @@
 # from its virtual environment (/opt/appliance/venv), with the packaged
 # configuration as the default.
 #
-# State files must belong to the service user (DESIGN §5: 0600, owned by
-# it), so when root runs a command that touches the state directory, the
+# State files must belong to the service user (0600, owned by it:
+# docs/decisions.md#state-belongs-to-the-service-user), so when root runs a command that touches the state directory, the
 # command runs as the 'appliance' user. Paths given to it (--out, --config)
 # must then be readable or writable by that user. 'config check', --help and
 # --version run as the caller. To run as root anyway (you then own the

@@ -1,6 +1,6 @@
 """The appliance's certificate authority: create, issue, revoke, publish a CRL.
 
-Keys are ECDSA P-256 by default, RSA 3072 on request (DESIGN §5). Layout of
+Keys are ECDSA P-256 by default, RSA 3072 on request (docs/pki.md). Layout of
 the PKI directory (``<state_dir>/pki``)::
 
     ca.pem        the CA certificate: clients verify the server with it

@@ -1,11 +1,12 @@
-"""The one place that builds the appliance's TLS contexts (DESIGN §5).
+"""The one place that builds the appliance's TLS contexts.
 
 TLS 1.2 is the minimum and 1.3 is preferred; TLS 1.2 offers only ECDHE
 suites with AEAD ciphers; compression and renegotiation are off. Client
 authentication is per listener: ``off``, ``optional`` or ``required``. When
 it is on, client certificates are verified against the client CA and, when a
 CRL is given, the leaf's serial is checked against it during the handshake,
-so a revoked certificate never completes a connection.
+so a revoked certificate never completes a connection. Why TLS everywhere:
+docs/decisions.md#tls-unless-a-listener-says-otherwise.
 """
 
 from __future__ import annotations

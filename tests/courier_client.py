@@ -1,8 +1,9 @@
 """A small Log Courier client, written from the protocol for tests and the bench.
 
 No Log Courier client is packaged on the registries the project reaches
-(DESIGN §8), so this one follows ``shared/specs/log-courier-protocol.md`` and
-what the Go client in driskell/log-courier does (``docs/courier.md`` cites
+(docs/courier.md), so this one follows the first spec (``docs/Protocol.md``
+in https://github.com/driskell/log-courier) and what the Go client there
+does (``docs/courier.md`` cites
 the files). It shares no code with the appliance's codec on purpose: a bug
 the two shared would otherwise pass every test.
 

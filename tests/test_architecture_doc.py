@@ -1,4 +1,4 @@
-"""Issue 17: docs/architecture.md lists every module of appliance/, auth/ and pki/."""
+"""docs/architecture.md lists every module of appliance/, auth/ and pki/."""
 
 from __future__ import annotations
 

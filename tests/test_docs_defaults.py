@@ -1,4 +1,4 @@
-"""The defaults the docs state are the defaults appliance/config.py has (issue 18, item 7).
+"""The defaults the docs state are the defaults appliance/config.py has.
 
 docs/limits.md is generated from the code (tests/appliance/test_config_reference.py
 keeps it current). Every other page states defaults by hand, in three forms,

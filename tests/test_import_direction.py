@@ -1,4 +1,4 @@
-"""Issue 17: which package may import which (docs/architecture.md, "Import rules").
+"""Which package may import which (docs/architecture.md, "Import rules").
 
 Read from the source with ``ast``, so a rule is checked without importing
 anything: every ``import x`` and ``from x import y`` at any depth (also

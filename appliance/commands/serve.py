@@ -1,6 +1,7 @@
 """``appliance serve``: run the service, and turn a start-up failure into one line and exit 1.
 
-trio and the service's modules load only when the command runs.
+trio and the service's modules (gc_policy too: it imports trio) load only
+when the command runs, so that the CLI starts fast (docs/architecture.md).
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ import functools
 import signal
 import sys
 
-from appliance import gc_policy
 from appliance.commands.common import Subparsers, load
 from appliance.lake.errors import LakeError
 from appliance.logs import configure, get_logger
@@ -52,7 +52,8 @@ def _worker_signals() -> None:
 def _serve(args: argparse.Namespace) -> int:
     import trio
 
-    from appliance.service import serve  # trio and deltalake load only when serving
+    from appliance import gc_policy
+    from appliance.service import serve
 
     config = load(args.config)
     configure(config.log.level, config.log.format, worker=args.worker)

@@ -4,12 +4,15 @@
   job under its own lock in the state directory), docs/spark.md.
 * ``spark status``: how many ``events`` commits each job is behind.
 
-pyspark is imported only by ``spark run``, when it builds a session.
+pyspark is imported only by ``spark run``, when it builds a session; the
+jobs (pyarrow, deltalake) and the lake's lock (trio) only when a command
+runs, so that the CLI starts fast (docs/architecture.md).
 """
 
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
 from appliance.commands.common import (
     Subparsers,
@@ -19,10 +22,12 @@ from appliance.commands.common import (
     print_table,
 )
 from appliance.config import Config
-from appliance.lake import maintenance
 from appliance.lake.errors import LakeError
+from appliance.spark.catalog import DERIVED_TABLES
 from appliance.spark.errors import SparkError
-from appliance.spark.jobs import JOBS, JobResult, job_status, run_job
+
+if TYPE_CHECKING:
+    from appliance.spark.jobs import JobResult
 
 __all__ = ["add_parser"]
 
@@ -41,6 +46,8 @@ def _print_result(result: JobResult) -> None:
 
 
 def _spark_run(args: argparse.Namespace, config: Config) -> int:
+    from appliance.lake import maintenance
+    from appliance.spark.jobs import JOBS, run_job
     from appliance.spark.session import build_session
 
     names = list(JOBS) if args.job == "all" else [args.job]
@@ -72,6 +79,8 @@ def _spark_run(args: argparse.Namespace, config: Config) -> int:
 
 
 def _spark_status(args: argparse.Namespace, config: Config) -> int:
+    from appliance.spark.jobs import JOBS, job_status
+
     tables = {name: config.derived_table_uri(name) for name in JOBS}
     statuses = job_status(config.table_uri, tables, config.lake.storage_options or None)
     if args.json:
@@ -95,7 +104,12 @@ def add_parser(commands: Subparsers, common: argparse.ArgumentParser) -> None:
     run = spark_sub.add_parser(
         "run", help="bring a derived table up to date with events", parents=[common]
     )
-    run.add_argument("job", choices=[*JOBS, "all"], metavar="JOB", help=f"{', '.join(JOBS)}, all")
+    run.add_argument(
+        "job",
+        choices=[*DERIVED_TABLES, "all"],
+        metavar="JOB",
+        help=f"{', '.join(DERIVED_TABLES)}, all",
+    )
     add_remote_option(run)
     run.add_argument("--rebuild", action="store_true", help="recompute from the whole events table")
     run.add_argument("--json", action="store_true")

@@ -12,8 +12,8 @@ prints the same as one JSON document.
 Which appliance answered is checked: an admin listener whose ``/readyz``
 names another state directory than the configuration's is an error (another
 appliance holds the address), unless ``--url`` was given. The metric names
-come from :class:`~appliance.metrics.MetricNames`; a scrape without a family
-that status reads is an error too (a CLI and a service of different
+come from :class:`~appliance.metric_names.MetricNames`; a scrape without a
+family that status reads is an error too (a CLI and a service of different
 versions), never a silent 0.
 
 Rates need two scrapes: a single ``status`` scrapes twice, ``--interval``
@@ -54,7 +54,7 @@ import orjson
 from appliance import __version__
 from appliance.commands.common import Subparsers, ca_context, fail, listener_host, read_token
 from appliance.config import Config
-from appliance.metrics import MetricNames
+from appliance.metric_names import MetricNames
 from appliance.state_lock import holder_pid
 
 __all__ = [

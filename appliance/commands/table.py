@@ -5,6 +5,9 @@
   directory's maintenance lock (docs/maintenance.md).
 * ``table expire|erase``: deletes from ``events``, handed to the running
   service when it takes table requests, else done here; an erase is audited.
+
+The lake's modules (deltalake, pyarrow, trio) load only when a command runs,
+so that the CLI starts fast (docs/architecture.md).
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import datetime as dt
 import functools
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from appliance import defaults
 from appliance.commands.common import (
@@ -29,16 +32,19 @@ from appliance.commands.common import (
 )
 from appliance.commands.progress import ProgressReporter
 from appliance.config import RETENTION_PROTOCOLS, Config
-from appliance.lake import maintenance, retention
 from appliance.lake.errors import LakeError
 from appliance.spark.catalog import EVENTS, appliance_tables, find_table
 from appliance.spark.errors import SparkError
 from appliance.state_lock import holder_pid
 
+if TYPE_CHECKING:
+    from appliance.lake import retention
+    from appliance.lake.maintenance import MaintenanceResult, TableStats
+
 __all__ = ["add_parser"]
 
 
-def _stats_row(label: str, stats: maintenance.TableStats) -> list[Any]:
+def _stats_row(label: str, stats: TableStats) -> list[Any]:
     return [
         label,
         stats.version,
@@ -53,7 +59,7 @@ def _stats_row(label: str, stats: maintenance.TableStats) -> list[Any]:
 _STATS_HEADERS = ["", "version", "files", "bytes", "avg file bytes", "partitions", "rows"]
 
 
-def _print_maintenance(result: maintenance.MaintenanceResult, as_json: bool) -> None:
+def _print_maintenance(result: MaintenanceResult, as_json: bool) -> None:
     if as_json:
         print_json(result.to_json())
         return
@@ -99,6 +105,8 @@ def _table_uri(args: argparse.Namespace, config: Config) -> str:
 
 
 def _table_stats(args: argparse.Namespace, config: Config) -> int:
+    from appliance.lake import maintenance, retention
+
     uri = _table_uri(args, config)
     options = config.lake.storage_options or None
     stats = maintenance.table_stats(uri, options)
@@ -173,10 +181,10 @@ def _print_usage(usage: retention.Usage, days: int) -> None:
         print(f"days until the watermark: unknown ({usage.projection_note})")
 
 
-def _locked(
-    config: Config, operation: Callable[[], maintenance.MaintenanceResult]
-) -> maintenance.MaintenanceResult:
-    with maintenance.MaintenanceLock(maintenance.lock_path(config.state_dir)):
+def _locked(config: Config, operation: Callable[[], MaintenanceResult]) -> MaintenanceResult:
+    from appliance.lake.maintenance import MaintenanceLock, lock_path
+
+    with MaintenanceLock(lock_path(config.state_dir)):
         return operation()
 
 
@@ -184,8 +192,11 @@ def _progress(args: argparse.Namespace, operation: str) -> ProgressReporter:
     return ProgressReporter(operation, enabled=not args.json)
 
 
-#: One maintenance operation: the table's URI, its storage options and the progress reporter.
-_Operation = Callable[[str, dict[str, str] | None, ProgressReporter], maintenance.MaintenanceResult]
+if TYPE_CHECKING:
+    #: One maintenance operation: the table's URI, its storage options and the progress reporter.
+    _Operation: TypeAlias = Callable[
+        [str, dict[str, str] | None, ProgressReporter], MaintenanceResult
+    ]
 
 
 def _maintain(
@@ -205,6 +216,8 @@ def _maintain(
 
 
 def _table_compact(args: argparse.Namespace, config: Config) -> int:
+    from appliance.lake import maintenance
+
     target = args.target_file_bytes or config.maintenance.target_file_bytes
     return _maintain(
         args,
@@ -217,6 +230,8 @@ def _table_compact(args: argparse.Namespace, config: Config) -> int:
 
 
 def _table_checkpoint(args: argparse.Namespace, config: Config) -> int:
+    from appliance.lake import maintenance
+
     # A checkpoint is one quick step: no progress shown.
     return _maintain(
         args,
@@ -228,6 +243,8 @@ def _table_checkpoint(args: argparse.Namespace, config: Config) -> int:
 
 
 def _table_vacuum(args: argparse.Namespace, config: Config) -> int:
+    from appliance.lake import maintenance
+
     hours = (
         args.retention_hours
         if args.retention_hours is not None
@@ -253,8 +270,9 @@ def _table_vacuum(args: argparse.Namespace, config: Config) -> int:
     )
 
 
-#: A delete from events, :func:`retention.expire` or :func:`retention.erase` with its criteria.
-_Delete = Callable[..., maintenance.MaintenanceResult]
+if TYPE_CHECKING:
+    #: A delete from events, :func:`retention.expire` or :func:`retention.erase` with its criteria.
+    _Delete: TypeAlias = Callable[..., MaintenanceResult]
 
 
 def _delete_events(
@@ -263,7 +281,7 @@ def _delete_events(
     progress: ProgressReporter,
     delete: _Delete,
     request: dict[str, Any],
-) -> maintenance.MaintenanceResult:
+) -> MaintenanceResult:
     """Run ``delete`` (or a dry run) here, or as ``request`` in the running service.
 
     A dry run runs here. A delete runs in the running service when it takes
@@ -273,7 +291,7 @@ def _delete_events(
     "hand-off").
     """
 
-    def here() -> maintenance.MaintenanceResult:
+    def here() -> MaintenanceResult:
         return delete(
             config.table_uri,
             config.lake.storage_options or None,
@@ -284,6 +302,8 @@ def _delete_events(
 
     if args.dry_run:
         return _locked(config, here)
+    from appliance.lake import retention
+
     pid = retention.serving_pid(config.state_dir)
     if pid is not None:
         request = {**request, "vacuum_retention_hours": config.maintenance.vacuum_retention_hours}
@@ -304,6 +324,8 @@ def _delete_events(
 
 
 def _table_expire(args: argparse.Namespace, config: Config) -> int:
+    from appliance.lake import retention
+
     policy = retention.RetentionPolicy.from_config(config.retention)
     if args.max_age_days is not None:
         policy = retention.RetentionPolicy(args.max_age_days, policy.rules)
@@ -351,10 +373,14 @@ def _erase_predicate(args: argparse.Namespace) -> str:
         if not args.where.strip():
             raise ValueError("--where is empty")
         return str(args.where)
+    from appliance.lake import retention
+
     return retention.erase_predicate(**given)
 
 
 def _table_erase(args: argparse.Namespace, config: Config) -> int:
+    from appliance.lake import retention
+
     try:
         predicate = _erase_predicate(args)
     except ValueError as exc:

@@ -11,7 +11,7 @@ it from stored rows), and the conversion needs the schema and pyarrow.
 vectorised compute, so the per-row Python work stays in the codecs and the
 rows layer.
 
-The partition rule (DESIGN §3, docs/table.md): ``event_date`` is the UTC
+The partition rule (docs/table.md#partition-rule-for-absurd-times): ``event_date`` is the UTC
 date of ``event_time`` when that time lies within
 ``[received_at - PLAUSIBLE_PAST_NS, received_at + PLAUSIBLE_FUTURE_NS]``;
 an absurd client time (a clock at 1970, or years ahead) falls back to the
@@ -80,7 +80,7 @@ _ANONYMOUS: Final = "anonymous"
 
 
 def dedupe_scope(source: str, peer: str) -> str:
-    """Whose batch ids a batch's id is unique among (DESIGN §2 step 5).
+    """Whose batch ids a batch's id is unique among (docs/table.md#dedupe-scope).
 
     An authenticated principal is its own scope. Unauthenticated peers must
     not share one (two clients that both number their chunks from 1 would
@@ -106,7 +106,7 @@ def peer_address(peer: str) -> str:
 
 
 def dedupe_key(block: RowBlock) -> DedupeKey | None:
-    """Identity of a batch whose id is globally unique (DESIGN §2 step 5); None without an id."""
+    """A batch's identity for dedupe (docs/table.md#dedupe-scope); None without an id."""
     if block.batch_id is None:
         return None
     return (block.protocol, dedupe_scope(block.source, block.peer), block.batch_id)

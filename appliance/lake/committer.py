@@ -15,8 +15,9 @@ reason in its data (:data:`DATA_ERRORS`), its blocks are stored one by one
 and only those that fail are refused.
 
 One worker thread at a time touches the table (one committer per table per
-node): every table call holds the same one-token limiter, which table
-maintenance shares through :meth:`TableCommitter.run_exclusive`.
+node: docs/decisions.md#one-committer-per-table-per-node): every table call
+holds the same one-token limiter, which table maintenance shares through
+:meth:`TableCommitter.run_exclusive`.
 """
 
 from __future__ import annotations

@@ -40,7 +40,7 @@ class AppIdInUse(LakeError):
     """Another live process commits under this node's app id to the same table.
 
     Two writers sharing an app id would each take the other's commits for
-    their own and acknowledge batches that were never written (issue 20), so
+    their own and acknowledge batches that were never written, so
     the second refuses to start, and a writer that finds a foreign commit
     under its app id stops acknowledging.
     """

@@ -1,7 +1,7 @@
 """Table maintenance: compaction, checkpoints, vacuum and file statistics (docs/maintenance.md).
 
 Every commit adds a few small files, and a commit's cost grows with the
-number of live files (DESIGN §3), so compaction and checkpoints are part of
+number of live files, so compaction and checkpoints are part of
 ingest. The operations here are blocking and run in a worker thread:
 
 * in the service, :func:`run_maintenance` runs them on the ``[maintenance]``

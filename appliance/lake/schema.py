@@ -1,9 +1,10 @@
-"""The ``events`` table: its Arrow schema, partitioning and table properties (DESIGN §3).
+"""The ``events`` table: its Arrow schema, partitioning and table properties (docs/table.md).
 
 The table must stay readable by every Spark with delta-spark, so it keeps Delta
 protocol reader 1 / writer 2 with no table features: every timestamp carries
 ``tz="UTC"`` (a naive one would be ``timestamp_ntz``, a reader-3 feature), and
-there is no column mapping, generated column or nanosecond timestamp.
+there is no column mapping, generated column or nanosecond timestamp
+(docs/decisions.md#utc-timestamps-delta-reader-1-and-writer-2).
 """
 
 from __future__ import annotations

@@ -5,20 +5,20 @@ Arrow table idempotently, and read what the dedupe cache needs at start-up.
 Every deltalake or OS failure leaves this module as a
 :class:`~appliance.lake.errors.LakeError`.
 
-Idempotent commits (DESIGN §2 step 5): every commit carries a Delta app
-transaction ``(app_id, version)``, ``app_id`` being the appliance node and
-``version`` its commit sequence. Before writing, :meth:`EventsTable.commit`
-refreshes its snapshot and skips the write when the table already records
-that version, so a commit retried after an ambiguous failure (or a crash) is
-never applied twice.
+Idempotent commits (docs/decisions.md#every-commit-is-idempotent): every
+commit carries a Delta app transaction ``(app_id, version)``, ``app_id`` being
+the appliance node and ``version`` its commit sequence. Before writing,
+:meth:`EventsTable.commit` refreshes its snapshot and skips the write when the
+table already records that version, so a commit retried after an ambiguous
+failure (or a crash) is never applied twice.
 
-One live writer per app id (issue 20): every commit also records two more
-app transactions, ``<app_id>#writer`` (a random token the process drew at
-start) and ``<app_id>#lease`` (the commit's time in epoch milliseconds). A
-process claims its app id at start with a commit of only those two
-(:meth:`EventsTable.claim`), refused while another token's lease is fresh;
-and before every commit it checks that the last writer under its app id is
-still itself. So a version it did not write is never taken for its own.
+One live writer per app id (docs/table.md#one-writer-per-app-id): every commit
+also records two more app transactions, ``<app_id>#writer`` (a random token
+the process drew at start) and ``<app_id>#lease`` (the commit's time in epoch
+milliseconds). A process claims its app id at start with a commit of only
+those two (:meth:`EventsTable.claim`), refused while another token's lease is
+fresh; and before every commit it checks that the last writer under its app id
+is still itself. So a version it did not write is never taken for its own.
 """
 
 from __future__ import annotations
@@ -141,7 +141,8 @@ class EventsTable:
 
         Raises:
             TableSchemaError: an existing table has another schema, or a
-                protocol that Spark readers of DESIGN §3 cannot read.
+                protocol that Spark readers cannot read
+                (docs/decisions.md#utc-timestamps-delta-reader-1-and-writer-2).
             LakeError: the storage failed.
         """
         try:
@@ -166,8 +167,8 @@ class EventsTable:
 
     def _check(self) -> None:
         protocol = self._dt.protocol()
-        # Spark readers of DESIGN §3 need reader version 1; the writer side
-        # is deltalake's to honour.
+        # Spark readers need reader version 1 (docs/table.md#reader-compatibility);
+        # the writer side is deltalake's to honour.
         if protocol.min_reader_version > READER_VERSION:
             raise TableSchemaError(
                 f"events table needs reader {protocol.min_reader_version}, "

@@ -1,9 +1,10 @@
 """Log Courier, server side, as a sans-IO codec.
 
-The seed spec is ``shared/specs/log-courier-protocol.md`` (PING, PONG, JDAT,
-ACKN, ``????``); the current protocol, as the Go client and server in
-driskell/log-courier speak it, adds the HELO/VERS handshake and the streamed
-EVNT message. ``docs/courier.md`` cites the code each rule comes from.
+The first spec is ``docs/Protocol.md`` in
+https://github.com/driskell/log-courier (PING, PONG, JDAT, ACKN, ``????``);
+the current protocol, as the Go client and server there speak it, adds the
+HELO/VERS handshake and the streamed EVNT message. ``docs/courier.md`` cites
+the code each rule comes from.
 
 Every message is ``type (4 bytes) | length (u32, big-endian) | body``:
 
@@ -17,18 +18,18 @@ Every message is ``type (4 bytes) | length (u32, big-endian) | body``:
 * ``ACKN`` (server): the nonce and the count of events acknowledged so far;
 * ``????``: the answer to a message type the receiver does not know.
 
-HELO layouts (issue 13: every body length 0..32 is read, never a crash):
+HELO layouts (every body length 0..32 is read, never a crash):
 0 and 9..32 bytes are the Go layout zero-padded to 32, as the Go receiver
 reads any body up to 32 bytes (``protocolhelo.go``; the Go client sends 32,
 the Ruby client since v2.7.2 sends 20 in the same layout); 1..8 bytes are the
 compact layout of the Ruby client v2.7.0/v2.7.1 (flags, major, minor, patch
 as single bytes, client id), zero-padded to 8. Over 32 bytes is refused.
 
-Events become rows here, one at a time (issue 13, bounded memory): as soon as
+Events become rows here, one at a time (to bound memory): as soon as
 an event's bytes are complete it is decoded, turned into its JSON record text
 (:func:`appliance.rows.records.record_json`, valid UTF-8), and only that text and
 the three fields the rows need are kept; the decoded object is dropped. The
-rules for those fields (the *strict strings* rule, DESIGN §2):
+rules for those fields (docs/decisions.md#strict-strings):
 
 * ``type`` (the tag) and ``host`` (``host.name``, ``beat.hostname`` or
   ``host``) are taken when they are non-empty strings that are valid UTF-8
@@ -500,7 +501,7 @@ class CourierServerConnection:
 
     @property
     def supports_evnt(self) -> bool:
-        """This server accepts EVNT, so VERS says so (DESIGN §4)."""
+        """This server accepts EVNT, so VERS says so (docs/courier.md)."""
         return True
 
     def _move(self, new: CourierState) -> None:
@@ -611,7 +612,7 @@ class CourierServerConnection:
 
     def _hello(self, body: bytes, events: list[CourierEvent]) -> None:
         # Every length 0..MAX_HELLO_BYTES maps to one layout and is padded to
-        # its full size first, so unpacking cannot fail (issue 13: 9..19 bytes
+        # its full size first, so unpacking cannot fail (9..19 bytes
         # used to raise struct.error).
         if 0 < len(body) <= MAX_COMPACT_HELLO_BYTES:
             compact = body.ljust(_COMPACT_HELLO.size, b"\x00")

@@ -1,7 +1,7 @@
 """The forward protocol's handshake (spec "Handshake Messages"): HELO, PING, PONG.
 
 Pure functions and values, no I/O and no randomness: the driver supplies the
-nonce and the auth salt (16 random bytes each, DESIGN §4) and the secrets
+nonce and the auth salt (16 random bytes each, docs/forward.md) and the secrets
 looked up for the peer. Digests (spec "PING", "PONG"):
 
 * PING: ``sha512_hex(shared_key_salt + client_hostname + nonce + shared_key)``

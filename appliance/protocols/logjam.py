@@ -1,10 +1,11 @@
 """The Logjam producer protocol, server side, as a sans-IO codec.
 
-The seed spec is ``shared/specs/logjam-producer-protocol.md``; what the real
-device and agents do, where this module follows them, and the sources cited
-for each rule are in ``docs/logjam.md``. Messages arrive as lists of ZeroMQ
-frames; the driver owns the sockets and hands every message to
-:meth:`LogjamReceiver.receive_router` or :meth:`LogjamReceiver.receive_pull`.
+The spec is ``specs/producer_protocol.md`` in
+https://github.com/skaes/logjam-tools; what the real device and agents do,
+where this module follows them, and the sources cited for each rule are in
+``docs/logjam.md``. Messages arrive as lists of ZeroMQ frames; the driver owns
+the sockets and hands every message to :meth:`LogjamReceiver.receive_router`
+or :meth:`LogjamReceiver.receive_pull`.
 
 Frames (after the ROUTER's routing-id frame)::
 
@@ -39,7 +40,8 @@ Invariants:
 * The codec never acknowledges by itself: the driver asks for
   :func:`accepted_frames` once a message is committed.
 
-Strict strings (issue 13; the limits are ``appliance.protocols.text``'s):
+Strict strings (docs/decisions.md#strict-strings; the limits are
+``appliance.protocols.text``'s):
 
 * app-env and topic (the row's ``tag``) are frames of the message itself,
   checked by the device's rules at logjam-tools HEAD (``src/logjam-util.c``):
@@ -66,7 +68,7 @@ Strict strings (issue 13; the limits are ``appliance.protocols.text``'s):
   app-env too long to fit, or one holding ``~``, is written as a prefix plus
   a digest of the whole app-env (see :func:`_batch_id`).
 
-Bounded work (issue 13):
+Bounded work (docs/decisions.md#every-queue-has-a-limit):
 
 * A message has at most :data:`MAX_MESSAGE_FRAMES` frames; the driver reads
   at most one more, so a message of a million empty frames is refused

@@ -1,8 +1,9 @@
 """Lumberjack v1 and v2 (Beats), server side, as a sans-IO codec.
 
-The seed spec is ``shared/specs/lumberjack-protocol-v1.txt`` (v1: frames
-``W``, ``D``, ``C``, ``A``); v2, what Beats speak, adds ``J`` (a JSON
-event). DESIGN §4 and ``docs/lumberjack.md`` record what real peers need.
+v1 (frames ``W``, ``D``, ``C``, ``A``) is specified in ``PROTOCOL.md`` of
+https://github.com/elastic/logstash-forwarder; v2, what Beats speak, adds
+``J`` (a JSON event), as https://github.com/elastic/go-lumber implements it.
+``docs/lumberjack.md`` records what real peers need.
 
 Every frame starts with a version byte (``'1'`` or ``'2'``) and a type byte:
 
@@ -28,7 +29,7 @@ Invariants:
   returned with a :class:`~appliance.protocols.errors.ProtocolViolation`; no
   exception leaves the codec.
 
-Ack rule (issue 13, issue 18 item 5): a window is acked with the **highest**
+Ack rule (docs/lumberjack.md): a window is acked with the **highest**
 sequence among its data frames (Logstash's ``V2Batch.getHighestSequence``),
 not the count and not the last frame's: clients that number across windows
 (pylogbeat) wait for exactly that number, and a window whose sequences wrap
@@ -37,7 +38,7 @@ past 2**32 - 1 or go backwards is still acked by its highest. An empty window
 ``W 0`` frames comes out as one empty :class:`Window` with ``acks`` = the run's
 length, answered by that many acks: one object however many frames.
 
-Events (issue 13, "strict strings"): the codec keeps no parsed record. A
+Events (docs/decisions.md#strict-strings): the codec keeps no parsed record. A
 data frame becomes its record's JSON text plus the three values the table
 needs from it, so a window holds little more than its bytes:
 
@@ -140,14 +141,15 @@ __all__ = [
 #: ``C`` frames inside ``C`` frames, at most this deep.
 MAX_COMPRESSION_DEPTH: Final = 4
 #: ``W`` frames one ``C`` frame may hold, nested ones included (no real client
-#: puts any there; issue 13: 8.8 KB of ``W 0`` frames made 1,000,000 windows).
+#: puts any there; without the cap, 8.8 KB of ``W 0`` frames made 1,000,000
+#: windows).
 MAX_WINDOWS_PER_C_FRAME: Final = 64
 #: Items (frames, ``D`` pairs) any ``C`` frame may hold, whatever its size.
 C_FRAME_BASE_ITEMS: Final = 64
 #: Further items per byte of a ``C`` frame's compressed payload.
 C_FRAME_ITEMS_PER_BYTE: Final = 4
 #: Items a ``C`` frame nested in another costs: it starts a zlib stream, about
-#: as much work as this many small frames (issue 13: 54 KB of empty nested
+#: as much work as this many small frames (uncounted, 54 KB of empty nested
 #: ``C`` frames took 4.8 s).
 NESTED_C_FRAME_ITEMS: Final = 16
 #: Bytes an event held in an unfinished window costs beyond its strings' characters,
@@ -307,7 +309,7 @@ class LumberjackServerConnection:
         self._window_size = 0
         self._pending = Window(0)  # the unfinished window's events (version set on completion)
         self._window_bytes = 0
-        #: ``W 0`` frames since the last window returned (issue 13: one object for a run).
+        #: ``W 0`` frames since the last window returned (one object for a run).
         self._empty_windows = 0
         self._invalid_tags = 0
         self._invalid_hosts = 0
@@ -316,8 +318,8 @@ class LumberjackServerConnection:
         #: Validated tag and host strings, shared by the events that repeat them.
         self._shared: dict[str, str] = {}
         self._last_acked = 0
-        # Measures of the work done so far, for tests and metrics (issue 13:
-        # work must stay linear in the bytes received).
+        # Measures of the work done so far, for tests and metrics (the work
+        # must stay linear in the bytes received).
         #: Length, count and sequence fields read.
         self.fields_read = 0
         #: zlib streams started (one per ``C`` frame, nested ones included).
@@ -535,8 +537,8 @@ class LumberjackServerConnection:
         if size > 0:
             self._move(LumberjackState.IN_WINDOW)
             return _HEADER + 4
-        # An empty window still wants its ack (issue 5: "W 0 gets an immediate
-        # ack"); a run of them is one object that takes one ack per frame.
+        # An empty window still wants its ack, as soon as the windows before it
+        # are acked; a run of them is one object that takes one ack per frame.
         self._move(LumberjackState.AWAITING_WINDOW)
         self._empty_windows += 1
         return _HEADER + 4
@@ -602,7 +604,7 @@ class LumberjackServerConnection:
 
         An outer frame cut short keeps the scan's position, and the next
         read resumes there: a frame that arrives in many pieces is scanned
-        once, not once per piece (issue 13: quadratic).
+        once, not once per piece (which was quadratic).
         """
         offset, left = _DATA_HEADER, pairs
         if outer and self._d_scan is not None:

@@ -37,7 +37,7 @@ an absent or null time means "the receive time". A float keeps the
 nanoseconds the binary value holds (whole seconds and the fraction are
 converted apart, so no rounding of a 19-digit product).
 
-Dedupe scope (DESIGN §2 step 5, docs/websocket.md): the writer's key is
+Dedupe scope (docs/table.md#dedupe-scope, docs/websocket.md): the writer's key is
 ``("websocket", source, id)``, and ``source`` is the authenticated principal,
 ``token:<name>`` or the client certificate's subject (the WebSocket listener
 admits no anonymous peer). It deliberately does not include the connection:

@@ -1,7 +1,7 @@
 """The rows layer: the one place where a protocol's decoded events become a RowBlock.
 
 One module per protocol holds that protocol's mapping into the ``events``
-columns (DESIGN §3, docs/table.md): :mod:`~appliance.rows.forward`,
+columns (docs/table.md): :mod:`~appliance.rows.forward`,
 :mod:`~appliance.rows.lumberjack`, :mod:`~appliance.rows.courier`,
 :mod:`~appliance.rows.websocket` and :mod:`~appliance.rows.logjam`. Beside
 them are the shared pieces: :mod:`~appliance.rows.block` (the
@@ -15,7 +15,7 @@ Import direction: the per-protocol modules import their codec
 nothing from ``appliance`` but :mod:`appliance.protocols.text` (the text
 rule, which imports no codec), and neither trio, sockets nor pyarrow, so a
 codec may use them: the codecs turn records into row values as they decode
-them, to bound memory (issue 13). No codec imports a per-protocol module.
+them, to bound memory. No codec imports a per-protocol module.
 Storing a block (its checks, dedupe identity and Arrow conversion) is the
 lake's (:mod:`appliance.lake.blocks`), which imports :class:`RowBlock` from
 here. A driver (``appliance.server.*``) keeps the I/O and calls its

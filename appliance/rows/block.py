@@ -23,7 +23,7 @@ __all__ = ["ROW_OVERHEAD_BYTES", "RowBlock"]
 #: their size and the limits' tests hold. The per-protocol counts this
 #: replaces, which the writer never read, left the strings out (Lumberjack,
 #: Logjam, WebSocket: 96 per row), measured Python memory (Courier), or
-#: once used 64 (forward, before issue 13).
+#: once used 64 (forward, at first).
 ROW_OVERHEAD_BYTES: Final = 96
 
 

@@ -1,9 +1,9 @@
 """Log Courier's mapping: one complete payload (``PayloadReceived``) becomes one RowBlock.
 
-Mapping into ``events`` (issue 6, docs/courier.md). The codec
+Mapping into ``events`` (docs/courier.md). The codec
 (:mod:`appliance.protocols.courier`) has already turned each event into its
-row values as it decoded it (issue 13: bounded memory) and applied the
-strict-string rules; here they become columns:
+row values as it decoded it (to bound memory) and applied the
+strict-string rules (docs/decisions.md#strict-strings); here they become columns:
 
 * the record is the event's JSON object; an event that is not a JSON object
   is kept as ``{"message": <raw text>}``;

@@ -1,6 +1,6 @@
 """Fluentd forward's mapping: one request's events (``EventsReceived``) become one RowBlock.
 
-Columns (DESIGN §3, docs/table.md):
+Columns (docs/table.md):
 
 * ``tag``: the request's tag, one for every row;
 * ``host``: the client's hostname from the PING of a secured connection

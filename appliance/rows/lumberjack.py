@@ -1,6 +1,6 @@
 """Lumberjack's (Beats') mapping: one complete window (``Window``) becomes one RowBlock.
 
-Mapping into ``events`` (issue 5, docs/lumberjack.md); the codec
+Mapping into ``events`` (docs/lumberjack.md); the codec
 (:mod:`appliance.protocols.lumberjack`) already took each value out of the
 record and checked it, this module only fills the defaults:
 
@@ -16,7 +16,7 @@ record and checked it, this module only fills the defaults:
 * Lumberjack batches carry no globally unique id, so there is no dedupe:
   ``batch_id`` is empty.
 
-Strict strings (issue 13): a tag or host string from the record that cannot
+Strict strings (docs/decisions.md#strict-strings): a tag or host string from the record that cannot
 be stored (over ``MAX_TAG_BYTES`` / ``MAX_HOST_BYTES``) does not fail the
 window: the codec leaves it out, so that event gets the listener's ``tag`` /
 a null host. The record itself is valid and is stored whole; refusing the

@@ -1,7 +1,7 @@
 """Turns a decoded event record (a msgpack or JSON map) into the JSON text of ``record``.
 
 Records are arbitrary maps, so the conversion follows one documented
-convention (docs/records.md, DESIGN §3):
+convention (docs/table.md#records-as-json):
 
 * ``str`` values stay text. A msgpack ``str`` that is not valid UTF-8 is
   treated as binary.

@@ -26,7 +26,7 @@ __all__ = ["ingest_block", "tail_events_json"]
 def ingest_block(
     message: IngestMessage, *, source: str, peer: str, received_at_ns: int
 ) -> RowBlock:
-    """The rows of one ingest message (DESIGN §3 column meanings; no host)."""
+    """The rows of one ingest message (docs/table.md gives the columns; no host)."""
     return RowBlock(
         protocol="websocket",
         source=source,

@@ -1,10 +1,11 @@
-"""Which listeners take data from anyone on the network (a start-up warning, DESIGN §5).
+"""Which listeners take data from anyone on the network (a start-up warning).
 
 A listener bound to a non-loopback address that authenticates nobody lets
 any host that can reach it write into the table. That can be a deliberate
 choice on a trusted network, so it is not refused, but it is said at every
 start (``listener.unauthenticated``), and the packaged example config
-authenticates every non-loopback listener.
+authenticates every non-loopback listener
+(docs/decisions.md#open-listeners-are-warned-about-not-refused).
 """
 
 from __future__ import annotations

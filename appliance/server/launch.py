@@ -106,7 +106,7 @@ async def serve_tcp(
         )
     except OSError as exc:
         # Name the listener and its address: "address already in use" alone
-        # does not say which of several listeners failed (issue 20).
+        # does not say which of several listeners failed.
         raise BindError(
             exc.errno, f"listener {listener.name!r} cannot bind {listener.bind}: {exc.strerror}"
         ) from exc

@@ -13,11 +13,12 @@ peer that does not read cannot stall the close.
 
 Error handling: TLS failures and peers that vanish are logged per connection;
 they never reach the listener or the other connections. The one catch-all of
-the service sits here, at the connection boundary (DEVELOPERS.md, house
-habit 4): any other exception from a connection's handler is a bug or an
-input nothing anticipated, so it is logged (``connection.failed`` with its
-type), counted, and that one connection is closed; the listener and every
-other connection carry on. ``trio.Cancelled`` is a ``BaseException`` and
+the service sits here, at the connection boundary
+(docs/decisions.md#one-catch-all-at-the-connection-boundary): any other
+exception from a connection's handler is a bug or an input nothing
+anticipated, so it is logged (``connection.failed`` with its type), counted,
+and that one connection is closed; the listener and every other connection
+carry on. ``trio.Cancelled`` is a ``BaseException`` and
 passes through untouched.
 
 Fairness: besides ``max_connections`` per listener, one client address may

@@ -2,7 +2,7 @@
 
 A connection stops reading while its waiting answers (acks not yet durable,
 replies not yet sent) are over budget, so the peer is slowed by TCP's window
-or ZeroMQ's queue (house habit 2: every queue has a limit). The budget is in
+or ZeroMQ's queue (docs/decisions.md#every-queue-has-a-limit). The budget is in
 bytes because that is what the answers hold: a bound by request count stalls
 a client that pipelines many small requests (npm ``@fluent-org/logger`` in
 Message mode sends one request per event, thousands at once, and times an

@@ -1,4 +1,4 @@
-"""Client certificates refused at the TLS handshake, into the audit log (issue 20).
+"""Client certificates refused at the TLS handshake, into the audit log.
 
 The handshake runs before anything else, so a peer can cause refusals as
 fast as it can connect. The audit log is a database table, so the path to it

@@ -5,28 +5,38 @@ session (``spark.read.format("delta").load(uri)``): nothing is written to
 a shared metastore, and it works the same on Spark Connect and classic Spark.
 For a permanent entry in a cluster's catalog use ``CREATE TABLE ... USING
 delta LOCATION ...`` (docs/spark.md).
+
+The CLI's parser lists the table names, so this module imports nothing heavy
+at module level: deltalake loads when a table is looked at.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
-
-from deltalake import DeltaTable
-from deltalake.exceptions import DeltaError
-
-from appliance.spark.jobs import JOBS
+from typing import TYPE_CHECKING, Final
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
     from appliance.config import Config
 
-__all__ = ["EVENTS", "TableRef", "appliance_tables", "find_table", "register_tables"]
+__all__ = [
+    "DERIVED_TABLES",
+    "EVENTS",
+    "TableRef",
+    "appliance_tables",
+    "find_table",
+    "register_tables",
+]
 
 #: The bronze table's name.
 EVENTS = "events"
+
+#: The derived tables: the names of :data:`appliance.spark.jobs.JOBS`, in its
+#: order (each job builds the table of its name), spelled here so that naming
+#: them loads no pyarrow (tests/appliance/test_cli_startup.py checks they agree).
+DERIVED_TABLES: Final = ("events_per_minute", "logjam_requests")
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,7 +52,7 @@ class TableRef:
 
         A Spark Connect server resolves a relative path in its own working
         directory, not the appliance's: the default ``var/lake/events`` then
-        names nothing there ("No commit files found in _delta_log", issue 16).
+        names nothing there ("No commit files found in _delta_log").
         A local path becomes ``file:///absolute/path``; a URI with a scheme
         (``s3://``, ``file://``, ...) is kept as it is.
         """
@@ -52,6 +62,9 @@ class TableRef:
 
     def exists(self, storage_options: dict[str, str] | None = None) -> bool:
         """Whether a Delta table is at ``uri``."""
+        from deltalake import DeltaTable
+        from deltalake.exceptions import DeltaError
+
         try:
             return bool(DeltaTable.is_deltatable(self.uri, storage_options=storage_options))
         except (DeltaError, OSError):
@@ -61,7 +74,7 @@ class TableRef:
 def appliance_tables(config: Config) -> list[TableRef]:
     """``events``, then every derived table, whether it exists yet or not."""
     tables = [TableRef(EVENTS, config.table_uri)]
-    tables += [TableRef(name, config.derived_table_uri(name)) for name in JOBS]
+    tables += [TableRef(name, config.derived_table_uri(name)) for name in DERIVED_TABLES]
     return tables
 
 

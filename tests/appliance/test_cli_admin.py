@@ -1,4 +1,5 @@
-"""Admin commands that tell the truth about their state, and ``config check`` (issue 20).
+"""Admin commands that tell the truth about their state, and ``config check``
+(docs/decisions.md, 16-21).
 
 Each runs the real ``appliance`` command as a subprocess and checks what it
 prints and its exit code.

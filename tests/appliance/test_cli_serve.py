@@ -32,7 +32,7 @@ def test_port_in_use_exits_1_with_the_reason(tmp_path: Path) -> None:
         )
         result = serve(config)
     assert result.returncode == 1
-    # Issue 20: the message names the listener and the address.
+    # The message names the listener and the address.
     assert (
         f"appliance: listener 'forward' cannot bind 127.0.0.1:{port}: Address already in use"
         in result.stderr

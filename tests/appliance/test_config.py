@@ -112,7 +112,7 @@ def test_errors_name_the_line_and_key(text: str, message: str) -> None:
 
 
 def test_reading_a_config_loads_no_codec_lake_or_event_loop() -> None:
-    """config depends on nothing above it (issue 17): what ``import appliance.config`` loads."""
+    """config depends on nothing above it: what ``import appliance.config`` loads."""
     code = (
         "import sys, appliance.config\n"
         "appliance.config.parse_config('[[listeners]]\\nprotocol = \"logjam\"\\n')\n"

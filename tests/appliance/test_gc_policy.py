@@ -43,7 +43,7 @@ def test_serve_tunes_before_it_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     def tuned() -> None:
         raise _Tuned
 
-    monkeypatch.setattr(serve_command.gc_policy, "tune", tuned)
+    monkeypatch.setattr(gc_policy, "tune", tuned)
     args = argparse.Namespace(config=str(config), worker=None, supervisor=None)
     with pytest.raises(_Tuned):
         serve_command._serve(args)

@@ -1,4 +1,4 @@
-"""Issue 15: the admin listener's /metrics, /livez and /readyz, against a real service.
+"""The admin listener's /metrics, /livez and /readyz, against a real service.
 
 The service runs in-process on loopback with real TLS and a real Delta
 table; the clients are plain Python ``ssl`` sockets in worker threads (the

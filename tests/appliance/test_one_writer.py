@@ -1,4 +1,4 @@
-"""One writer per identity (issue 20): a state directory and an app id each have one live process.
+"""One writer per identity: a state directory and an app id each have one live process.
 
 Real ``appliance serve`` processes, real TLS, a real Delta table on disk.
 """

@@ -172,7 +172,7 @@ async def test_tls_handshake_has_a_deadline(tmp_path: Path) -> None:
 async def test_plaintext_client_on_tls_listener_is_refused(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Issue 20: recognised from its first bytes, and the log says the fix."""
+    """A plaintext client is recognised from its first bytes, and the log says the fix."""
     config = make_config(tmp_path)
     async with running(config) as info:
         sock = await trio.open_tcp_stream("127.0.0.1", info.ports["forward"])

@@ -1,4 +1,4 @@
-"""``appliance sql --remote`` reads the events table on S3 through Sail (issue 16 item 5).
+"""``appliance sql --remote`` reads the events table on S3 through Sail.
 
 Sail (pysail, a Spark Connect server) runs in a process of its own, started
 in another directory, configured for moto's S3 server the standard way: the

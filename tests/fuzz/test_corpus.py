@@ -1,7 +1,7 @@
-"""Every fuzz target's seed corpus runs through its target without atheris (issue 13, item 7).
+"""Every fuzz target's seed corpus runs through its target without atheris.
 
 The seeds (fuzz/make_corpus.py) are valid exchanges of each protocol and the
-hostile inputs issue 13 lists; each runs through the target's ``run_one``:
+hostile inputs a review of the codecs found; each runs through the target's ``run_one``:
 the codec, the session's event-to-row mapping, ``check_block``,
 ``blocks_to_arrow`` and the live tail's rendering. Any exception other than
 the peer's protocol error or a refused block fails the test, as it would
@@ -77,17 +77,17 @@ def rows_stored(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
         ("forward", "handshake-users.bytewise", 3),
         ("forward", "handshake-accept-any", 3),
         ("forward", "handshake-bad-digest", 0),
-        ("forward", "issue13-tag-not-utf8", 0),
+        ("forward", "hostile-tag-not-utf8", 0),
         ("lumberjack", "v2-window.split", 3),
         ("lumberjack", "v1-window.bytewise", 2),
-        ("lumberjack", "issue13-timestamp-go-zero", 1),
+        ("lumberjack", "hostile-timestamp-go-zero", 1),
         ("courier", "evnt.bytewise", 4),
-        ("courier", "issue13-hello-9", 0),
+        ("courier", "hostile-hello-9", 0),
         ("logjam", "router-request", 1),
         ("logjam", "zlib", 1),
         ("logjam", "router-ping", 0),
         ("websocket", "ingest", 3),
-        ("websocket", "issue13-time-superscript", 0),
+        ("websocket", "hostile-time-superscript", 0),
         # The write-ahead log: blocks decoded from records; a flipped body
         # loses its record only; bodies that are not blocks are refused.
         ("wal", "segment", 5),

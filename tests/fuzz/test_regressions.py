@@ -1,9 +1,10 @@
-"""Regression tests for the inputs that once took the appliance down (issue 13).
+"""Regression tests for the inputs that once took the appliance down.
 
 Two kinds, one test each:
 
-* ``issue13/...``: the crashes issue 13 lists, reproduced against 65b6c94 by
-  hand, kept as seeds in ``fuzz/corpus/<target>/issue13-*``. Each now ends
+* ``hostile/...``: the hostile inputs a review of the codecs found,
+  reproduced against 65b6c94 by hand, kept as seeds in
+  ``fuzz/corpus/<target>/hostile-*``. Each now ends
   its own connection (or falls back per field) and stores what the test says.
 * ``found/...``: every input the fuzzer reported, kept in
   ``fuzz/crashes/<target>/`` (fuzz/README.md lists each with the codec and
@@ -25,46 +26,46 @@ from appliance.rows.block import RowBlock
 FUZZ_DIR = Path(__file__).resolve().parents[2] / "fuzz"
 TARGETS = harness.TARGETS
 
-#: Issue 13's inputs: (target, seed) -> rows stored.
-ISSUE13: dict[tuple[str, str], int] = {
+#: The review's hostile inputs: (target, seed) -> rows stored.
+HOSTILE: dict[tuple[str, str], int] = {
     # forward: a str tag that is not UTF-8, lone surrogates in the JSON form,
     # a tag over MAX_TAG_BYTES, an empty chunk: refused, nothing stored.
-    ("forward", "issue13-tag-not-utf8"): 0,
-    ("forward", "issue13-json-tag-surrogate"): 0,
-    ("forward", "issue13-json-chunk-surrogate"): 0,
-    ("forward", "issue13-tag-long"): 0,
-    ("forward", "issue13-chunk-empty"): 0,
+    ("forward", "hostile-tag-not-utf8"): 0,
+    ("forward", "hostile-json-tag-surrogate"): 0,
+    ("forward", "hostile-json-chunk-surrogate"): 0,
+    ("forward", "hostile-tag-long"): 0,
+    ("forward", "hostile-chunk-empty"): 0,
     # forward: an entries stream that cannot be read whole is not acked or stored.
-    ("forward", "issue13-gzip-unlabelled"): 0,
-    ("forward", "issue13-entries-truncated"): 0,
-    ("forward", "issue13-entries-invalid-byte"): 0,
+    ("forward", "hostile-gzip-unlabelled"): 0,
+    ("forward", "hostile-entries-truncated"): 0,
+    ("forward", "hostile-entries-invalid-byte"): 0,
     # forward with security: a PING then more than MAX_PING_BYTES in one read;
     # a PING hostname that is not UTF-8.
-    ("forward", "issue13-ping-then-flood"): 0,
-    ("forward", "issue13-ping-host-not-utf8"): 0,
+    ("forward", "hostile-ping-then-flood"): 0,
+    ("forward", "hostile-ping-host-not-utf8"): 0,
     # Lumberjack: '²' and Go's zero time in @timestamp (stored, receive time);
     # a long tag field (stored, listener's tag); W 0 and empty C frames in a C frame.
-    ("lumberjack", "issue13-timestamp-superscript"): 1,
-    ("lumberjack", "issue13-timestamp-go-zero"): 1,
-    ("lumberjack", "issue13-tag-long"): 1,
-    ("lumberjack", "issue13-host-surrogate"): 0,
-    ("lumberjack", "issue13-w0-in-c"): 0,
-    ("lumberjack", "issue13-empty-nested-c"): 0,
+    ("lumberjack", "hostile-timestamp-superscript"): 1,
+    ("lumberjack", "hostile-timestamp-go-zero"): 1,
+    ("lumberjack", "hostile-tag-long"): 1,
+    ("lumberjack", "hostile-host-surrogate"): 0,
+    ("lumberjack", "hostile-w0-in-c"): 0,
+    ("lumberjack", "hostile-empty-nested-c"): 0,
     # Log Courier: HELO bodies of 9 and 19 bytes; odd @timestamp digits;
     # lone surrogates in type and host (stored with the fallbacks).
-    ("courier", "issue13-hello-9"): 0,
-    ("courier", "issue13-hello-19"): 0,
-    ("courier", "issue13-timestamp-odd"): 3,
-    ("courier", "issue13-type-host-surrogate"): 1,
+    ("courier", "hostile-hello-9"): 0,
+    ("courier", "hostile-hello-19"): 0,
+    ("courier", "hostile-timestamp-odd"): 3,
+    ("courier", "hostile-type-host-surrogate"): 1,
     # Logjam: a lone-surrogate or long host (stored, null host); an app-env
     # that is not UTF-8 (400).
-    ("logjam", "issue13-host-surrogate"): 1,
-    ("logjam", "issue13-host-long"): 1,
-    ("logjam", "issue13-app-env-not-utf8"): 0,
+    ("logjam", "hostile-host-surrogate"): 1,
+    ("logjam", "hostile-host-long"): 1,
+    ("logjam", "hostile-app-env-not-utf8"): 0,
     # WebSocket: the shared time parser ('²', Go's zero time), lone surrogates.
-    ("websocket", "issue13-time-superscript"): 0,
-    ("websocket", "issue13-time-go-zero"): 0,
-    ("websocket", "issue13-surrogates"): 0,
+    ("websocket", "hostile-time-superscript"): 0,
+    ("websocket", "hostile-time-go-zero"): 0,
+    ("websocket", "hostile-surrogates"): 0,
 }
 
 
@@ -72,7 +73,7 @@ ISSUE13: dict[tuple[str, str], int] = {
 #: strict xfail: once the codec is fixed the test passes, and this entry must go.
 OPEN: dict[str, str] = {}
 _W1 = (
-    "issue 13 finding W1 (fixed in 63c575b): websocket_messages.parse_target let "
+    "finding W1 (fixed in 63c575b): websocket_messages.parse_target let "
     "urlsplit's ValueError escape for a bracketed host that is not an IP address"
 )
 _REASONS = {"W1": _W1}
@@ -122,25 +123,25 @@ def run(name: str, path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("name", "seed", "rows"),
-    [(name, seed, rows) for (name, seed), rows in ISSUE13.items()],
-    ids=[f"issue13/{name}/{seed}" for name, seed in ISSUE13],
+    [(name, seed, rows) for (name, seed), rows in HOSTILE.items()],
+    ids=[f"hostile/{name}/{seed}" for name, seed in HOSTILE],
 )
-def test_issue13_input(name: str, seed: str, rows: int, stored: list[RowBlock]) -> None:
+def test_hostile_input(name: str, seed: str, rows: int, stored: list[RowBlock]) -> None:
     run(name, FUZZ_DIR / "corpus" / name / seed)
     assert sum(b.rows for b in stored) == rows
 
 
-def test_issue13_times_fall_back_to_the_receive_time(stored: list[RowBlock]) -> None:
-    run("lumberjack", FUZZ_DIR / "corpus/lumberjack/issue13-timestamp-superscript")
-    run("lumberjack", FUZZ_DIR / "corpus/lumberjack/issue13-timestamp-go-zero")
-    run("courier", FUZZ_DIR / "corpus/courier/issue13-timestamp-odd")
+def test_hostile_times_fall_back_to_the_receive_time(stored: list[RowBlock]) -> None:
+    run("lumberjack", FUZZ_DIR / "corpus/lumberjack/hostile-timestamp-superscript")
+    run("lumberjack", FUZZ_DIR / "corpus/lumberjack/hostile-timestamp-go-zero")
+    run("courier", FUZZ_DIR / "corpus/courier/hostile-timestamp-odd")
     assert [list(b.times_ns) for b in stored] == [[None], [None], [None, None, None]]
 
 
-def test_issue13_bad_fields_fall_back_per_field(stored: list[RowBlock]) -> None:
-    run("lumberjack", FUZZ_DIR / "corpus/lumberjack/issue13-tag-long")
-    run("courier", FUZZ_DIR / "corpus/courier/issue13-type-host-surrogate")
-    run("logjam", FUZZ_DIR / "corpus/logjam/issue13-host-surrogate")
+def test_hostile_bad_fields_fall_back_per_field(stored: list[RowBlock]) -> None:
+    run("lumberjack", FUZZ_DIR / "corpus/lumberjack/hostile-tag-long")
+    run("courier", FUZZ_DIR / "corpus/courier/hostile-type-host-surrogate")
+    run("logjam", FUZZ_DIR / "corpus/logjam/hostile-host-surrogate")
     lumberjack, courier, logjam = stored
     assert (list(lumberjack.tag), list(lumberjack.host or [])) == (["lumberjack"], [None])
     assert (courier.tag, courier.host) == ("courier", None)

@@ -21,7 +21,7 @@ Each test runs its hostile input inside :func:`hostile_case`, which:
   every good batch is stored exactly once, no ``connection.failed`` /
   ``message.failed`` line was logged (that is the catch-all at the connection
   boundary: it keeps the service up, but it means an exception escaped a
-  codec, which the brief calls a bug), and the memory bound below held.
+  codec, which is a bug), and the memory bound below held.
 
 Memory bound (asserted per test): the service's peak RSS during the test
 (``VmHWM`` of ``/proc/PID/status``, reset to the current RSS before the test
@@ -36,7 +36,7 @@ every other codec's documented factor times its limit here is below that
 as text, about 1 to 3 times for ASCII JSON, plus 352 bytes per event; Log
 Courier ``max_payload_memory_bytes`` 16 MiB; Logjam 16 x 2 MiB plus
 containers; WebSocket about 30 x 1 MiB); plus 144 MiB for the writer's
-Arrow conversion, the commit and allocator slack. The issue's findings
+Arrow conversion, the commit and allocator slack. The hostile inputs once found
 (1.2 GiB for 16 MiB of msgpack, 1 GiB for a 33 KB Logjam body) are far
 above it. The growth of every test is kept in :data:`RSS_GROWTH` and the
 largest are printed at the end of the run (``conftest.py``).

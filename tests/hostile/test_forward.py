@@ -298,7 +298,7 @@ def test_records_the_fast_path_declines_are_stored_by_the_convention(
 
     msgspec turns a msgpack timestamp into a datetime, and orjson would
     write it as an ISO string; the stored records must follow the record
-    convention (docs/records.md) as without the fast path.
+    convention (docs/table.md#records-as-json) as without the fast path.
     """
     chunk = chunk_id()
     timestamp = msgpack.Timestamp(1, 5)

@@ -227,7 +227,7 @@ def test_j_frame_that_is_not_json_text_is_refused(service: HostileService) -> No
 
 
 def test_empty_windows_inside_a_c_frame_are_refused(service: HostileService) -> None:
-    """Issue 13: 8.8 KB of ``W 0`` frames in a C frame made 1,000,000 windows."""
+    """Once, 8.8 KB of ``W 0`` frames in a C frame made 1,000,000 windows."""
     bomb = c_frame(w_frame(0) * 1_000_000, level=9)
     assert len(bomb) < 16 * 1024
     with hostile_case(service, "lumberjack") as case:
@@ -236,7 +236,7 @@ def test_empty_windows_inside_a_c_frame_are_refused(service: HostileService) -> 
 
 
 def test_empty_nested_c_frames_are_refused(service: HostileService) -> None:
-    """Issue 13: 54 KB of empty nested C frames took 4.8 s."""
+    """Once, 54 KB of empty nested C frames took 4.8 s."""
     empty_c = b"2C" + U32.pack(len(zlib.compress(b""))) + zlib.compress(b"")
     with hostile_case(service, "lumberjack") as case:
         refused(case, w_frame(1) + c_frame(empty_c * 100_000, level=9), what="siblings")
@@ -253,7 +253,7 @@ def test_zlib_output_over_max_decompressed_bytes_is_refused(service: HostileServ
 
 
 def test_incomplete_window_past_max_window_bytes_is_refused(service: HostileService) -> None:
-    """Issue 13: 100 KB of compressed frames held 200 MiB of an unfinished window."""
+    """Once, 100 KB of compressed frames held 200 MiB of an unfinished window."""
     per_frame = 64 * 1024
     frames_per_c = LUMBERJACK_MAX_DECOMPRESSED_BYTES // (per_frame + 64)
     sequence = 0
@@ -308,7 +308,7 @@ def test_protocol_violations_are_refused(service: HostileService) -> None:
 
 
 def test_large_v1_d_frame_trickled_is_read_once(service: HostileService) -> None:
-    """Issue 13: a v1 D frame was parsed again from its first pair on every read."""
+    """Once, a v1 D frame was parsed again from its first pair on every read."""
     pairs = {f"key-{i:05d}".encode(): f"value {i}".encode() for i in range(20_000)}
     pairs[b"case"] = b"0"
     frame = d_frame(1, pairs)

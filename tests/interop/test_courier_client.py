@@ -1,7 +1,7 @@
 """Log Courier end to end: the protocol client in tests/courier_client.py against the service.
 
 No Log Courier client is packaged on the registries the project reaches
-(DESIGN §8), so the client is written from the protocol. The service runs
+(docs/courier.md), so the client is written from the protocol. The service runs
 in-process (``serve``) with real TLS on loopback and a real Delta table;
 the blocking client runs in a worker thread. Every test reads the table
 back and checks each event arrived exactly once.

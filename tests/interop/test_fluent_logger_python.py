@@ -1,8 +1,8 @@
 """PyPI ``fluent-logger`` (Message mode) against a plaintext listener on loopback.
 
 The Python client has no TLS, so this test configures a plaintext listener
-explicitly, as an operator would have to (DESIGN §5: plaintext only when a
-listener says so).
+explicitly, as an operator would have to (plaintext only when a listener
+says so: docs/decisions.md#tls-unless-a-listener-says-otherwise).
 """
 
 from __future__ import annotations

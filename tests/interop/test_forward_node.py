@@ -87,9 +87,9 @@ def test_node_client_over_tls_with_ack(shared_app, client: str, mode: str) -> No
     assert len(rows) == len(sent)
 
 
-#: @fluent-org/logger's Message mode with acks: events a client emits at once (issue 14).
+#: @fluent-org/logger's Message mode with acks: events a client emits at once.
 PIPELINED_EVENTS = 2500
-#: The client's ack timeout in that test: the 20 s the issue names, not the suite's 30 s.
+#: The client's ack timeout in that test: its own 20 s, not the suite's 30 s.
 PIPELINED_ACK_TIMEOUT_MS = 20_000
 
 
@@ -98,8 +98,8 @@ def test_message_mode_with_thousands_of_pipelined_requests_is_all_acked(tmp_path
 
     Each is one event with its own chunk id; the client times out any ack not back within
     20 s. Pending work per connection is bounded by bytes (``max_pending_bytes``), so the
-    connection keeps reading while these small requests wait for the table (issue 14 item 4;
-    with a bound of 32 requests, 17 of 2,500 timed out).
+    connection keeps reading while these small requests wait for the table (choice 35 of
+    docs/decisions.md; with a bound of 32 requests, 17 of 2,500 timed out).
     """
     tag = "node.pipelined.message"
     # The shipped commit delay, and acks only after the commit: the slowest answer path,

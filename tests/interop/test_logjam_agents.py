@@ -1,4 +1,4 @@
-"""The Logjam listener as today's agents see it: their reply checks, app-envs and topics (issue 18).
+"""The Logjam listener as today's agents see it: their reply checks, app-envs and topics.
 
 :class:`AgentForwarder` is a pyzmq DEALER that does what skaes/logjam_agent's
 ``ZMQForwarder`` does at HEAD (commit 58ac43be7d74b2db4c35cafc24b25a29702bb0fe,
@@ -140,7 +140,7 @@ async def agent(service: Harness, app: str, env: str) -> AgentForwarder:
 
 
 def test_the_agents_check_refuses_the_old_reply_form() -> None:
-    """The form the appliance sent before issue 18 made the current agent warn on every reply."""
+    """The form the appliance once sent made the current agent warn on every reply."""
     assert unexpected_answer("shop-production", [b"", b"202 Accepted"])
     assert unexpected_answer("ping", [b"", b"200 OK", b"logjam.example.com"])
     assert not unexpected_answer("shop-production", [b"shop-production", b"202 Accepted"])
@@ -180,7 +180,7 @@ async def test_logjam_agent_gets_the_answers_it_checks_for(tmp_path: Path, curve
 #: (app, env, routing key or None for the agent's own, engine): app-envs and
 #: topics that logjam-tools' device accepts (src/logjam-util.c at HEAD
 #: 994b6f518fbb829fa4a6ada930a5334210a517e5, well_formed_stream_name and
-#: well_formed_topic) and the appliance answered 400 before issue 18.
+#: well_formed_topic) and the appliance once answered 400.
 DEVICE_ACCEPTS = [
     ("my.app", "production", None, None),  # logs.my.app.production
     ("3scale", "production", None, None),  # logs.3scale.production

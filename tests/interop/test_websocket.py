@@ -502,7 +502,7 @@ async def test_npm_ws_client_is_acked_after_commit(tmp_path: Path) -> None:
 def test_subprocess_cli_token_add_list_revoke(tmp_path: Path) -> None:
     config = tmp_path / "appliance.toml"
     config.write_text(f'state_dir = "{tmp_path / "state"}"\n')
-    # Admin commands create no state directory (issue 20): it exists, as after a first serve.
+    # Admin commands create no state directory (docs/decisions.md, 16): it exists already.
     (tmp_path / "state").mkdir()
     cli = [sys.executable, "-m", "appliance"]  # the interpreter running the tests
 

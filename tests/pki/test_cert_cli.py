@@ -179,7 +179,7 @@ def test_revoke_and_rotate_reach_the_running_service_by_sighup(appliance, tmp_pa
     assert ack == {"ack": "after-rotate"}
     assert second_serial != first_serial
 
-    # Issue 20: a second `serve` on the same state directory (another port: the
+    # A second `serve` on the same state directory (another port: the
     # listeners bind port 0) fails to start, and must leave the first one
     # reachable by the CLI.
     second = tmp_path / "second.toml"

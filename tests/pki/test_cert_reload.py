@@ -1,4 +1,4 @@
-"""``cert revoke|rotate-server|crl|reload`` say only what they can confirm (issue 20, item 3).
+"""``cert revoke|rotate-server|crl|reload`` say only what they can confirm.
 
 The polling is tested with a fake clock; the commands run as the real CLI
 against ``fake_service.py``, which holds the state directory's lock and answers
@@ -360,7 +360,7 @@ def test_a_service_without_status_is_left_alone(cli: Run, fake_service, tmp_path
 
 
 def test_a_stale_pid_file_is_not_trusted(cli: Run, fake_service, tmp_path: Path) -> None:
-    # The issue's failure: a second process overwrote appliance.pid (and may have
+    # The failure seen: a second process overwrote appliance.pid (and may have
     # removed it). The lock holder is who gets the signal.
     service = fake_service("ok")
     (tmp_path / "state" / "appliance.pid").write_text("1\n")

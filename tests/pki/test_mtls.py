@@ -133,7 +133,7 @@ async def test_required_client_auth(tmp_path: Path) -> None:
         "before-revoke": "CN=stolen-laptop",
         "good-again": "O=Acme,CN=web-01",
     }
-    # Issue 20: every certificate refused at the handshake is in the audit log.
+    # Every certificate refused at the handshake is in the audit log.
     from auth.database import open_database
 
     with open_database(config.auth_settings) as database:

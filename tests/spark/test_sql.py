@@ -213,7 +213,7 @@ def test_sql_prompt_at_a_terminal(sail_url: str, tmp_path: Path) -> None:
 def test_sql_remote_reads_the_default_relative_table_from_a_server_started_elsewhere(
     tmp_path: Path,
 ) -> None:
-    """Issue 16 item 5: locations handed to Spark are absolute URIs.
+    """Locations handed to Spark are absolute URIs.
 
     The appliance runs with the default, relative state directory (``var``);
     the Spark Connect server runs in another directory. Handed ``var/lake/events``

@@ -4,7 +4,7 @@ Transport, deadlines and ordered acks are the answering loop's
 (:mod:`appliance.server.connection`); parsing is the codec's
 (:mod:`appliance.protocols.courier`). This module maps one onto the other.
 
-Mapping into ``events`` (issue 6, docs/courier.md) is
+Mapping into ``events`` (docs/courier.md) is
 :mod:`appliance.rows.courier`'s. A ``type`` or host that cannot be stored
 falls back to the listener's tag or null there, and is counted and logged
 here (``events.invalid_field``); the event is stored.

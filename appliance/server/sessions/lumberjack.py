@@ -1,11 +1,11 @@
 """The Lumberjack (Beats) session: windows to rows, ordered acks, keepalives.
 
-Mapping into ``events`` (issue 5, docs/lumberjack.md) is
+Mapping into ``events`` (docs/lumberjack.md) is
 :mod:`appliance.rows.lumberjack`'s; the codec
 (:mod:`appliance.protocols.lumberjack`) already took each value out of the
 record and checked it.
 
-Strict strings (issue 13): a tag or host string from the record that cannot
+Strict strings (docs/decisions.md#strict-strings): a tag or host string from the record that cannot
 be stored (over ``MAX_TAG_BYTES`` / ``MAX_HOST_BYTES``) does not fail the
 window: that event gets the listener's ``tag`` / a null host, and the count
 is logged (``event=fields.invalid``) and kept on the session.

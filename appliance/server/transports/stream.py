@@ -53,8 +53,8 @@ class ByteStreamSession(SessionDefaults[bytes]):
         receiving it is a copy into the codec's buffer, done on the event
         loop. A large request read in 16 KiB TLS records then costs one
         worker thread, for the read that completes it, instead of one per
-        read (about 100 µs of CPU each on this machine: bench/RESULTS.md,
-        issue 14).
+        read (about 100 µs of CPU each on this machine: bench/HISTORY.md, the
+        second pass on forward throughput, 2026-11-26).
         """
         if self.completes_nothing(data):
             return 0

@@ -11,7 +11,7 @@ message crosses a thread, a slow writer stops the reader (libzmq then queues
 up to ``rcvhwm`` messages per peer and TCP pushes back), and shutdown is a
 trio cancel.
 
-Bounded work per message (issue 13): the pump reads at most
+Bounded work per message (docs/decisions.md#every-queue-has-a-limit): the pump reads at most
 ``MAX_MESSAGE_FRAMES + 1`` frames of a message as views (no copy) and drops
 the rest unread in batches of ``DISCARD_BATCH_FRAMES`` with a checkpoint
 between batches, so a message of a million empty frames costs neither a

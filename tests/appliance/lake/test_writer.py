@@ -267,7 +267,7 @@ BAD_BLOCKS = {
 async def test_a_block_that_cannot_be_stored_is_refused_alone(
     tmp_path: Path, changes: dict[str, object]
 ) -> None:
-    """Issue 13: a bad block fails its own submit; the good blocks of the same moment commit."""
+    """A bad block fails its own submit; the good blocks of the same moment commit."""
     from appliance.lake.errors import BlockRefused
 
     path = tmp_path / "events"
@@ -366,7 +366,7 @@ async def test_a_second_writer_with_the_same_app_id_refuses_to_start(tmp_path: P
 
 @pytest.mark.trio
 async def test_a_writer_never_takes_another_writers_version_for_its_own(tmp_path: Path) -> None:
-    """Issue 20: should a duplicate get past the lease, the first writer stops acking."""
+    """Should a duplicate get past the lease, the first writer stops acking."""
     import time as clock
 
     from appliance.lake.blocks import blocks_to_arrow

@@ -68,7 +68,7 @@ EVENTS_ZLIB = bytes.fromhex("785e63606060af564a54b232ac656060e0c8cb2f51c82acecf0
 #: A zlib stream of no events.
 EMPTY_ZLIB = bytes.fromhex("785e030000000001")
 #: The record texts of EVENTS_ZLIB: compact JSON; the event that is not JSON
-#: is kept as {"message": <its text>}. (Issue 13: the codec now keeps each
+#: is kept as {"message": <its text>}. (The codec now keeps each
 #: event's JSON record text, not the decoded dict, so these are texts.)
 EVENTS_RECORDS: list[str] = ['{"a":1}', '{"message":"not json"}']
 
@@ -590,7 +590,7 @@ def test_event_over_the_event_limit_is_rejected_from_its_length_prefix() -> None
 def test_payload_over_the_decompressed_limit_is_rejected_without_inflating_it_all() -> None:
     limits = CourierLimits(max_decompressed_bytes=1024 * 1024)
     # 8 MiB of events, each well under max_event_bytes, in under 32 KiB of zlib.
-    # (Issue 13: the events were NUL bytes; the codec now keeps each event's
+    # (The events were once NUL bytes; the codec now keeps each event's
     # record text at once, where a NUL is the six characters \u0000, so the
     # bomb is made of "x" to measure decompression alone. The growth of
     # escapes is bounded by max_payload_memory_bytes: test_courier_hardening.)

@@ -1,6 +1,6 @@
-"""The Log Courier codec against hostile input (issue 13).
+"""The Log Courier codec against hostile input.
 
-Each class of input the issue lists for Log Courier, and its relatives: HELO
+Each class of hostile input found for Log Courier, and its relatives: HELO
 bodies of every length, strings that cannot be stored (lone surrogates, bytes
 that are not UTF-8, over-long values), times that are not times, payloads
 built to make the codec hold far more memory than they decompress to, and the
@@ -132,7 +132,7 @@ def test_helo_of_every_length_is_an_answer_or_a_protocol_error(length: int) -> N
 
 @pytest.mark.parametrize("length", range(9, 20))
 def test_helo_of_9_to_19_bytes_is_the_go_layout(length: int) -> None:
-    # Issue 13 regression: these lengths raised struct.error (the compact
+    # Regression: these lengths raised struct.error (the compact
     # layout unpacked a body longer than its 8 bytes).
     body = (b"\x01\x00\x00\x00" + u32(2) + u32(11) + u32(0) + b"LCOR")[:length]
     (hello,) = CourierServerConnection().receive_data(helo(body))
@@ -207,7 +207,7 @@ def test_type_and_host_are_taken_when_valid() -> None:
 def test_a_lone_surrogate_never_reaches_a_column(
     fields: dict[str, Any], types: tuple[str | None, int], hosts: tuple[str | None, int]
 ) -> None:
-    # Issue 13 regression: a JSON "\ud800" in type/host reached the writer's
+    # Regression: a JSON "\ud800" in type/host reached the writer's
     # pa.array and ended the process. Now that field falls back and is counted.
     received = one_payload(evnt_of(event(message="m", **fields)))
     assert (received.types[0], received.invalid_types) == types
@@ -354,7 +354,7 @@ def test_fuzz_every_kept_string_is_storable(
     ],
 )
 def test_timestamps_that_are_not_usable_keep_the_event_with_the_receive_time(stamp: str) -> None:
-    # Issue 13 regression: these raised in the writer (int() of '²',
+    # Regression: these raised in the writer (int() of '²',
     # OverflowError for year 1) and lost every batch of the commit group.
     received = one_payload(
         evnt_of(event(message="kept", **{"@timestamp": stamp}), event(message="next"))

@@ -1,6 +1,6 @@
 """The Fluentd forward v1 server codec (sans-IO), edge case by edge case.
 
-DESIGN §4 lists what real peers send; each item has its own test here. Every
+docs/forward.md lists what real peers send; each item has its own test here. Every
 sample request is also fed split at every byte and one byte at a time, and
 hypothesis round-trips generated requests and fuzzes the codec with garbage.
 """

@@ -1,4 +1,4 @@
-"""The forward handshake's digests, PING parsing and verdicts (DESIGN §4 vectors)."""
+"""The forward handshake's digests, PING parsing and verdicts (docs/forward.md)."""
 
 from __future__ import annotations
 
@@ -215,7 +215,7 @@ def test_held_bytes_are_bounded_while_authenticating() -> None:
     violation(codec.receive_data(b"\x90" * 2000), "1000 bytes sent before the PONG")
 
 
-# -- issue 13: strict PING strings, and what a peer may send before the PONG ----
+# -- strict PING strings, and what a peer may send before the PONG -------------
 
 
 def ping_message(hostname: str | bytes = "client.example", user: str | bytes = "") -> bytes:
@@ -316,7 +316,7 @@ def test_a_large_first_request_is_refused_after_max_ping_bytes() -> None:
 def test_ping_followed_in_the_same_read_by_too_much_is_a_clean_error(
     max_request_bytes: int,
 ) -> None:
-    # Issue 13: a PING followed in one read by more than max_request_bytes
+    # Regression: a PING followed in one read by more than max_request_bytes
     # crashed the connection task (the PING was checked after the codec closed).
     limit = min(MAX_PING_BYTES, max_request_bytes)
     extra = request("c1") * (2 * limit // len(request("c1")) + 1)

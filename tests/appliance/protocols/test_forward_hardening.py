@@ -1,4 +1,4 @@
-"""Issue 13 for the forward codec: no input can take the appliance down.
+"""The forward codec against hostile input: no input can take the appliance down.
 
 Strict strings (tag, chunk), no ack for an entries stream that cannot be read,
 bounded work and memory per byte, ``buffered_bytes``, and one regression test
@@ -454,7 +454,7 @@ def test_large_request_buffers_are_dropped_afterwards() -> None:
     assert only(codec.receive_data(pack(["t", T0, {"after": 1}]))).records == [{"after": 1}]
 
 
-# -- regression tests: one per crash of issue 13 ----------------------------------------------
+# -- regression tests: one per crash found ----------------------------------------------------
 
 THOUSANDS = 3000
 CRASHES: list[tuple[str, bytes, dict[str, Any]]] = [

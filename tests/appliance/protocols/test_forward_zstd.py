@@ -1,4 +1,4 @@
-"""CompressedPackedForward with ``compressed: "zstd"`` in the forward codec (issue 18).
+"""CompressedPackedForward with ``compressed: "zstd"`` in the forward codec.
 
 Requests are built the way the senders build them (docs/forward.md, "zstd"):
 

@@ -2,7 +2,7 @@
 
 Real compressed bodies come from cramjam (Rust snappy and LZ4) and the
 standard library (zlib, gzip); the decoders under test are the appliance's own
-pure-Python ones. Each edge case of DESIGN §4 "Logjam" has a test named after it.
+pure-Python ones. Each edge case docs/logjam.md lists has a test named after it.
 """
 
 from __future__ import annotations
@@ -252,7 +252,7 @@ def test_async_ping_is_dropped() -> None:
     [
         "logs", "logs.shop.production", "logs.shop_2.pre-view", "javascript.shop.production",
         "events", "events.shop.production", "frontend.page", "frontend.ajax", "mobile",
-        # Accepted by the device (issue 18), refused before.
+        # Accepted by the device, once refused here.
         "logs.x.worker:1", "frontend.page.shop", "frontend.ajax.shop.production", "mobile.x",
         "logs.", "logs..x", "logs shop", "logsx", "logs.my.app.production",
         "logs.3scale.production",

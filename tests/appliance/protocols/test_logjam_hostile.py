@@ -1,6 +1,6 @@
-"""The Logjam codec against hostile input (issue 13): strict strings, bounded work.
+"""The Logjam codec against hostile input: strict strings, bounded work.
 
-Each test is a case the issue found or one of its relatives: a host that
+Each test is a hostile input once found, or one of its relatives: a host that
 cannot be stored, app-env and topic frames that are not UTF-8 or too long, a
 batch id past its limit, more frames than a message has, and the bound on
 decoding work the driver uses to choose between the event loop and a thread.
@@ -260,7 +260,7 @@ def test_decode_size_bound_counts_the_body_as_decompressed() -> None:
 
 
 def test_decode_size_bound_of_a_deflate_bomb_is_the_decompressed_limit() -> None:
-    # issue 13: 33 KB inflating to 32 MiB was decoded on the event loop.
+    # Once, 33 KB inflating to 32 MiB was decoded on the event loop.
     bomb = zlib.compress(b" " * (32 << 20), 9)
     assert len(bomb) < 40_000
     frames = data(bomb, compression=Compression.ZLIB)

@@ -1,6 +1,6 @@
 """The Lumberjack v1/v2 server codec (sans-IO), edge case by edge case.
 
-DESIGN §4 lists what real peers need; each item has its own test here. Every
+docs/lumberjack.md lists what real peers need; each item has its own test here. Every
 sample stream is also fed split at every byte and one byte at a time, and
 hypothesis round-trips generated windows and fuzzes the codec with garbage.
 """
@@ -295,7 +295,7 @@ def test_d_frame_with_several_pairs() -> None:
     )
     (window,) = feed(w(1, 1) + frame)
     assert window.records == [
-        # issue 13: a value that is not UTF-8 is kept whole as {"$binary": base64}
+        # A value that is not UTF-8 is kept whole as {"$binary": base64}
         # (the appliance.rows.records convention), no longer replaced by U+FFFD.
         {"line": "héllo wörld", "host": "web-01", "empty": "", "ключ": "значение",
          "bad": {"$binary": "//4gb2s="}},
@@ -398,7 +398,7 @@ def test_windows_before_a_violation_are_returned_before_it() -> None:
 
 def test_violation_inside_a_compressed_frame_after_complete_windows() -> None:
     connection = conn()
-    # issue 13: the state is checked at a data frame's header, so the bad JSON
+    # The state is checked at a data frame's header, so the bad JSON
     # sits in a window of its own (without its W the error would be "outside a window").
     *windows, error = connection.receive_data(c(w(1) + j(1, rec(1)) + w(1) + j(2, b"[not json")))
     assert [win.sequences for win in windows] == [[1]]
@@ -497,7 +497,7 @@ def test_generated_windows_round_trip_split_anywhere(
     cut = data.draw(st.integers(0, len(raw)), label="cut")
     connection = conn()
     windows = feed(raw[:cut], raw[cut:], connection=connection)
-    # A run of W 0 comes out as one window taking one ack per W (issue 13).
+    # A run of W 0 comes out as one window taking one ack per W.
     assert [(s, r) for _, s, r in shape(windows)] == expected
     assert all(win.version == version for win in windows)
     last = 0

@@ -1,4 +1,4 @@
-"""Record -> JSON text, under the convention of appliance/rows/records.py (DESIGN §3)."""
+"""Record -> JSON text, under the convention of appliance/rows/records.py (docs/table.md)."""
 
 from __future__ import annotations
 

@@ -573,7 +573,7 @@ async def test_a_block_larger_than_the_byte_budget_is_taken_when_nothing_waits(
 async def test_thousands_of_small_requests_are_all_taken_while_they_wait(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    """Message mode: one event per request, thousands in flight (issue 14 item 4).
+    """Message mode: one event per request, thousands in flight (docs/decisions.md, 35).
 
     With the shipped bounds every one is read and submitted before any commit,
     so a client's acks all come back with the next commit or two.

@@ -1,4 +1,4 @@
-"""Issue 15: what the WebSocket driver counts (the forward path is tested end to end in
+"""What the WebSocket driver counts (the forward path is tested end to end in
 tests/appliance/test_metrics.py), read back through the registry's exposition."""
 
 from __future__ import annotations

@@ -74,7 +74,7 @@ def _with_examples_enabled(text: str) -> str:
 
 
 def test_the_packaged_config_authenticates_every_listener_beyond_loopback(tmp_path: Path) -> None:
-    """Issue 13 item 9: the example config, all examples on, leaves no listener open."""
+    """The example config, all examples on, leaves no listener open."""
     shipped = Path(__file__).parents[3] / "packaging" / "appliance.toml"
     text = _with_examples_enabled(shipped.read_text(encoding="utf-8"))
     text = text.replace('state_dir = "/var/lib/appliance"', f'state_dir = "{tmp_path}"')

@@ -22,7 +22,7 @@ async def _listen(service: TcpService, nursery: trio.Nursery) -> int:
 async def test_a_handler_that_raises_closes_only_its_connection(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """Issue 13: any exception in one connection ends that connection, never the service."""
+    """Any exception in one connection ends that connection, never the service."""
     served: list[bytes] = []
 
     async def handler(stream: trio.abc.Stream, info: ConnectionInfo) -> None:

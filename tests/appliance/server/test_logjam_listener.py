@@ -266,7 +266,7 @@ async def test_202_goes_out_only_after_the_commit(tmp_path: Path) -> None:
 
 @pytest.mark.trio
 async def test_a_202_counts_as_an_ack_and_a_400_or_a_pong_does_not(tmp_path: Path) -> None:
-    # Issue 15: Logjam's 202s are its acks, in acks_sent and ack_latency.
+    # Logjam's 202s are its acks, in acks_sent and ack_latency.
     writer, metrics = StandInWriter(), Metrics(process=False)
     async with logjam_service(tmp_path, writer=writer, metrics=metrics) as service:
         dealer = client(zmq.DEALER, service.router)
@@ -341,7 +341,7 @@ async def test_nothing_uncommitted_is_acknowledged(tmp_path: Path) -> None:
 
 @pytest.mark.trio
 async def test_no_reply_when_the_listener_is_cancelled_before_the_commit(tmp_path: Path) -> None:
-    # issue 13: the 202 went out from a ``finally`` when the listener was cancelled.
+    # Once, the 202 went out from a ``finally`` when the listener was cancelled.
     writer = StandInWriter()
     config = LogjamListenerConfig(bind="127.0.0.1:0", pull_bind="", curve=False,
                                   self_hostname="logjam.test.example")  # fmt: skip
@@ -415,7 +415,7 @@ async def test_large_bodies_are_decoded_off_the_event_loop(tmp_path: Path) -> No
         dealer.close()
 
 
-# -- hostile input (issue 13) ------------------------------------------------------------------
+# -- hostile input -----------------------------------------------------------------------------
 
 
 def events(caplog: pytest.LogCaptureFixture, name: str) -> list[dict[str, Any]]:
@@ -441,7 +441,7 @@ def decode_calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, bool]]:
 async def test_a_host_that_cannot_be_stored_becomes_null_and_is_counted(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    # issue 13: a lone surrogate in host reached the writer after a 202.
+    # Once, a lone surrogate in host reached the writer after a 202.
     writer = StandInWriter()
     async with logjam_service(tmp_path, writer=writer) as service:
         dealer = client(zmq.DEALER, service.router)
@@ -481,7 +481,7 @@ async def test_a_long_app_env_makes_a_batch_id_the_writer_accepts(tmp_path: Path
 async def test_where_a_body_decodes_depends_on_its_decompressed_size(
     tmp_path: Path, decode_calls: list[tuple[int, bool]]
 ) -> None:
-    # issue 13: 33 KB of deflate inflating to 32 MiB was decoded on the event loop.
+    # Once, 33 KB of deflate inflating to 32 MiB was decoded on the event loop.
     bomb = zlib.compress(b'{"a":"' + b"x" * (1 << 20) + b'"}', 9)
     assert len(bomb) < INLINE_DECODE_BYTES // 16
     writer = StandInWriter()
@@ -769,7 +769,7 @@ def test_logjam_listener_config_errors(body: str, message: str) -> None:
 def test_curve_cli_add_list_revoke_server_key(tmp_path: Path) -> None:
     config = tmp_path / "appliance.toml"
     config.write_text(f'state_dir = "{tmp_path / "state"}"\n')
-    # Admin commands create no state directory (issue 20): it exists, as after a first serve.
+    # Admin commands create no state directory (docs/decisions.md, 16): it exists already.
     (tmp_path / "state").mkdir()
 
     def run(command: str, *args: str, ok: bool = True) -> subprocess.CompletedProcess[str]:

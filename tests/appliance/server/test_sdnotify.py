@@ -1,4 +1,4 @@
-"""systemd notifications (issue 15): READY=1 once listening, watchdog pings, STOPPING=1.
+"""systemd notifications: READY=1 once listening, watchdog pings, STOPPING=1.
 
 A datagram socket stands in for systemd's ``$NOTIFY_SOCKET``; the service
 runs in-process. (That a real unit reaches ``active (running)`` through

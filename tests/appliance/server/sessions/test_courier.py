@@ -102,7 +102,7 @@ async def test_partial_ackns_go_out_every_keepalive_period_while_waiting(
         for _ in range(4):
             assert await receive_exactly(client, 28) == ackn(9, 0)
             stamps.append(trio.current_time() - start)
-        # Every 5 s of the mock clock (DESIGN §4: at least every 5 s).
+        # Every 5 s of the mock clock (docs/courier.md: at least every 5 s).
         assert stamps == pytest.approx([5.0, 10.0, 15.0, 20.0])
         writer.commit(0)
         assert await receive_exactly(client, 28) == ackn(9, 2)
@@ -235,7 +235,7 @@ async def test_empty_payload_is_acked_with_count_zero(
         await client.aclose()
 
 
-# -- issue 13: hostile input, end to end through the session --------------------------------
+# -- hostile input, end to end through the session -----------------------------------------
 
 
 def submits(actions: list[object]) -> list[Submit]:
@@ -247,7 +247,7 @@ def submits(actions: list[object]) -> list[Submit]:
 async def test_helo_of_9_to_19_bytes_is_answered(
     autojump_clock: trio.testing.MockClock, length: int
 ) -> None:
-    # Issue 13 regression: these HELO lengths raised struct.error, which
+    # Regression: these HELO lengths raised struct.error, which
     # escaped the connection task. Now they are a HELO like any other.
     writer = StandInWriter()
     body = (bytes(4) + struct.pack(">III", 2, 11, 0) + b"LCOR")[:length]
@@ -262,7 +262,7 @@ async def test_helo_of_9_to_19_bytes_is_answered(
 async def test_hostile_strings_and_times_are_stored_with_fallbacks(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    # Issue 13 regression: a lone surrogate in type/host, a '²' or Go's zero
+    # Regression: a lone surrogate in type/host, a '²' or Go's zero
     # time in @timestamp, raw bytes that are not UTF-8: each used to reach
     # the writer and end the process. Now the block is storable: the tag falls
     # back to the listener's, the host to null, the time to the receive time.

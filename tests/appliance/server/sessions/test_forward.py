@@ -105,7 +105,7 @@ async def test_rows_carry_tag_time_source_and_peer(
     assert list(block.records) == ['{"i":0}', '{"i":1}', '{"i":2}']
 
 
-# -- issue 13: strict strings, no ack for what is not stored, the handshake's bounds ----
+# -- strict strings, no ack for what is not stored, the handshake's bounds -------------
 #
 # These use the real clock: reads over the driver's inline limit are decoded in a
 # worker thread, and an autojump clock would jump every deadline while it runs.
@@ -292,7 +292,7 @@ async def _user_handshake(store: _UserStore, info: ConnectionInfo) -> tuple[Any,
 
 @pytest.mark.trio
 async def test_a_user_refused_by_the_client_network_gets_its_own_audit_reason() -> None:
-    """Issue 20: the client sees in_forward's generic reason; the audit log says which rule."""
+    """The client sees in_forward's generic reason; the audit log says which rule."""
     store = _UserStore(allowed=frozenset({"bob"}))
     pong, writer = await _user_handshake(store, INFO)
     assert pong[:3] == ["PONG", False, "username/password mismatch"]
@@ -372,7 +372,7 @@ async def test_handshake_with_a_hostname_that_is_not_utf8_is_refused() -> None:
 
 @pytest.mark.trio
 async def test_ping_followed_by_too_much_in_one_read_is_refused_cleanly() -> None:
-    # Issue 13: this crashed the connection task (and, then, the service).
+    # Regression: this crashed the connection task (and, then, the service).
     writer = StandInWriter()
     async with served(secured_handler(writer), INFO) as client:
         unpacker = msgpack.Unpacker()

@@ -295,7 +295,7 @@ async def test_v1_pairs_map_type_host_and_timestamp(
     assert json.loads(block.records[0])["line"] == "hi"
 
 
-# -- issue 13: strict strings, times, the highest sequence, buffered bytes ---------
+# -- strict strings, times, the highest sequence, buffered bytes ------------------
 
 
 def fields_invalid(caplog: pytest.LogCaptureFixture) -> list[dict[str, Any]]:
@@ -332,7 +332,7 @@ async def test_tag_or_host_too_long_falls_back_to_the_defaults_and_is_logged(
 async def test_hostile_timestamps_keep_the_event_with_the_receive_time(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    # issue 13: these reached the writer and raised OverflowError there.
+    # Regression: these reached the writer and raised OverflowError there.
     times: list[Any] = [
         "2026-11-22T10:00:07.\u00b2Z",
         "\u0662\u0660\u0662\u0666-11-22T10:00:07Z",
@@ -465,7 +465,7 @@ def hostile_streams(draw: st.DrawFn) -> bytes:
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(hostile_streams(), st.integers(0, 10**6))
 def test_every_block_a_session_makes_is_storable(stream: bytes, cut: int) -> None:
-    """issue 13: what a codec lets through must pass the writer's check (never crash it)."""
+    """What a codec lets through must pass the writer's check (never crash it)."""
     lumberjack = session()
     cut = cut % (len(stream) + 1)
     actions = list(lumberjack.receive(stream[:cut], arrival(1)))
