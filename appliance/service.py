@@ -35,7 +35,7 @@ import trio
 
 from appliance import gc_policy
 from appliance.config import Config, ConfigError, ListenerConfig, load_config, settings_from
-from appliance.lake.maintenance import run_maintenance
+from appliance.lake.schedule import run_maintenance
 from appliance.lake.retry import (
     STORAGE_ERRORS,
     Backoff,

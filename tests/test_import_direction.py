@@ -131,3 +131,48 @@ def test_the_checker_sees_function_level_and_relative_imports(tmp_path: Path) ->
     found = {module for _, module in _imports(sample, "appliance.protocols.sample")}
     assert "trio" in found
     assert "appliance.lake.rows" in found
+
+
+#: The table operations of appliance/lake, one module per verb on a shared base, and
+#: the lake modules each may use of them (docs/architecture.md, "Import rules").
+LAKE_OPERATIONS: dict[str, frozenset[str]] = {
+    "operations": frozenset(),
+    "maintenance": frozenset({"operations"}),
+    "retention": frozenset({"operations"}),
+    "usage": frozenset({"operations"}),
+    "table_requests": frozenset({"operations", "retention"}),
+    "schedule": frozenset({"operations", "maintenance", "retention", "table_requests"}),
+}
+
+
+def test_the_lake_operations_import_only_downwards() -> None:
+    broken = [
+        f"appliance/lake/{name}.py:{line} imports {module}"
+        for name, allowed in LAKE_OPERATIONS.items()
+        for line, module in _imports(ROOT / "appliance" / "lake" / f"{name}.py")
+        for other in LAKE_OPERATIONS.keys() - allowed - {name}
+        if _within(module, f"appliance.lake.{other}")
+    ]
+    assert not broken, "the verbs build on operations.py, schedule.py on them:\n" + "\n".join(
+        broken
+    )
+    importers = [
+        f"{path.relative_to(ROOT)}:{line}"
+        for path in _files("appliance")
+        if path.name not in ("service.py", "schedule.py")
+        for line, module in _imports(path)
+        if _within(module, "appliance.lake.schedule")
+    ]
+    assert not importers, f"only the service runs the schedule: {importers}"
+
+
+def test_no_private_name_crosses_a_lake_module() -> None:
+    crossing = [
+        f"{path.relative_to(ROOT)}:{line} imports {module}"
+        for path in _files("appliance/lake")
+        for line, module in _imports(path)
+        if _within(module, "appliance")
+        and module.rsplit(".", 1)[-1].startswith("_")
+        and not module.rsplit(".", 1)[-1].startswith("__")
+    ]
+    assert not crossing, "a name shared between modules is public:\n" + "\n".join(crossing)

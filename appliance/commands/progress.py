@@ -24,7 +24,7 @@ REDRAW_SECONDS: Final = 0.2
 
 
 class ProgressReporter:
-    """A :data:`appliance.lake.maintenance.Progress` for the CLI.
+    """A :data:`appliance.lake.operations.Progress` for the CLI.
 
     Use as a context manager; call it with ``(step, steps, what)``.
 

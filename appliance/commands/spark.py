@@ -46,7 +46,7 @@ def _print_result(result: JobResult) -> None:
 
 
 def _spark_run(args: argparse.Namespace, config: Config) -> int:
-    from appliance.lake import maintenance
+    from appliance.lake.operations import MaintenanceLock
     from appliance.spark.jobs import JOBS, run_job
     from appliance.spark.session import build_session
 
@@ -56,9 +56,7 @@ def _spark_run(args: argparse.Namespace, config: Config) -> int:
     spark = build_session(config.spark, args.remote)
     try:
         for name in names:
-            lock = maintenance.MaintenanceLock(
-                config.state_dir / f"spark-job-{name}.lock", what=f"job {name}"
-            )
+            lock = MaintenanceLock(config.state_dir / f"spark-job-{name}.lock", what=f"job {name}")
             with lock:
                 result = run_job(
                     spark,

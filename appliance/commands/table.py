@@ -38,8 +38,8 @@ from appliance.spark.errors import SparkError
 from appliance.state_lock import holder_pid
 
 if TYPE_CHECKING:
-    from appliance.lake import retention
-    from appliance.lake.maintenance import MaintenanceResult, TableStats
+    from appliance.lake.operations import MaintenanceResult, TableStats
+    from appliance.lake.usage import Usage
 
 __all__ = ["add_parser"]
 
@@ -105,14 +105,15 @@ def _table_uri(args: argparse.Namespace, config: Config) -> str:
 
 
 def _table_stats(args: argparse.Namespace, config: Config) -> int:
-    from appliance.lake import maintenance, retention
+    from appliance.lake import maintenance
+    from appliance.lake import usage as lake_usage
 
     uri = _table_uri(args, config)
     options = config.lake.storage_options or None
     stats = maintenance.table_stats(uri, options)
     usage = None
     if args.table == EVENTS:
-        usage = retention.usage(
+        usage = lake_usage.usage(
             uri,
             options,
             min_free_bytes=config.lake.min_free_bytes,
@@ -139,7 +140,7 @@ def _size(n: int | None) -> str:
     return f"{n} B"
 
 
-def _print_usage(usage: retention.Usage, days: int) -> None:
+def _print_usage(usage: Usage, days: int) -> None:
     shown = usage.days if days == 0 else usage.days[-days:]
     print()
     print(
@@ -182,7 +183,7 @@ def _print_usage(usage: retention.Usage, days: int) -> None:
 
 
 def _locked(config: Config, operation: Callable[[], MaintenanceResult]) -> MaintenanceResult:
-    from appliance.lake.maintenance import MaintenanceLock, lock_path
+    from appliance.lake.operations import MaintenanceLock, lock_path
 
     with MaintenanceLock(lock_path(config.state_dir)):
         return operation()
@@ -287,8 +288,8 @@ def _delete_events(
     A dry run runs here. A delete runs in the running service when it takes
     table requests (no commit of its own meanwhile), else here: a delete from
     this process would race the service's commits, and delta-rs fails it
-    whenever an append adds a file it might have to read (retention.py,
-    "hand-off").
+    whenever an append adds a file it might have to read
+    (appliance/lake/table_requests.py).
     """
 
     def here() -> MaintenanceResult:
@@ -302,12 +303,12 @@ def _delete_events(
 
     if args.dry_run:
         return _locked(config, here)
-    from appliance.lake import retention
+    from appliance.lake import table_requests
 
-    pid = retention.serving_pid(config.state_dir)
+    pid = table_requests.serving_pid(config.state_dir)
     if pid is not None:
         request = {**request, "vacuum_retention_hours": config.maintenance.vacuum_retention_hours}
-        return retention.hand_off(config.state_dir, request, pid, progress)
+        return table_requests.hand_off(config.state_dir, request, pid, progress)
     running = holder_pid(config.state_dir)
     if running is not None:
         why = (

@@ -1,4 +1,4 @@
-"""Retention by age and erasure on the ``events`` table (docs/maintenance.md).
+"""Retention by age and erasure on the ``events`` table: the policy, its predicates, expire, erase.
 
 **Expire** (``[retention]``, ``appliance table expire``): every event has an
 age limit, ``max_age_days`` unless a rule for its tag prefix or protocol
@@ -29,84 +29,56 @@ the replaced files; every result says so (``vacuum`` in its details).
 Runs in a worker thread, through ``LakeWriter.run_exclusive`` in the
 service (never alongside one of its commits), under the maintenance lock.
 While the service runs, the CLI hands its erase and expire to it
-(:func:`hand_off`, :func:`serve_requests`): a delete from another process
+(:mod:`appliance.lake.table_requests`): a delete from another process
 would race the service's appends, and delta-rs fails whichever commits
 second (a delete when an append added a file its predicate might match, an
 append when a delete removed a file). With no service, the CLI deletes
 itself, and a delete that lost such a race runs again on a fresh snapshot,
 up to :data:`DELETE_ATTEMPTS` times.
-
-``appliance table stats`` reads :func:`usage`: size, rows and files per day
-and protocol, and the days left until the disk guard's watermark.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import functools
-import json
-import os
-import secrets
-import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
 import pyarrow as pa
-import trio
 from deltalake import DeltaTable, QueryBuilder
-from deltalake.exceptions import CommitFailedError, DeltaError
+from deltalake.exceptions import CommitFailedError
 
 from appliance import defaults
-from appliance.lake.diskguard import disk_space, local_path
 from appliance.lake.errors import LakeError
-from appliance.lake.maintenance import (
-    STEP_BACKOFF,
-    STEP_RETRY_SECONDS,
-    MaintenanceBusy,
-    MaintenanceLock,
+from appliance.lake.operations import (
+    SQL_TABLE,
     MaintenanceResult,
+    PartitionInfo,
     Progress,
-    _lake_errors,
-    _open,
-    _stats,
-    lock_path,
+    add_actions,
+    file_stats,
+    lake_errors,
     no_progress,
+    open_table,
+    partitions,
 )
-from appliance.lake.retry import retrying_async
 from appliance.logs import get_logger
-from appliance.state_lock import holder_pid
 
 if TYPE_CHECKING:
     from appliance.config import RetentionConfig
-    from appliance.lake.writer import LakeWriter
 
 __all__ = [
     "APPEND_ONLY",
     "DELETE_ATTEMPTS",
-    "RATE_DAYS",
-    "REQUESTS_DIR",
-    "REQUEST_PICKUP_TIMEOUT_SECONDS",
-    "REQUEST_POLL_SECONDS",
     "ExpirePlan",
     "ExpireStep",
-    "PartitionInfo",
-    "ProtocolDay",
-    "RequestError",
     "RetentionPolicy",
-    "Rule",
     "RuleLike",
-    "Usage",
     "allow_deletes",
     "erase",
     "erase_predicate",
     "expire",
-    "hand_off",
     "plan_expire",
-    "serve_requests",
-    "serving_pid",
     "sql_string",
-    "usage",
 ]
 
 log = get_logger("maintenance")
@@ -115,8 +87,6 @@ log = get_logger("maintenance")
 DELETE_ATTEMPTS: Final = 5
 #: The table property that refuses deletes; retention and erasure set it to false.
 APPEND_ONLY: Final = "delta.appendOnly"
-#: The name the table has in the SQL of counts (QueryBuilder).
-_SQL_TABLE: Final = "events"
 
 
 class RuleLike(Protocol):
@@ -240,16 +210,12 @@ def erase_predicate(
 # -- table helpers -------------------------------------------------------------------------
 
 
-def _actions(table: DeltaTable) -> pa.Table:
-    return pa.table(table.get_add_actions(flatten=True))
-
-
 def _count(table: DeltaTable, predicate: str) -> int:
     """Rows of the table's current version that ``predicate`` matches (validates it too)."""
-    query = QueryBuilder().register(_SQL_TABLE, table)
+    query = QueryBuilder().register(SQL_TABLE, table)
     # The predicate is the one the delete runs: built from quoted values, or an
     # admin's --where, which delta-rs's parser reads anyway. One statement only.
-    sql = f"SELECT count(*) AS n FROM {_SQL_TABLE} WHERE ({predicate})"  # noqa: S608
+    sql = f"SELECT count(*) AS n FROM {SQL_TABLE} WHERE ({predicate})"  # noqa: S608
     try:
         result = pa.table(query.execute(sql).read_all())
     except Exception as exc:  # DataFusion raises plain Exceptions for SQL errors
@@ -324,39 +290,6 @@ def _vacuum_note(files: int, nbytes: int, retention_hours: int) -> str:
 
 
 # -- expire ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class PartitionInfo:
-    """One ``event_date`` partition of the current version."""
-
-    event_date: dt.date
-    files: int
-    bytes: int
-    rows: int
-
-    def to_json(self) -> dict[str, Any]:
-        """A JSON-ready mapping."""
-        return {
-            "event_date": self.event_date.isoformat(),
-            "files": self.files,
-            "bytes": self.bytes,
-            "rows": self.rows,
-        }
-
-
-def partitions(actions: pa.Table) -> list[PartitionInfo]:
-    """Files, bytes and rows per ``event_date``, oldest first."""
-    found: dict[dt.date, list[int]] = {}
-    dates = actions.column("partition.event_date").to_pylist()
-    sizes = actions.column("size_bytes").to_pylist()
-    rows = actions.column("num_records").to_pylist()
-    for day, size, count in zip(dates, sizes, rows, strict=True):
-        entry = found.setdefault(day, [0, 0, 0])
-        entry[0] += 1
-        entry[1] += int(size)
-        entry[2] += int(count or 0)
-    return [PartitionInfo(day, *found[day]) for day in sorted(found)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -458,12 +391,12 @@ def expire(
         LakeError: no table there, the storage failed, or a delete kept losing
             its race with concurrent commits.
     """
-    table = _open(uri, storage_options)
+    table = open_table(uri, storage_options)
     steps = 4
-    with _lake_errors("expire", uri):
+    with lake_errors("expire", uri):
         progress(1, steps, "reading the table's files")
-        before = _stats(table)
-        actions = _actions(table)
+        before = file_stats(table)
+        actions = add_actions(table)
         plan = plan_expire(actions, policy, today)
         details: dict[str, Any] = {
             "dry_run": dry_run,
@@ -501,7 +434,7 @@ def expire(
                 details["rule_delete"] = {**metrics, "attempts": attempts}
                 details["rule_rows_removed"] = metrics.get("num_deleted_rows")
         table.update_incremental()
-        after = _stats(table)
+        after = file_stats(table)
         # The totals the audit entry and the CLI report: whole partitions count
         # by their files' statistics (a remove-only delete reads no row).
         partition = details.get("partition_delete") or {}
@@ -512,7 +445,7 @@ def expire(
         details["files_removed"] = int(partition.get("num_removed_files") or 0) + int(
             rule.get("num_removed_files") or 0
         )
-        files, nbytes = _removed_bytes(actions, _actions(table))
+        files, nbytes = _removed_bytes(actions, add_actions(table))
         details["files_awaiting_vacuum"] = files
         details["bytes_awaiting_vacuum"] = nbytes
         details["vacuum"] = _vacuum_note(files, nbytes, vacuum_retention_hours)
@@ -541,12 +474,12 @@ def erase(
         LakeError: no table there, an invalid predicate, the storage failed,
             or the delete kept losing its race with concurrent commits.
     """
-    table = _open(uri, storage_options)
+    table = open_table(uri, storage_options)
     steps = 3
-    with _lake_errors("erase", uri):
+    with lake_errors("erase", uri):
         progress(1, steps, "counting the matching rows")
-        before = _stats(table)
-        actions = _actions(table)
+        before = file_stats(table)
+        actions = add_actions(table)
         matched = _count(table, predicate)
         details: dict[str, Any] = {
             "predicate": predicate,
@@ -561,8 +494,8 @@ def erase(
         allow_deletes(table)
         metrics, attempts = _delete(uri, storage_options, predicate)
         table.update_incremental()
-        after = _stats(table)
-        files, nbytes = _removed_bytes(actions, _actions(table))
+        after = file_stats(table)
+        files, nbytes = _removed_bytes(actions, add_actions(table))
         details.update(
             rows_deleted=metrics.get("num_deleted_rows"),
             files_removed=metrics.get("num_removed_files"),
@@ -575,349 +508,3 @@ def erase(
         )
         progress(steps, steps, "done")
     return MaintenanceResult("erase", uri, before, after, details)
-
-
-# -- usage: what ``appliance table stats`` shows of the days --------------------------------
-
-#: Complete days (before today) whose mean size is the growth rate of a projection.
-RATE_DAYS: Final = 7
-
-
-@dataclass(frozen=True, slots=True)
-class ProtocolDay:
-    """Rows of one protocol on one day; bytes apportioned by rows (files mix protocols)."""
-
-    event_date: dt.date
-    protocol: str
-    rows: int
-    approx_bytes: int
-
-    def to_json(self) -> dict[str, Any]:
-        """A JSON-ready mapping."""
-        return {
-            "event_date": self.event_date.isoformat(),
-            "protocol": self.protocol,
-            "rows": self.rows,
-            "approx_bytes": self.approx_bytes,
-        }
-
-
-@dataclass(frozen=True, slots=True)
-class Usage:
-    """The table per day and protocol, and how long its disk lasts at the current rate."""
-
-    days: list[PartitionInfo]
-    protocols: list[ProtocolDay]
-    #: Mean bytes per complete day over the last RATE_DAYS days (fewer for a younger table).
-    bytes_per_day: int | None
-    free_bytes: int | None
-    watermark_bytes: int | None
-    #: Days until the free space reaches the watermark at that rate (None: unknown).
-    days_until_watermark: float | None
-    #: Why there is no projection, when there is none.
-    projection_note: str
-
-    @property
-    def oldest(self) -> dt.date | None:
-        """The oldest partition."""
-        return self.days[0].event_date if self.days else None
-
-    @property
-    def newest(self) -> dt.date | None:
-        """The newest partition."""
-        return self.days[-1].event_date if self.days else None
-
-    def to_json(self) -> dict[str, Any]:
-        """A JSON-ready mapping."""
-        return {
-            "oldest_partition": None if self.oldest is None else self.oldest.isoformat(),
-            "newest_partition": None if self.newest is None else self.newest.isoformat(),
-            "bytes_per_day": self.bytes_per_day,
-            "free_bytes": self.free_bytes,
-            "watermark_bytes": self.watermark_bytes,
-            "days_until_watermark": self.days_until_watermark,
-            "projection_note": self.projection_note,
-            "days": [d.to_json() for d in self.days],
-            "protocols": [p.to_json() for p in self.protocols],
-        }
-
-
-def usage(
-    uri: str,
-    storage_options: dict[str, str] | None = None,
-    *,
-    min_free_bytes: int = 0,
-    min_free_percent: float = 0.0,
-    today: dt.date | None = None,
-    by_protocol: bool = True,
-) -> Usage:
-    """Size, rows and files per day (from the log), rows per protocol and day (a scan).
-
-    The projection divides the free space above the disk guard's watermark
-    by the mean size of the last :data:`RATE_DAYS` complete days; it is only
-    made for a local table.
-
-    Raises:
-        LakeError: no table there, or the storage failed.
-    """
-    table = _open(uri, storage_options)
-    today = today or dt.datetime.now(dt.UTC).date()
-    with _lake_errors("reading statistics", uri):
-        days = partitions(_actions(table))
-        protocols: list[ProtocolDay] = []
-        if by_protocol and days:
-            query = QueryBuilder().register(_SQL_TABLE, table)
-            sql = (
-                f"SELECT event_date, protocol, count(*) AS n FROM {_SQL_TABLE} "  # noqa: S608
-                "GROUP BY event_date, protocol ORDER BY event_date, protocol"
-            )
-            result = pa.table(query.execute(sql).read_all()).to_pylist()
-            sizes = {d.event_date: d for d in days}
-            for row in result:
-                day = sizes[row["event_date"]]
-                share = day.bytes * int(row["n"]) // day.rows if day.rows else 0
-                protocols.append(
-                    ProtocolDay(row["event_date"], row["protocol"], int(row["n"]), share)
-                )
-    # The complete days (before today) of the last RATE_DAYS, from the first
-    # day with data: days without data count as days of no growth.
-    start = today - dt.timedelta(days=RATE_DAYS)
-    if days:
-        start = max(start, days[0].event_date)
-    span = (today - start).days
-    complete = [d for d in days if start <= d.event_date < today]
-    rate = sum(d.bytes for d in complete) // span if span > 0 else None
-    path = local_path(uri)
-    if path is None:
-        return Usage(
-            days, protocols, rate, None, None, None, "object storage: no free-space figure"
-        )
-    space = disk_space(path)
-    watermark = space.watermark(min_free_bytes, min_free_percent)
-    if not rate:
-        note = "no complete day of data yet to measure a rate"
-        return Usage(days, protocols, rate, space.free, watermark, None, note)
-    left = max(space.free - watermark, 0) / rate
-    note = f"at the mean of the last {span} complete day(s)"
-    return Usage(days, protocols, rate, space.free, watermark, round(left, 1), note)
-
-
-# -- hand-off to the running service -----------------------------------------------------
-#
-# A delete from another process races the service's commits, and delta-rs
-# (Serializable isolation) fails the delete whenever a concurrent append adds
-# a file its predicate might match: with steady ingest, an erase could lose
-# every time, and each delete that wins makes one of the service's commits
-# fail and retry. So when the service runs, the CLI hands ``erase`` and
-# ``expire`` to it: a request file in ``<state>/table-requests``, which the
-# service's maintenance task runs through ``LakeWriter.run_exclusive`` (no
-# commit of its own meanwhile) under the maintenance lock, answering with a
-# result file.
-
-#: Directory (under the state directory) of the requests the CLI hands to the service.
-REQUESTS_DIR: Final = "table-requests"
-#: Seconds between the service's looks for a new request.
-REQUEST_POLL_SECONDS: Final = 0.25
-#: Seconds the CLI waits for the service to take a request before it withdraws it.
-REQUEST_PICKUP_TIMEOUT_SECONDS: Final = 30.0
-#: The file a serving service keeps in the requests directory (its pid inside).
-_SERVING: Final = "serving"
-
-
-@dataclass(frozen=True, slots=True)
-class Rule:
-    """A retention rule as a request carries it (see :class:`RuleLike`)."""
-
-    max_age_days: int
-    tag_prefix: str | None = None
-    protocol: str | None = None
-
-
-class RequestError(LakeError):
-    """A request to the service failed, was refused, or got no answer."""
-
-
-def _requests_dir(state_dir: Path) -> Path:
-    return state_dir / REQUESTS_DIR
-
-
-def _write_json(path: Path, value: dict[str, Any]) -> None:
-    """Write ``value`` to ``path`` atomically (0600): a reader never sees half of it."""
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as out:
-        json.dump(value, out, default=str)
-    os.replace(tmp, path)
-
-
-def serving_pid(state_dir: Path) -> int | None:
-    """The pid of a running service that takes table requests, or None."""
-    pid = holder_pid(state_dir)
-    if pid is None:
-        return None
-    try:
-        marker = int((_requests_dir(state_dir) / _SERVING).read_text(encoding="ascii").strip())
-    except (OSError, ValueError):
-        return None
-    return pid if marker == pid else None
-
-
-def _run_request(
-    request: dict[str, Any], uri: str, storage_options: dict[str, str] | None, lock: Path
-) -> MaintenanceResult:
-    """Run one decoded request under the maintenance lock (in the writer's worker thread)."""
-    hours = int(request.get("vacuum_retention_hours", defaults.VACUUM_RETENTION_HOURS))
-    operation = request.get("operation")
-    with MaintenanceLock(lock):
-        if operation == "erase":
-            predicate = request.get("predicate")
-            if not isinstance(predicate, str) or not predicate.strip():
-                raise RequestError("an erase request needs a predicate")
-            return erase(uri, storage_options, predicate=predicate, vacuum_retention_hours=hours)
-        if operation == "expire":
-            days = request.get("max_age_days")
-            rules = tuple(Rule(**r) for r in request.get("rules", []))
-            policy = RetentionPolicy(None if days is None else int(days), rules)
-            return expire(uri, storage_options, policy=policy, vacuum_retention_hours=hours)
-    raise RequestError(f"unknown request {operation!r}")
-
-
-async def serve_requests(writer: LakeWriter, state_dir: Path, storage_options: Any) -> None:
-    """Run the erase and expire requests the CLI hands over, one at a time, forever.
-
-    Each runs through :meth:`LakeWriter.run_exclusive`, so the writer commits
-    nothing meanwhile (its batches wait, and commit right after). A transient
-    storage failure is retried with backoff for up to
-    :data:`~appliance.lake.maintenance.STEP_RETRY_SECONDS` (the writer
-    commits between attempts), then answered as a failure. Runs inside
-    :func:`~appliance.lake.maintenance.run_maintenance`.
-    """
-    directory = _requests_dir(state_dir)
-    await trio.to_thread.run_sync(lambda: directory.mkdir(mode=0o700, exist_ok=True))
-    marker = directory / _SERVING
-    await trio.to_thread.run_sync(marker.write_text, f"{os.getpid()}\n", "ascii")
-    lock = lock_path(state_dir)
-    uri = writer.table.uri
-    try:
-        while True:
-            await trio.sleep(REQUEST_POLL_SECONDS)
-            try:
-                pending = await trio.to_thread.run_sync(_pending, directory)
-            except OSError as exc:
-                log.warning("table_request.unreadable", directory=str(directory), reason=str(exc))
-                continue
-            for path in pending:
-                await _serve_one(writer, path, uri, storage_options, lock)
-    finally:
-        with trio.CancelScope(shield=True):
-            await trio.to_thread.run_sync(lambda: marker.unlink(missing_ok=True))
-
-
-def _pending(directory: Path) -> list[Path]:
-    """The requests waiting, oldest first (one withdrawn meanwhile is left out)."""
-    found: list[tuple[int, Path]] = []
-    for path in directory.glob("*.request.json"):
-        try:
-            found.append((path.stat().st_mtime_ns, path))
-        except FileNotFoundError:
-            continue
-    return [path for _, path in sorted(found)]
-
-
-async def _serve_one(
-    writer: LakeWriter, path: Path, uri: str, storage_options: Any, lock: Path
-) -> None:
-    name = path.name.removesuffix(".request.json")
-    running = path.with_name(f"{name}.running.json")
-    try:
-        await trio.to_thread.run_sync(os.replace, path, running)  # take it
-        text = await trio.to_thread.run_sync(running.read_text, "utf-8")
-    except OSError:
-        return  # withdrawn by the CLI meanwhile
-    answer: dict[str, Any]
-    try:
-        request = json.loads(text)
-        if not isinstance(request, dict):
-            raise RequestError("a request is a JSON object")
-        log.info("table_request.start", request=name, operation=request.get("operation"))
-        # A transient storage failure is retried (a delete runs again on a fresh
-        # snapshot: what the first attempt removed is gone, the rest goes now).
-        result = await retrying_async(
-            functools.partial(
-                writer.run_exclusive, _run_request, request, uri, storage_options, lock
-            ),
-            what=f"table request {request.get('operation')}",
-            backoff=STEP_BACKOFF,
-            give_up_after_seconds=STEP_RETRY_SECONDS,
-        )
-    except (LakeError, DeltaError, OSError, ValueError, TypeError) as exc:
-        log.warning("table_request.failed", request=name, reason=str(exc)[:500])
-        answer = {"ok": False, "error": str(exc), "busy": isinstance(exc, MaintenanceBusy)}
-    else:
-        log.info(
-            "table_request.done", request=name, operation=result.operation,
-            version=result.after.version, rows_before=result.before.rows,
-            rows_after=result.after.rows,
-        )  # fmt: skip
-        answer = {"ok": True, "result": result.to_json()}
-    with trio.CancelScope(shield=True):
-        await trio.to_thread.run_sync(_write_json, running.with_name(f"{name}.result.json"), answer)
-        await trio.to_thread.run_sync(lambda: running.unlink(missing_ok=True))
-
-
-def hand_off(
-    state_dir: Path,
-    request: dict[str, Any],
-    pid: int,
-    progress: Progress = no_progress,
-    *,
-    pickup_timeout: float = REQUEST_PICKUP_TIMEOUT_SECONDS,
-) -> MaintenanceResult:
-    """Hand ``request`` to the running service ``pid`` and wait for its result.
-
-    Raises:
-        MaintenanceBusy: the maintenance lock was held when the service tried.
-        RequestError: the service refused it, did not take it in time, or
-            stopped before answering.
-    """
-    directory = _requests_dir(state_dir)
-    name = f"{time.time_ns()}-{secrets.token_hex(6)}"
-    pending = directory / f"{name}.request.json"
-    result_path = directory / f"{name}.result.json"
-    progress(1, 3, f"handing {request['operation']} to the running service (pid {pid})")
-    _write_json(pending, request)
-    deadline = time.monotonic() + pickup_timeout
-    taken = False
-    while not result_path.exists():
-        time.sleep(0.1)
-        alive = holder_pid(state_dir) == pid
-        if not taken and pending.exists():
-            if alive and time.monotonic() < deadline:
-                continue
-            withdrawn = directory / f"{name}.withdrawn"
-            try:
-                os.replace(pending, withdrawn)
-            except OSError:
-                continue  # taken just now: wait for it
-            withdrawn.unlink(missing_ok=True)
-            why = "did not take the request within" if alive else "stopped before it took the"
-            raise RequestError(
-                f"the running service (pid {pid}) {why} "
-                + (f"{pickup_timeout:.0f}s" if alive else "request")
-                + "; nothing was changed"
-            )
-        if not taken:
-            taken = True
-            progress(2, 3, f"running in the service (pid {pid})")
-        if not alive and not result_path.exists():
-            raise RequestError(
-                f"the service (pid {pid}) stopped before it answered: the {request['operation']} "
-                "may or may not have been committed; look with 'appliance table stats'"
-            )
-    answer = json.loads(result_path.read_text(encoding="utf-8"))
-    result_path.unlink(missing_ok=True)
-    if not answer.get("ok"):
-        error = str(answer.get("error", "failed"))
-        raise MaintenanceBusy(error) if answer.get("busy") else RequestError(error)
-    progress(3, 3, "done")
-    return MaintenanceResult.from_json(answer["result"])

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from appliance.commands.table import _print_maintenance
-from appliance.lake.maintenance import MaintenanceResult, TableStats
+from appliance.lake.operations import MaintenanceResult, TableStats
 
 
 def _stats() -> TableStats:

@@ -20,7 +20,7 @@ import trio
 from deltalake import DeltaTable
 
 from appliance.config import Config, ConfigError, MaintenanceConfig, SparkConfig, parse_config
-from appliance.lake import maintenance
+from appliance.lake import maintenance, operations, schedule
 from appliance.lake.blocks import blocks_to_arrow
 from appliance.lake.errors import LakeError
 from appliance.lake.table import EventsTable
@@ -118,11 +118,11 @@ def test_vacuum_keeps_the_retention_floor(small_files: str) -> None:
 
 
 def test_the_lock_is_exclusive_even_within_one_process(tmp_path: Path) -> None:
-    path = maintenance.lock_path(tmp_path)
-    busy = pytest.raises(maintenance.MaintenanceBusy, match="maintenance already running")
-    with maintenance.MaintenanceLock(path), busy:
-        maintenance.MaintenanceLock(path).acquire()
-    with maintenance.MaintenanceLock(path):  # released, so it can be taken again
+    path = operations.lock_path(tmp_path)
+    busy = pytest.raises(operations.MaintenanceBusy, match="maintenance already running")
+    with operations.MaintenanceLock(path), busy:
+        operations.MaintenanceLock(path).acquire()
+    with operations.MaintenanceLock(path):  # released, so it can be taken again
         pass
 
 
@@ -139,7 +139,7 @@ def test_cli_refuses_while_maintenance_runs_elsewhere(small_files: str, tmp_path
             timeout=120,
         )
 
-    with maintenance.MaintenanceLock(maintenance.lock_path(state)):
+    with operations.MaintenanceLock(operations.lock_path(state)):
         busy = cli("compact")
     assert busy.returncode == 1
     assert "maintenance already running" in busy.stderr
@@ -212,7 +212,7 @@ async def test_compaction_through_the_writer_while_ingest_continues(tmp_path: Pa
             with trio.fail_after(PATIENCE_SECONDS):
                 await tickets[-1].wait()
         files_before = maintenance.table_stats(uri).files
-        compaction: list[maintenance.MaintenanceResult] = []
+        compaction: list[operations.MaintenanceResult] = []
 
         async def compact() -> None:
             compaction.append(await writer.run_exclusive(maintenance.compact, uri))
@@ -252,8 +252,8 @@ async def test_the_schedule_runs_every_operation_and_skips_while_locked(
             with trio.fail_after(PATIENCE_SECONDS):
                 await ticket.wait()
         # While the CLI (here: this test) holds the lock, rounds are skipped.
-        with maintenance.MaintenanceLock(maintenance.lock_path(tmp_path)):
-            nursery.start_soon(maintenance.run_maintenance, writer, config)
+        with operations.MaintenanceLock(operations.lock_path(tmp_path)):
+            nursery.start_soon(schedule.run_maintenance, writer, config)
             with trio.fail_after(PATIENCE_SECONDS):
                 while not logged(info_log, "maintenance.skipped"):
                     await trio.sleep(0.01)
@@ -277,7 +277,7 @@ async def test_a_disabled_schedule_returns_at_once(tmp_path: Path) -> None:
     config = Config(state_dir=tmp_path, maintenance=MaintenanceConfig(enabled=False))
     writer = LakeWriter(EventsTable(str(tmp_path / "events")), "node-a", FAST)
     with trio.fail_after(PATIENCE_SECONDS):
-        await maintenance.run_maintenance(writer, config)
+        await schedule.run_maintenance(writer, config)
 
 
 def test_config_sections_and_the_retention_floor(tmp_path: Path) -> None:

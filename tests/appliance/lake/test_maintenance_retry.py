@@ -20,7 +20,7 @@ import trio
 from deltalake import DeltaTable
 
 from appliance.config import Config, MaintenanceConfig
-from appliance.lake import maintenance, retention
+from appliance.lake import maintenance, operations, retention, schedule, table_requests
 from appliance.lake.errors import LakeError
 from appliance.lake.retry import Backoff
 from tests.appliance.lake.logcapture import logged
@@ -58,7 +58,7 @@ class Failing:
 
 @pytest.fixture(autouse=True)
 def quick_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(maintenance, "STEP_BACKOFF", Backoff(0.01, 0.05))
+    monkeypatch.setattr(schedule, "STEP_BACKOFF", Backoff(0.01, 0.05))
 
 
 def _config(tmp_path: Path, uri: str, **intervals: Any) -> Config:
@@ -93,7 +93,7 @@ async def test_a_step_that_fails_for_a_while_is_retried_and_done(
             ticket = await writer.submit(block(n))
             with trio.fail_after(PATIENCE_SECONDS):
                 await ticket.wait()
-        nursery.start_soon(maintenance.run_maintenance, writer, config)
+        nursery.start_soon(schedule.run_maintenance, writer, config)
         await _until(lambda: _done(info_log, "compact") >= 1)
         # Ingest goes on between the attempts.
         ticket = await writer.submit(block(99))
@@ -119,7 +119,7 @@ async def test_a_step_that_keeps_failing_is_skipped_and_the_schedule_goes_on(
     tmp_path: Path, info_log: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     uri = str(tmp_path / "events")
-    monkeypatch.setattr(maintenance, "STEP_RETRY_SECONDS", 0.2)
+    monkeypatch.setattr(schedule, "STEP_RETRY_SECONDS", 0.2)
     broken = Failing(maintenance.compact, 10**9, slowdown)
     monkeypatch.setattr(maintenance, "compact", broken)
     config = _config(
@@ -131,7 +131,7 @@ async def test_a_step_that_keeps_failing_is_skipped_and_the_schedule_goes_on(
         ticket = await writer.submit(block(1))
         with trio.fail_after(PATIENCE_SECONDS):
             await ticket.wait()
-        nursery.start_soon(maintenance.run_maintenance, writer, config)
+        nursery.start_soon(schedule.run_maintenance, writer, config)
 
         def failed_compactions() -> list[dict[str, Any]]:
             failures = logged(info_log, "maintenance.failed")
@@ -160,7 +160,7 @@ async def test_a_permanent_error_is_not_retried(
     )  # fmt: skip
     async with trio.open_nursery() as nursery:
         writer = await _writer(nursery, uri)
-        nursery.start_soon(maintenance.run_maintenance, writer, config)
+        nursery.start_soon(schedule.run_maintenance, writer, config)
         await _until(lambda: len(logged(info_log, "maintenance.failed")) >= 2)
         nursery.cancel_scope.cancel()
     assert not logged(info_log, "table.retry")
@@ -174,7 +174,7 @@ async def test_a_handed_over_erase_is_retried_through_a_transient_failure(
     uri = str(tmp_path / "events")
     flaky = Failing(retention.erase, 2, slowdown)
     monkeypatch.setattr(retention, "erase", flaky)
-    requests = tmp_path / retention.REQUESTS_DIR
+    requests = tmp_path / table_requests.REQUESTS_DIR
     requests.mkdir()
     path = requests / "1-abc.request.json"
     path.write_text(json.dumps({"operation": "erase", "predicate": "tag = 't1'"}))
@@ -185,7 +185,7 @@ async def test_a_handed_over_erase_is_retried_through_a_transient_failure(
             with trio.fail_after(PATIENCE_SECONDS):
                 await ticket.wait()
         with trio.fail_after(PATIENCE_SECONDS):
-            await retention._serve_one(writer, path, uri, None, maintenance.lock_path(tmp_path))
+            await table_requests._serve_one(writer, path, uri, None, operations.lock_path(tmp_path))
         nursery.cancel_scope.cancel()
     answer = json.loads((requests / "1-abc.result.json").read_text())
     assert answer["ok"], answer

@@ -1,5 +1,8 @@
 """Retention by age and erasure on real Delta tables (appliance/lake/retention.py).
 
+Also what ``table stats`` shows (usage.py) and the hand-off of deletes to the
+running service (table_requests.py).
+
 Real tables on disk, the real writer and trio's real clock. Nothing asserts a
 duration: waits are bounded only to fail a hung test.
 """
@@ -33,7 +36,8 @@ from appliance.config import (
     RetentionRule,
     parse_config,
 )
-from appliance.lake import maintenance, retention
+from appliance.lake import operations, retention, schedule, table_requests
+from appliance.lake import usage as lake_usage
 from appliance.lake.blocks import blocks_to_arrow
 from appliance.lake.errors import LakeError
 from appliance.lake.table import EventsTable
@@ -421,7 +425,7 @@ async def test_erase_through_the_writer_while_ingest_continues(tmp_path: Path) -
         with trio.fail_after(PATIENCE_SECONDS):
             for ticket in tickets:
                 await ticket.wait()
-        erased: list[maintenance.MaintenanceResult] = []
+        erased: list[operations.MaintenanceResult] = []
         predicate = retention.erase_predicate(source="gone")
 
         async def erase() -> None:
@@ -457,9 +461,9 @@ async def test_erase_handed_to_the_service_while_ingest_continues(tmp_path: Path
     try:
         async with trio.open_nursery() as nursery:
             writer = await _writer(nursery, uri)
-            nursery.start_soon(maintenance.run_maintenance, writer, config)
+            nursery.start_soon(schedule.run_maintenance, writer, config)
             with trio.fail_after(PATIENCE_SECONDS):
-                while retention.serving_pid(state) is None:
+                while table_requests.serving_pid(state) is None:
                     await trio.sleep(0.01)
             tickets = []
             for n in range(10):
@@ -469,14 +473,16 @@ async def test_erase_handed_to_the_service_while_ingest_continues(tmp_path: Path
                 for ticket in tickets:
                     await ticket.wait()
             steps: list[str] = []
-            results: list[maintenance.MaintenanceResult] = []
+            results: list[operations.MaintenanceResult] = []
 
             def cli_side() -> None:
-                pid = retention.serving_pid(state)
+                pid = table_requests.serving_pid(state)
                 assert pid == os.getpid()
                 request = {"operation": "erase", "predicate": "source = 'gone'"}
                 results.append(
-                    retention.hand_off(state, request, pid, lambda i, n, what: steps.append(what))
+                    table_requests.hand_off(
+                        state, request, pid, lambda i, n, what: steps.append(what)
+                    )
                 )
 
             async with trio.open_nursery() as inner:
@@ -499,25 +505,25 @@ async def test_erase_handed_to_the_service_while_ingest_continues(tmp_path: Path
     table_rows = rows(uri)
     assert {r["source"] for r in table_rows} == {"kept"}
     assert len(table_rows) == (n - 5) * ROWS_PER_BLOCK
-    assert not list((state / retention.REQUESTS_DIR).glob("*.json"))
+    assert not list((state / table_requests.REQUESTS_DIR).glob("*.json"))
 
 
 @pytest.mark.trio
 async def test_a_request_the_service_does_not_take_is_withdrawn(tmp_path: Path) -> None:
     state = tmp_path / "state"
-    (state / retention.REQUESTS_DIR).mkdir(parents=True)
+    (state / table_requests.REQUESTS_DIR).mkdir(parents=True)
     request = {"operation": "erase", "predicate": "source = 'x'"}
-    with pytest.raises(retention.RequestError, match="stopped before it took the request"):
-        await trio.to_thread.run_sync(lambda: retention.hand_off(state, request, os.getpid()))
+    with pytest.raises(table_requests.RequestError, match="stopped before it took the request"):
+        await trio.to_thread.run_sync(lambda: table_requests.hand_off(state, request, os.getpid()))
     service_lock = StateLock(state)  # a service that runs but never looks
     try:
-        with pytest.raises(retention.RequestError, match="did not take the request within"):
+        with pytest.raises(table_requests.RequestError, match="did not take the request within"):
             await trio.to_thread.run_sync(
-                lambda: retention.hand_off(state, request, os.getpid(), pickup_timeout=0.3)
+                lambda: table_requests.hand_off(state, request, os.getpid(), pickup_timeout=0.3)
             )
     finally:
         service_lock.release()
-    assert not list((state / retention.REQUESTS_DIR).iterdir())
+    assert not list((state / table_requests.REQUESTS_DIR).iterdir())
 
 
 @pytest.mark.trio
@@ -533,7 +539,7 @@ async def test_erase_beside_the_writer_without_hand_off_loses_no_row(tmp_path: P
     async with trio.open_nursery() as nursery:
         writer = await _writer(nursery, uri)
         stop = threading.Event()
-        results: list[maintenance.MaintenanceResult] = []
+        results: list[operations.MaintenanceResult] = []
 
         def erase_repeatedly() -> None:
             predicate = retention.erase_predicate(source="gone")
@@ -609,7 +615,7 @@ async def test_the_service_expires_on_its_schedule(
         with trio.fail_after(PATIENCE_SECONDS):
             for ticket in tickets:
                 await ticket.wait()
-        nursery.start_soon(maintenance.run_maintenance, writer, config)
+        nursery.start_soon(schedule.run_maintenance, writer, config)
         with trio.fail_after(PATIENCE_SECONDS):
             while not logged(info_log, "maintenance.done"):
                 await trio.sleep(0.01)
@@ -673,7 +679,7 @@ def test_cli_expire_and_erase(tmp_path: Path) -> None:
     assert mixed.returncode == 1
     assert "cannot be combined" in mixed.stderr
 
-    with maintenance.MaintenanceLock(maintenance.lock_path(state)):
+    with operations.MaintenanceLock(operations.lock_path(state)):
         busy = cli(config, "erase", "--source", "it's bob")
     assert busy.returncode == 1
     assert "maintenance already running" in busy.stderr
@@ -717,7 +723,7 @@ def test_cli_expire_and_erase(tmp_path: Path) -> None:
 
 
 def test_usage_per_day_and_protocol_and_the_projection(seeded: Seeded) -> None:
-    usage = retention.usage(seeded.uri, min_free_bytes=0, today=seeded.today)
+    usage = lake_usage.usage(seeded.uri, min_free_bytes=0, today=seeded.today)
     assert [d.event_date for d in usage.days] == sorted(
         seeded.today - dt.timedelta(days=age) for age in AGES
     )
@@ -732,15 +738,15 @@ def test_usage_per_day_and_protocol_and_the_projection(seeded: Seeded) -> None:
     assert sum(p.approx_bytes for p in usage.protocols) <= sum(d.bytes for d in usage.days)
     # The last 7 complete days hold the days of ages 1, 2, 3 and 6.
     recent = [d for d in usage.days if 1 <= (seeded.today - d.event_date).days <= 7]
-    assert usage.bytes_per_day == sum(d.bytes for d in recent) // retention.RATE_DAYS
+    assert usage.bytes_per_day == sum(d.bytes for d in recent) // lake_usage.RATE_DAYS
     assert usage.free_bytes is not None
     assert usage.days_until_watermark is not None
     assert usage.days_until_watermark == pytest.approx(
         usage.free_bytes / usage.bytes_per_day, rel=0.01
     )
-    full = retention.usage(seeded.uri, min_free_bytes=2**62, today=seeded.today)
+    full = lake_usage.usage(seeded.uri, min_free_bytes=2**62, today=seeded.today)
     assert full.days_until_watermark == 0
-    quick = retention.usage(seeded.uri, by_protocol=False, today=seeded.today)
+    quick = lake_usage.usage(seeded.uri, by_protocol=False, today=seeded.today)
     assert quick.protocols == []
 
 

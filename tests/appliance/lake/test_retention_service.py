@@ -24,7 +24,7 @@ from deltalake import DeltaTable
 
 from appliance import service
 from appliance.config import Config, ForwardListenerConfig, LakeConfig
-from appliance.lake import retention
+from appliance.lake import table_requests
 
 WAIT_SECONDS = 30
 DAY_S = 86_400
@@ -95,7 +95,7 @@ async def test_cli_deletes_run_in_the_service_while_a_client_sends(tmp_path: Pat
                     await stream.send_all(request(chunk, tag, age))
                     assert await read_ack(stream) == {"ack": chunk}
             with trio.fail_after(WAIT_SECONDS):
-                while retention.serving_pid(state) != os.getpid():
+                while table_requests.serving_pid(state) != os.getpid():
                     await trio.sleep(0.05)
 
             done = trio.Event()
