@@ -713,7 +713,8 @@ class Config:
     #: a reload (SIGHUP) reads it again.
     source: Path | None = None
     #: Which worker of ``workers`` this process is (``appliance serve --worker``, set
-    #: by the supervisor; never in a file): a reload applies :meth:`for_worker` again.
+    #: by the supervisor; never in a file): a reload applies
+    #: :func:`appliance.node.worker_config` again.
     worker: int | None = None
 
     def __post_init__(self) -> None:
@@ -723,76 +724,6 @@ class Config:
     def worker_state_dir(self, index: int) -> Path:
         """The state directory of worker ``index`` (its node id and write-ahead log)."""
         return self.state_dir / "workers" / str(index)
-
-    def for_worker(self, index: int) -> Config:
-        """The configuration worker ``index`` of ``workers`` runs with (docs/performance.md).
-
-        Its own state directory (so its own node id, write-ahead log and
-        lock); everything else this node's: the table (``[lake] shared`` and
-        the maintenance lease on, unless turned off), the server certificate,
-        client CA and CRL of this state directory's PKI, the auth database
-        and its key file, the derived tables. Every TCP listener shares its
-        port (``reuse_port``); Logjam's ZeroMQ sockets cannot be shared, so
-        they run in worker 0 only; worker ``k``'s admin listener binds the
-        admin port + ``k`` (port 0: any).
-
-        Raises:
-            ValueError: ``index`` is not a worker of this configuration.
-        """
-        if not 0 <= index < self.workers:
-            raise ValueError(f"worker {index} of {self.workers}")
-        pki = self.pki_dir
-        tls = dataclasses.replace(
-            self.tls,
-            cert_file=self.tls.cert_file or pki / "server.pem",
-            key_file=self.tls.key_file or pki / "server.key",
-            client_ca_file=self.tls.client_ca_file or pki / "ca.pem",
-            # Only the node's own CA comes with its own CRL (an operator's CA: none unless given).
-            crl_file=self.tls.crl_file
-            or (pki / "crl.pem" if self.tls.client_ca_file is None else None),
-        )
-        lake = dataclasses.replace(
-            self.lake,
-            path=self.table_uri,
-            shared="on" if self.lake.shared == "auto" else self.lake.shared,
-        )
-        maintenance = dataclasses.replace(
-            self.maintenance,
-            lease="on" if self.maintenance.lease == "auto" else self.maintenance.lease,
-        )
-        auth = dataclasses.replace(
-            self.auth,
-            database_url=self.auth_database_url,
-            secret_key_file=self.auth_secret_key_file,
-        )
-        spark = dataclasses.replace(
-            self.spark, derived_path=self.spark.derived_path or str(self.state_dir / "lake")
-        )
-        admin = self.admin
-        if index and admin.port:
-            host = admin.bind.rsplit(":", 1)[0]
-            admin = dataclasses.replace(admin, bind=f"{host}:{admin.port + index}")
-        listeners = [
-            listener
-            if isinstance(listener, LogjamListenerConfig)
-            else dataclasses.replace(listener, reuse_port=True)
-            for listener in self.listeners
-            if index == 0 or not isinstance(listener, LogjamListenerConfig)
-        ]
-        return dataclasses.replace(
-            self,
-            state_dir=self.worker_state_dir(index),
-            node_id=f"{self.node_id}-w{index}" if self.node_id else None,
-            workers=1,
-            worker=index,
-            tls=tls,
-            lake=lake,
-            maintenance=maintenance,
-            auth=auth,
-            spark=spark,
-            admin=admin,
-            listeners=listeners,
-        )
 
     @property
     def home_dir(self) -> Path:

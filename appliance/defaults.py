@@ -4,7 +4,7 @@ A codec's limits dataclass, the lake writer's settings and the maintenance
 schedules take their defaults from here, and so do the matching keys of
 :mod:`appliance.config`; neither side retypes a value, so the two cannot
 disagree. This module imports nothing of the appliance: config loads it
-without loading a codec, trio or deltalake (docs/decisions.md, issue 17).
+without loading a codec, trio or deltalake (docs/decisions.md, 27).
 A config section's keys are named as the fields of the dataclass they fill
 (:func:`appliance.config.settings_from` copies them across).
 
@@ -89,7 +89,7 @@ __all__ = [
 #: default ran young collections within every chunk; with these, and the
 #: start-up objects frozen out of every collection, the forward bench did
 #: 15% more events per CPU-second at the
-#: same peak memory (bench/RESULTS.md, "Issue 14, third pass";
+#: same peak memory (bench/HISTORY.md, "2026-11-26, afternoon: third pass on forward throughput";
 #: appliance/gc_policy.py).
 SERVE_GC_THRESHOLDS: Final = (20_000, 10, 10)
 #: Seconds between the young collections the service runs itself
@@ -100,7 +100,7 @@ SERVE_GC_YOUNG_INTERVAL_SECONDS: Final = 1.0
 # -- a connection's waiting answers (appliance/server/pending.py) -----------------------
 
 #: Bytes the blocks of one connection's waiting answers may hold before it stops
-#: reading: the bound on pending work (issue 14: npm @fluent-org/logger pipelines
+#: reading: the bound on pending work (npm @fluent-org/logger pipelines
 #: thousands of one-event requests in Message mode). Larger than one full forward
 #: request, so a client's window of large chunks keeps flowing.
 LISTENER_MAX_PENDING_BYTES: Final = 64 * 1024 * 1024
@@ -138,7 +138,7 @@ LUMBERJACK_MAX_FRAME_BYTES: Final = 64 * 1024 * 1024
 #: ``C`` frames' output included, in bytes.
 LUMBERJACK_MAX_DECOMPRESSED_BYTES: Final = 256 * 1024 * 1024
 #: Largest window, in bytes of its data frames as parsed (after decompression):
-#: what an unfinished window may make the codec hold (issue 13: 100 KB of
+#: what an unfinished window may make the codec hold (without it, 100 KB of
 #: compressed frames held 200 MiB with no such limit).
 LUMBERJACK_MAX_WINDOW_BYTES: Final = 64 * 1024 * 1024
 #: The record fields whose value is the tag, first non-empty string wins.

@@ -1,8 +1,9 @@
-"""A node's identity and what its state directory holds for the table.
+"""A node's identity, its workers' configurations, and what its state directory holds.
 
 One module for what makes a process *this* node on the table: its stable
 id (``node_id``, the Delta app id), the writer token of its state
-directory (the app id's lease), its write-ahead log, and the logs that
+directory (the app id's lease), its write-ahead log, the configuration each
+of its ``workers`` runs with (:func:`worker_config`), and the logs that
 other runs of this state directory left behind (another number of workers)
 and that must reach the table before anything else starts. The service and
 the supervisor both build on it, neither on the other.
@@ -22,6 +23,7 @@ import trio
 
 from appliance.config import Config, settings_from
 from appliance.logs import get_logger
+from appliance.server.registry import kind_of
 from appliance.state_lock import StateLock, StateLocked
 from appliance.wal.log import WriteAheadLog
 from appliance.wal.settings import WalSettings
@@ -31,6 +33,7 @@ __all__ = [
     "drain_left_logs",
     "left_log_dirs",
     "node_id",
+    "worker_config",
     "write_ahead_log",
     "writer_token",
 ]
@@ -53,6 +56,76 @@ def node_id(config: Config) -> str:
         value = f"appliance-{uuid.uuid4().hex}"
         path.write_text(value + "\n", encoding="ascii")
         return value
+
+
+def worker_config(config: Config, index: int) -> Config:
+    """The configuration worker ``index`` of ``config.workers`` runs with (docs/performance.md).
+
+    Its own state directory (so its own node id, write-ahead log and
+    lock); everything else this node's: the table (``[lake] shared`` and
+    the maintenance lease on, unless turned off), the server certificate,
+    client CA and CRL of this state directory's PKI, the auth database
+    and its key file, the derived tables. A listener whose kind shares its
+    port (:attr:`~appliance.server.registry.ListenerKind.shares_port`: the
+    TCP ones) runs in every worker with ``reuse_port``; one that cannot
+    (Logjam's ZeroMQ sockets) runs in worker 0 only. Worker ``k``'s admin
+    listener binds the admin port + ``k`` (port 0: any).
+
+    Raises:
+        ValueError: ``index`` is not a worker of this configuration.
+    """
+    if not 0 <= index < config.workers:
+        raise ValueError(f"worker {index} of {config.workers}")
+    pki = config.pki_dir
+    tls = replace(
+        config.tls,
+        cert_file=config.tls.cert_file or pki / "server.pem",
+        key_file=config.tls.key_file or pki / "server.key",
+        client_ca_file=config.tls.client_ca_file or pki / "ca.pem",
+        # Only the node's own CA comes with its own CRL (an operator's CA: none unless given).
+        crl_file=config.tls.crl_file
+        or (pki / "crl.pem" if config.tls.client_ca_file is None else None),
+    )
+    lake = replace(
+        config.lake,
+        path=config.table_uri,
+        shared="on" if config.lake.shared == "auto" else config.lake.shared,
+    )
+    maintenance = replace(
+        config.maintenance,
+        lease="on" if config.maintenance.lease == "auto" else config.maintenance.lease,
+    )
+    auth = replace(
+        config.auth,
+        database_url=config.auth_database_url,
+        secret_key_file=config.auth_secret_key_file,
+    )
+    spark = replace(
+        config.spark, derived_path=config.spark.derived_path or str(config.state_dir / "lake")
+    )
+    admin = config.admin
+    if index and admin.port:
+        host = admin.bind.rsplit(":", 1)[0]
+        admin = replace(admin, bind=f"{host}:{admin.port + index}")
+    listeners = [
+        replace(listener, reuse_port=True) if kind_of(listener).shares_port else listener
+        for listener in config.listeners
+        if index == 0 or kind_of(listener).shares_port
+    ]
+    return replace(
+        config,
+        state_dir=config.worker_state_dir(index),
+        node_id=f"{config.node_id}-w{index}" if config.node_id else None,
+        workers=1,
+        worker=index,
+        tls=tls,
+        lake=lake,
+        maintenance=maintenance,
+        auth=auth,
+        spark=spark,
+        admin=admin,
+        listeners=listeners,
+    )
 
 
 def writer_token(config: Config) -> int:
@@ -128,7 +201,7 @@ async def drain_left_logs(config: Config) -> None:
     left = left_log_dirs(config)
     if not left:
         return
-    shared = config.for_worker(0)
+    shared = worker_config(config, 0)
     for state_dir in left:
         if state_dir == config.state_dir:
             owner = replace(shared, state_dir=state_dir, node_id=config.node_id, worker=None)

@@ -35,7 +35,6 @@ import trio
 
 from appliance import gc_policy
 from appliance.config import Config, ConfigError, ListenerConfig, load_config, settings_from
-from appliance.lake.schedule import run_maintenance
 from appliance.lake.retry import (
     STORAGE_ERRORS,
     Backoff,
@@ -44,11 +43,18 @@ from appliance.lake.retry import (
     retrying_async,
     store_options,
 )
+from appliance.lake.schedule import run_maintenance
 from appliance.lake.table import EventsTable
 from appliance.lake.writer import LakeWriter, WriterSettings
 from appliance.logs import get_logger
 from appliance.metrics import Metrics
-from appliance.node import drain_left_logs, node_id, write_ahead_log, writer_token
+from appliance.node import (
+    drain_left_logs,
+    node_id,
+    worker_config,
+    write_ahead_log,
+    writer_token,
+)
 from appliance.reload_status import ReloadStatus, write_status
 from appliance.server.admin import Readiness, admin_tls_context, serve_admin
 from appliance.server.context import ServiceContext
@@ -572,7 +578,7 @@ class _Reloader:
             try:
                 new = load_config(config.source)
                 if config.worker is not None:
-                    new = new.for_worker(config.worker)  # what this worker runs with
+                    new = worker_config(new, config.worker)  # what this worker runs with
             except (ConfigError, ValueError) as exc:
                 log.error("config.reload_failed", trigger=why, reason=str(exc))
                 return ReloadStatus(

@@ -2,7 +2,7 @@
 
 One Python process uses one core (the GIL), so ``workers = N`` runs N
 appliance processes, ``appliance serve --worker k``, each with the
-configuration :meth:`~appliance.config.Config.for_worker` gives it: its own
+configuration :func:`~appliance.node.worker_config` gives it: its own
 state directory (node id, write-ahead log), the listeners' ports shared
 with ``SO_REUSEPORT``, one table, one PKI, one auth database. This process
 serves nothing itself:

@@ -16,10 +16,13 @@ from __future__ import annotations
 
 import argparse
 import functools
+import ipaddress
 import json
 import os
 import ssl
 import sys
+import urllib.parse
+import urllib.request
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Final, TextIO, TypeAlias
@@ -27,10 +30,14 @@ from typing import Any, Final, TextIO, TypeAlias
 from appliance.config import Config, default_config, load_config
 
 __all__ = [
+    "ADMIN_TOKEN_ENV",
     "CONFIG_ENV",
     "Handler",
+    "NoRedirect",
     "Subparsers",
     "add_remote_option",
+    "admin_token",
+    "admin_url",
     "ca_context",
     "config_source",
     "fail",
@@ -42,10 +49,13 @@ __all__ = [
     "print_json",
     "print_table",
     "read_token",
+    "token_may_go_to",
 ]
 
 #: Environment variable naming the config file when --config is not given.
 CONFIG_ENV: Final = "APPLIANCE_CONFIG"
+#: Environment variable that may hold the admin listener's bearer token.
+ADMIN_TOKEN_ENV: Final = "APPLIANCE_ADMIN_TOKEN"  # noqa: S105 -- a variable's name
 
 #: What every command function looks like: parsed arguments and config in, exit code out.
 Handler = Callable[[argparse.Namespace, Config], int]
@@ -189,3 +199,48 @@ def read_token(from_stdin: bool, env: str) -> str | None:
     if from_stdin:
         return sys.stdin.readline().strip() or None
     return os.environ.get(env, "").strip() or None
+
+
+# -- the admin listener's clients (status, tail) ----------------------------------------------
+
+
+def admin_url(config: Config) -> str:
+    """``http(s)://host:port`` of the configured admin listener."""
+    admin = config.admin
+    return f"{'https' if admin.tls else 'http'}://{listener_host(admin.host)}:{admin.port}"
+
+
+def admin_token(from_stdin: bool, config: Config) -> str | None:
+    """The admin listener's bearer token: stdin (``--token-stdin``), ``$APPLIANCE_ADMIN_TOKEN``,
+    else the configured ``token_file`` when this user may read it; never argv."""
+    token = read_token(from_stdin, ADMIN_TOKEN_ENV)
+    if token is not None or from_stdin:
+        return token
+    path = config.admin.token_file
+    if path is not None:
+        try:
+            return path.read_text(encoding="utf-8").strip() or None
+        except OSError:
+            return None  # not this user's to read: the 401 says what to do
+    return None
+
+
+def token_may_go_to(url: str) -> bool:
+    """Whether a bearer token may be sent to ``url``: over https, or to a loopback address."""
+    parsed = urllib.parse.urlsplit(url)
+    if parsed.scheme == "https":
+        return True
+    host = parsed.hostname or ""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class NoRedirect(urllib.request.HTTPRedirectHandler):
+    """Refuses every redirect (it would carry the token): the answer is returned as it is."""
+
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None

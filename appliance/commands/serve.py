@@ -53,6 +53,7 @@ def _serve(args: argparse.Namespace) -> int:
     import trio
 
     from appliance import gc_policy
+    from appliance.node import worker_config
     from appliance.service import serve
 
     config = load(args.config)
@@ -68,7 +69,7 @@ def _serve(args: argparse.Namespace) -> int:
             print("appliance: --worker needs --supervisor PID (the supervisor starts workers)",
                   file=sys.stderr)  # fmt: skip
             return 2
-        config = config.for_worker(args.worker)
+        config = worker_config(config, args.worker)
         supervisor = args.supervisor
         _worker_signals()
     gc_policy.tune()

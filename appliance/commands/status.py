@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import ipaddress
 import math
 import ssl
 import sys
@@ -52,7 +51,16 @@ from typing import Any, Final
 import orjson
 
 from appliance import __version__
-from appliance.commands.common import Subparsers, ca_context, fail, listener_host, read_token
+from appliance.commands.common import (
+    ADMIN_TOKEN_ENV,
+    NoRedirect,
+    Subparsers,
+    admin_token,
+    admin_url,
+    ca_context,
+    fail,
+    token_may_go_to,
+)
 from appliance.config import Config
 from appliance.metric_names import MetricNames
 from appliance.state_lock import holder_pid
@@ -71,7 +79,7 @@ __all__ = [
 ]
 
 #: Environment variable that may hold the admin listener's bearer token.
-TOKEN_ENV: Final = "APPLIANCE_ADMIN_TOKEN"  # noqa: S105 -- a variable's name
+TOKEN_ENV: Final = ADMIN_TOKEN_ENV
 #: Seconds one request to the admin listener may take.
 REQUEST_TIMEOUT_SECONDS: Final = 10.0
 #: Largest /metrics answer read, in bytes.
@@ -433,7 +441,7 @@ def expected_state_dir(config: Config) -> Path:
     """The state directory of the appliance whose admin listener the configuration names.
 
     With ``workers = N`` the configured address is worker 0's, which keeps
-    its own state directory (:meth:`~appliance.config.Config.for_worker`).
+    its own state directory (:func:`~appliance.node.worker_config`).
     """
     state_dir = config.worker_state_dir(0) if config.workers > 1 else config.state_dir
     return state_dir.resolve()
@@ -714,29 +722,7 @@ def render(summary: dict[str, Any], url: str) -> str:
 
 def default_url(config: Config) -> str:
     """``http(s)://host:port`` of the configured admin listener."""
-    admin = config.admin
-    return f"{'https' if admin.tls else 'http'}://{listener_host(admin.host)}:{admin.port}"
-
-
-class _NoRedirect(urllib.request.HTTPRedirectHandler):
-    """Refuses every redirect: the answer is returned as it is."""
-
-    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
-        return None
-
-
-def token_may_go_to(url: str) -> bool:
-    """Whether a bearer token may be sent to ``url``: over https, or to a loopback address."""
-    parsed = urllib.parse.urlsplit(url)
-    if parsed.scheme == "https":
-        return True
-    host = parsed.hostname or ""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+    return admin_url(config)
 
 
 @dataclass(frozen=True, slots=True)
@@ -753,7 +739,7 @@ class _Client:
             request.add_header("Authorization", f"Bearer {self.token}")
         # No redirects: a redirect would carry the token to wherever it points.
         opener = urllib.request.build_opener(
-            _NoRedirect(), urllib.request.HTTPSHandler(context=self.context)
+            NoRedirect(), urllib.request.HTTPSHandler(context=self.context)
         )
         try:
             with opener.open(request, timeout=REQUEST_TIMEOUT_SECONDS) as response:
@@ -795,19 +781,6 @@ class _Client:
         if self.expected is not None:
             check_instance(document, self.expected, self.url)
         return document
-
-
-def _token(args: argparse.Namespace, config: Config) -> str | None:
-    token = read_token(args.token_stdin, TOKEN_ENV)
-    if token is not None or args.token_stdin:
-        return token
-    path = config.admin.token_file
-    if path is not None:
-        try:
-            return path.read_text(encoding="utf-8").strip() or None
-        except OSError:
-            return None  # not this user's to read: the 401 says what to do
-    return None
 
 
 def _clock(unix: float) -> str:
@@ -905,7 +878,7 @@ def _run(args: argparse.Namespace, config: Config) -> int:
     context: ssl.SSLContext | None = None
     if url.startswith("https://"):
         context = ca_context(args.ca, config, system_if_missing=True)
-    token = _token(args, config)
+    token = admin_token(args.token_stdin, config)
     if token and not token_may_go_to(url):
         return fail(
             f"not sending the admin token in clear to {url}: use https:// (with --ca) "

@@ -55,6 +55,7 @@ from cryptography import x509
 
 from appliance.logs import get_logger
 from appliance.metrics import NULL_LISTENER, ListenerMetrics
+from appliance.protocols.sniff import SNIFF_BYTES, plaintext_guess
 from appliance.server.proxied import ProxyFailure, ProxySettings, is_health_check, read_proxy_header
 from appliance.server.revocation import Credential, Guard, OpenConnections, Revoked
 from appliance.server.tls_errors import handshake_failure
@@ -169,35 +170,17 @@ async def _close(stream: trio.abc.Stream) -> None:
         await trio.aclose_forcefully(stream)
 
 
-#: The first byte of every TLS connection: a handshake record (RFC 8446 §5.1).
-_TLS_HANDSHAKE_RECORD: Final = 0x16
-#: First bytes of a msgpack array (fixarray, array 16, array 32): a forward request.
-_MSGPACK_ARRAY: Final = frozenset(range(0x90, 0xA0)) | {0xDC, 0xDD}
-
-
 async def _plaintext_guess(sock: trio.SocketStream) -> str | None:
-    """Why the client's first byte says it is not speaking TLS, or None when it may be.
+    """Why the client's first bytes say it is not speaking TLS, or None when it may be.
 
-    Peeks without consuming, so the TLS handshake reads the same bytes. A
-    plaintext forward client on a TLS listener is a common set-up mistake;
-    saying so (and the fix) beats a bare "wrong version number".
+    Peeks without consuming, so the TLS handshake reads the same bytes; what
+    they say is :func:`~appliance.protocols.sniff.plaintext_guess`'s to tell.
     """
     try:
-        first = await sock.socket.recv(1, socket.MSG_PEEK)
+        head = await sock.socket.recv(SNIFF_BYTES, socket.MSG_PEEK)
     except OSError:
         return None  # the handshake reports the broken connection
-    if not first or first[0] == _TLS_HANDSHAKE_RECORD:
-        return None
-    if first[0] in _MSGPACK_ARRAY or first[:1] in (b"[", b"{"):
-        return (
-            "a plaintext Fluentd forward client on a TLS listener: enable TLS in the client "
-            "(fluent-bit: tls on; fluentd out_forward: transport tls; fluent-logger: tls options)"
-        )
-    if first[:1] in (b"1", b"2"):
-        return "a plaintext Lumberjack client on a TLS listener: enable TLS (ssl) in the client"
-    if first[:1].isalpha():
-        return "a plaintext client (HTTP or text) on a TLS listener: connect with TLS"
-    return f"the client's first byte 0x{first[0]:02x} is not a TLS handshake: connect with TLS"
+    return plaintext_guess(head)
 
 
 def _peer_address(sock: trio.SocketStream) -> tuple[str, int | None]:

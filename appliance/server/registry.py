@@ -3,7 +3,8 @@
 The service looks a listener up here and knows no protocol itself. A TCP
 kind names its connection handler (and anything it runs beside the
 socket: forward answers UDP heartbeats on its port); a kind with sockets
-of its own (Logjam's ZeroMQ) names its start. Adding a protocol means a
+of its own (Logjam's ZeroMQ) names its start, and says that its port
+cannot be shared by the workers of one machine. Adding a protocol means a
 codec, its rows, a config section and one entry in :data:`KINDS`.
 """
 
@@ -73,6 +74,10 @@ class ListenerKind:
     stores: Callable[[Any], frozenset[Store]] = _no_stores
     #: Whether a reload may start, stop or change such a listener (else: a restart).
     live_reload: bool = True
+    #: Whether several processes can share the listener's port (``reuse_port``,
+    #: ``SO_REUSEPORT``): with ``workers``, such a listener runs in every worker,
+    #: one that cannot (ZeroMQ sockets) in worker 0 only (appliance.node.worker_config).
+    shares_port: bool = True
 
 
 async def _udp_heartbeat(listener: ForwardListenerConfig, port: int, nursery: trio.Nursery) -> None:
@@ -125,7 +130,7 @@ KINDS: Final[Mapping[type[ListenerConfig], ListenerKind]] = {
     CourierListenerConfig: ListenerKind(courier_handler),
     WebSocketListenerConfig: ListenerKind(websocket_handler, stores=_websocket_stores),
     LogjamListenerConfig: ListenerKind(
-        start=_start_logjam, stores=_logjam_stores, live_reload=False
+        start=_start_logjam, stores=_logjam_stores, live_reload=False, shares_port=False
     ),
 }
 

@@ -12,7 +12,8 @@ tail's messages are :mod:`appliance.rows.websocket`'s.
 The HTTP upgrade, under ``tls_handshake_timeout_seconds``, is refused with:
 
 * 404 for a path other than ``/ingest`` and ``/tail``;
-* 403 for an Origin header outside ``allowed_origins`` (checked first);
+* 403 for an Origin header outside ``allowed_origins``, or for more than
+  one Origin header (checked first);
 * 429 while the peer's address is throttled after failed authentications;
 * 401 without a bearer token (``Authorization: Bearer ...``, or the
   subprotocol ``bearer.<token>`` beside ``appliance.v1`` for browsers) or a
@@ -323,6 +324,10 @@ class WebSocketHandler:
             return _Refusal(400, exc.reason)
         if path not in (INGEST_PATH, TAIL_PATH):
             return _Refusal(404, f"no endpoint {path!r}: use {INGEST_PATH} or {TAIL_PATH}")
+        if sum(1 for name, _ in headers if name.lower() == b"origin") > 1:
+            # Which one a browser meant cannot be told: judging the first would
+            # let a second, disallowed one through to whatever reads the last.
+            return _Refusal(403, "more than one Origin header")
         if not origin_allowed(header(headers, b"origin"), self.settings.allowed_origins):
             return _Refusal(403, "origin not allowed")
         token = bearer_token(headers)

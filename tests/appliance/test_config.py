@@ -20,6 +20,7 @@ from appliance.config import (
     settings_from,
 )
 from appliance.lake.writer import WriterSettings
+from appliance.node import worker_config
 from appliance.protocols.courier import CourierLimits
 from appliance.protocols.forward import ForwardLimits
 from appliance.protocols.logjam import LogjamLimits
@@ -216,7 +217,7 @@ bind = "0.0.0.0:9604"
 
 def test_a_worker_has_its_own_state_and_shares_everything_else() -> None:
     config = parse_config(WORKERS_TOML)
-    worker = config.for_worker(2)
+    worker = worker_config(config, 2)
     assert worker.state_dir == Path("/srv/appliance/workers/2")
     assert (worker.workers, worker.worker, worker.node_id) == (1, 2, None)
     # One table, checked for batches the other workers stored; one maintainer at a time.
@@ -231,9 +232,9 @@ def test_a_worker_has_its_own_state_and_shares_everything_else() -> None:
     assert worker.derived_table_uri("x") == "/srv/appliance/lake/x"
     # Ports: shared listeners, an admin port each; Logjam (ZeroMQ) in worker 0 only.
     assert [(lc.name, lc.reuse_port) for lc in worker.listeners] == [("fwd", True)]
-    assert [lc.name for lc in config.for_worker(0).listeners] == ["fwd", "jam"]
+    assert [lc.name for lc in worker_config(config, 0).listeners] == ["fwd", "jam"]
     assert worker.admin.bind == "127.0.0.1:9882"
-    assert config.for_worker(0).admin.bind == "127.0.0.1:9880"
+    assert worker_config(config, 0).admin.bind == "127.0.0.1:9880"
 
 
 def test_an_explicit_node_id_and_files_stay_the_operators() -> None:
@@ -241,7 +242,7 @@ def test_an_explicit_node_id_and_files_stay_the_operators() -> None:
         "workers = 3", 'workers = 2\nnode_id = "edge-1"\n[lake]\nshared = "off"'
     )
     config = parse_config(text)
-    worker = config.for_worker(1)
+    worker = worker_config(config, 1)
     assert worker.node_id == "edge-1-w1"
     assert worker.lake.shared == "off"
 
@@ -252,6 +253,6 @@ def test_workers_out_of_range_and_a_worker_key_are_refused(bad: str) -> None:
         parse_config(bad)
 
 
-def test_for_worker_refuses_a_worker_the_config_does_not_have() -> None:
+def test_worker_config_refuses_a_worker_the_config_does_not_have() -> None:
     with pytest.raises(ValueError, match="worker 3 of 3"):
-        parse_config(WORKERS_TOML).for_worker(3)
+        worker_config(parse_config(WORKERS_TOML), 3)

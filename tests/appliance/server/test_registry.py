@@ -49,6 +49,7 @@ def test_tcp_kinds_have_a_handler_and_logjam_starts_its_own_sockets() -> None:
     for cls, kind in KINDS.items():
         tcp = cls is not LogjamListenerConfig
         assert (kind.handler is not None, kind.start is None, kind.live_reload) == (tcp,) * 3
+        assert kind.shares_port == tcp  # ZeroMQ sockets take no SO_REUSEPORT: worker 0 only
     assert KINDS[ForwardListenerConfig].beside is not None  # the UDP heartbeat
     context = ServiceContext(StandInWriter(), Lifecycle())  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="no TCP handler"):
@@ -56,7 +57,13 @@ def test_tcp_kinds_have_a_handler_and_logjam_starts_its_own_sockets() -> None:
 
 
 @pytest.mark.parametrize(
-    "module", ["appliance/service.py", "appliance/server/exposure.py", "appliance/server/reload.py"]
+    "module",
+    [
+        "appliance/service.py",
+        "appliance/node.py",
+        "appliance/server/exposure.py",
+        "appliance/server/reload.py",
+    ],
 )
 def test_no_protocol_branches_outside_the_registry(module: str) -> None:
     """These modules ask the registry; none names a protocol's listener section."""

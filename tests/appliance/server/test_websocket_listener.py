@@ -110,11 +110,13 @@ async def client(
     token: str | None = "apt_ingest",
     source: str = "anonymous",
     origin: str | None = None,
+    origins: tuple[str, ...] = (),
 ) -> AsyncIterator[WebSocketConnection]:
     server_stream, client_stream = trio.testing.memory_stream_pair()
     headers = [(b"authorization", f"Bearer {token}".encode())] if token else []
     if origin:
         headers.append((b"origin", origin.encode()))
+    headers += [(b"origin", value.encode()) for value in origins]
     info = ConnectionInfo("websocket", "127.0.0.1", 5000, True, source)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(handler, server_stream, info)
@@ -218,6 +220,25 @@ async def test_refusals(kwargs: dict[str, Any], status: int) -> None:
     assert refusal.status_code == status
     assert "error" in json.loads(refusal.body or b"{}")
     assert writer.pending == []
+
+
+@pytest.mark.trio
+@pytest.mark.parametrize(
+    "origins",
+    [
+        ("https://ok.example", "https://evil.example"),
+        ("https://evil.example", "https://ok.example"),
+        ("https://ok.example", "https://ok.example"),
+    ],
+)
+async def test_two_origin_headers_are_refused(origins: tuple[str, ...]) -> None:
+    # One Origin alone passes; two, in any order, even both allowed, do not.
+    handler, _, _ = make_handler()
+    async with client(handler, origin="https://ok.example") as ws:
+        await ws.send_message(msg("a"))
+    refusal = await rejection(handler, origins=origins)
+    assert refusal.status_code == 403
+    assert json.loads(refusal.body or b"{}") == {"error": "more than one Origin header"}
 
 
 @pytest.mark.trio
