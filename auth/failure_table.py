@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import hmac
 import os
 import struct
 import threading
@@ -271,7 +272,10 @@ class FailureTable:
             bucket = self._bucket_of(digest)
             if bucket not in buckets:
                 buckets[bucket] = self._read_bucket(bucket)
-            match = next((s for s in buckets[bucket] if s.used and s.digest == digest), None)
+            match = next(
+                (s for s in buckets[bucket] if s.used and hmac.compare_digest(s.digest, digest)),
+                None,
+            )
             found.append((digest, bucket, match))
         records = [match.record if match else Record() for _, _, match in found]
         result = change(records)

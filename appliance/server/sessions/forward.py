@@ -173,7 +173,11 @@ class ForwardSession(ByteStreamSession):
         counted_user = ping.username if security.users_required else ""
         # The attempt is counted before the look-up: parallel PINGs cannot
         # pass the limit while their look-ups run.
-        wait = security.limiter.begin(address, counted_user)
+        # The counts may live in a file shared by the workers (flock, pread):
+        # never on the event loop.
+        wait = await trio.to_thread.run_sync(
+            security.limiter.begin, address, counted_user, limiter=security.thread_limiter
+        )
         if wait > 0:
             log.warning(
                 "handshake.throttled", peer=self._info.peer, username=counted_user or None,
@@ -192,14 +196,18 @@ class ForwardSession(ByteStreamSession):
         except AuthError as exc:
             # The credential database is down or a secret cannot be opened:
             # fail closed for this client, keep serving the others.
-            security.limiter.release(address, counted_user)
+            await trio.to_thread.run_sync(
+                security.limiter.release, address, counted_user, limiter=security.thread_limiter
+            )
             log.error("handshake.unavailable", peer=self._info.peer, reason=str(exc))
             self._info.metrics.auth(mechanism, "unavailable")
             refusal = self._codec.refuse("authentication unavailable; retry later", "appliance")
             return [close_for(refusal)]
         self._info.metrics.auth(mechanism, "success" if verdict.ok else "failure")
         if not verdict.ok:
-            backoff = security.limiter.failure(address, counted_user)
+            backoff = await trio.to_thread.run_sync(
+                security.limiter.failure, address, counted_user, limiter=security.thread_limiter
+            )
             log.warning(
                 "handshake.failed", peer=self._info.peer, client_hostname=ping.client_hostname,
                 username=ping.username or None, reason=verdict.reason, backoff_seconds=backoff,
@@ -207,7 +215,9 @@ class ForwardSession(ByteStreamSession):
         else:
             # Clears this (address, username) pair only: a login does not wipe
             # the failures of guesses at other users' passwords.
-            security.limiter.success(address, counted_user)
+            await trio.to_thread.run_sync(
+                security.limiter.success, address, counted_user, limiter=security.thread_limiter
+            )
             self._host = ping.client_hostname or None
             if verdict.username:
                 # The authenticated user is the principal of this connection's events.
