@@ -695,6 +695,9 @@ class Config:
     node_id: str | None = None
     #: Seconds a stop waits for in-flight batches to commit and be acked.
     shutdown_timeout_seconds: float = DEFAULT_SHUTDOWN_TIMEOUT_SECONDS
+    #: Bytes of memory the requests being decoded may claim together, each at its
+    #: worst case, in the whole process; a request that does not fit waits (docs/limits.md).
+    decode_budget_bytes: int = defaults.DECODE_BUDGET_BYTES
     #: Appliance processes to run, one per core (docs/performance.md): 1 runs the
     #: service in this process; more make it a supervisor of that many workers,
     #: which share the listeners' ports, the table, the PKI and the auth database.
@@ -720,6 +723,15 @@ class Config:
     def __post_init__(self) -> None:
         if not 1 <= self.workers <= defaults.MAX_WORKERS:
             raise ValueError(f"workers must be within 1..{defaults.MAX_WORKERS}")
+        for listener in self.listeners:
+            if isinstance(listener, ForwardListenerConfig):
+                # Every request within a listener's limits must fit the budget.
+                defaults.check_decode_budget(
+                    self.decode_budget_bytes,
+                    listener.max_request_bytes,
+                    listener.max_decompressed_bytes,
+                    listener.max_events_per_request,
+                )
 
     def worker_state_dir(self, index: int) -> Path:
         """The state directory of worker ``index`` (its node id and write-ahead log)."""

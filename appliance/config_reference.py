@@ -103,7 +103,11 @@ def reference_tables() -> str:
     lines: list[str] = []
     for title, cls, skip in sections:
         lines += [f"### {title}", "", *_table(cls, skip), ""]
-    top = [f for f in dataclasses.fields(Config) if f.name == "shutdown_timeout_seconds"]
+    top = [
+        f
+        for f in dataclasses.fields(Config)
+        if f.name in ("shutdown_timeout_seconds", "decode_budget_bytes")
+    ]
     lines += ["### Top level", "", "| key | default | meaning |", "|---|---|---|"]
     lines += [f"| `{f.name}` | {_default(f, Config())} | {_comments(Config).get(f.name, '')} |"
               for f in top]  # fmt: skip

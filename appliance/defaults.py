@@ -24,11 +24,14 @@ __all__ = [
     "COURIER_MAX_EVENT_BYTES",
     "COURIER_MAX_PAYLOAD_BYTES",
     "COURIER_MAX_PAYLOAD_MEMORY_BYTES",
+    "DECODE_BUDGET_BYTES",
+    "DECODE_BUDGET_WAIT_SECONDS",
     "DISK_MIN_FREE_BYTES",
     "DISK_MIN_FREE_PERCENT",
     "FORWARD_MAX_DECOMPRESSED_BYTES",
     "FORWARD_MAX_EVENTS_PER_REQUEST",
     "FORWARD_MAX_REQUEST_BYTES",
+    "FORWARD_SLICE_BYTES",
     "LAKE_ACK",
     "LAKE_COMMIT_INTERVAL_SECONDS",
     "LAKE_COMMIT_MAX_BYTES",
@@ -58,6 +61,8 @@ __all__ = [
     "MAX_WORKERS",
     "MIN_VACUUM_RETENTION_HOURS",
     "PROXY_HEADER_TIMEOUT_SECONDS",
+    "RECORD_MAX_BYTES",
+    "RECORD_MAX_VALUES",
     "RETENTION_INTERVAL_SECONDS",
     "SERVE_GC_THRESHOLDS",
     "SERVE_GC_YOUNG_INTERVAL_SECONDS",
@@ -77,8 +82,12 @@ __all__ = [
     "WEBSOCKET_MAX_CONTAINERS_PER_MESSAGE",
     "WEBSOCKET_MAX_EVENTS_PER_MESSAGE",
     "WEBSOCKET_MAX_MESSAGE_BYTES",
+    "check_decode_budget",
     "check_retention",
     "check_wal",
+    "forward_request_cost",
+    "forward_stream_cost",
+    "forward_worst_request_cost",
 ]
 
 # -- the serving process (appliance/gc_policy.py) ----------------------------------------
@@ -126,6 +135,183 @@ FORWARD_MAX_REQUEST_BYTES: Final = 16 * 1024 * 1024
 FORWARD_MAX_DECOMPRESSED_BYTES: Final = 64 * 1024 * 1024
 #: Most events one request may carry.
 FORWARD_MAX_EVENTS_PER_REQUEST: Final = 250_000
+
+# -- one event's record, whatever the protocol (docs/limits.md, "Records") --------------
+
+#: Values one record may hold, counted while it is decoded: the elements of
+#: its maps and arrays (a map's keys and values both). Shippers
+#: send records of tens of values (a Kubernetes record about 40); Fluentd will
+#: not buffer a record larger than its chunk (``chunk_limit_size``, 8 MB for
+#: memory buffers) and Fluent Bit's in_forward takes requests of at most 6 MB
+#: (``Buffer_Max_Size``), so a million values, at least 1 MiB even of one-byte
+#: values and some 10 MiB of real ones, is far past anything they send.
+RECORD_MAX_VALUES: Final = 1 << 20
+#: Largest record stored, in bytes of its JSON text (UTF-8), and largest
+#: record decoded, in bytes of its msgpack: twice Fluentd's default chunk
+#: (8 MB), the largest record a shipper's defaults let through.
+RECORD_MAX_BYTES: Final = 16 * 1024 * 1024
+
+# -- decoding memory: one budget per process (appliance/server/decode_budget.py) -------
+
+#: Bytes of memory the decodes in progress may claim together, across every
+#: connection and listener of the process, each at its worst case (the cost
+#: the codec reports before it builds anything: :func:`forward_request_cost`).
+#: The packaged unit's ``MemoryHigh`` is 3 GiB: an idle service takes 0.3 to
+#: 1 GiB, the write-ahead log's cache, a commit's Arrow tables and the
+#: connections' pending batches a few hundred MiB more.
+DECODE_BUDGET_BYTES: Final = 1024 * 1024 * 1024
+#: Longest a connection waits for its decode's share of the budget, in seconds;
+#: then it is closed with the reason, and its client resends. One decode takes
+#: well under a second (a 64 MiB entries stream included), so only a flood of
+#: large requests makes anyone wait this long.
+DECODE_BUDGET_WAIT_SECONDS: Final = 30.0
+#: An entries stream larger than this is decoded a slice of about this many
+#: bytes at a time: each slice's records become their JSON text and are freed
+#: before the next is decoded, so a stream's Python objects never exceed one
+#: slice's (appliance/protocols/forward.py, "Memory").
+FORWARD_SLICE_BYTES: Final = 256 * 1024
+
+# The forward codec's worst case, in bytes of memory per byte decoded. Measured
+# (tests/appliance/protocols/test_forward_limits.py asserts them) on the shapes
+# that cost most: chains of one-entry maps, arrays of empty maps, two-character
+# strings, control characters escaped as six, a record made four bytes a
+# character by one emoji.
+
+#: Python objects and JSON text of a stream or request decoded whole: 120 for
+#: the objects (one-entry maps), 16 for the fast path's copies, 24 for the text.
+FORWARD_WHOLE_BYTES_PER_BYTE: Final = 160
+#: Memory of a sliced stream's records as JSON text, per stream byte, beyond
+#: each text's str header (counted per event): the codec refuses a stream
+#: whose texts take more. Real records take 1 to 2; escapes of six characters
+#: for a byte in a str of four bytes a character (one emoji makes it so) take 24.
+FORWARD_TEXT_BYTES_PER_BYTE: Final = 6
+#: Memory of one counted value at worst, plus one container's elements built
+#: before its count is taken (a dict of one entry: 232 bytes for two values).
+FORWARD_VALUE_BYTES: Final = 192
+#: Per event of a sliced stream: its time, its text's header, list slots, and the
+#: fast path's raw entry and tuple.
+FORWARD_EVENT_BYTES: Final = 256
+#: The smallest entry, ``[0, {}]``: what bounds the events of a stream by its bytes.
+FORWARD_MIN_ENTRY_BYTES: Final = 3
+#: A request's own copies while its outer array is decoded: the entries as a
+#: str (surrogate-escaped, up to four bytes a byte) and as bytes again.
+FORWARD_REQUEST_COPIES: Final = 6
+#: Most output of gzip or zstd per input byte (deflate's ceiling; zstd is held
+#: to it: ``ZSTD_MAX_EXPANSION``).
+FORWARD_MAX_EXPANSION: Final = 1032
+#: The JSON form (a request that starts with ``[``): ``json.loads`` builds at
+#: most about 50 bytes per byte (chains of ``{"":...}``), its texts at most 4.
+FORWARD_JSON_BYTES_PER_BYTE: Final = 56
+
+
+def _record_worst() -> int:
+    """One record at its limits: its values, and its JSON text as a str."""
+    return FORWARD_VALUE_BYTES * RECORD_MAX_VALUES + 4 * RECORD_MAX_BYTES
+
+
+def forward_stream_cost(stream_bytes: int, max_events: int) -> int:
+    """Worst-case bytes of memory decoding a PackedForward entries stream takes.
+
+    Up to :data:`FORWARD_SLICE_BYTES` the stream is decoded whole; a larger
+    one a slice at a time, each slice's records kept only as their JSON text.
+    """
+    if stream_bytes <= FORWARD_SLICE_BYTES:
+        return FORWARD_WHOLE_BYTES_PER_BYTE * stream_bytes
+    events = min(max_events, stream_bytes // FORWARD_MIN_ENTRY_BYTES)
+    return (
+        FORWARD_WHOLE_BYTES_PER_BYTE * FORWARD_SLICE_BYTES
+        + _record_worst()
+        + FORWARD_TEXT_BYTES_PER_BYTE * stream_bytes
+        + FORWARD_EVENT_BYTES * events
+    )
+
+
+def forward_request_cost(
+    request_bytes: int,
+    kind: str,
+    *,
+    max_decompressed_bytes: int,
+    max_events: int,
+) -> int:
+    """Worst-case bytes of memory decoding one complete forward request takes.
+
+    A pure function of sizes, what the codec reports before it decodes a
+    request (the decode budget decides whether it may). ``kind``:
+    ``"packed"`` (PackedForward, entries not compressed), ``"compressed"``
+    (gzip or zstd entries: they are counted as decompressing to the most
+    they can), ``"msgpack"`` (Message or Forward mode: its values are
+    counted, at most :data:`RECORD_MAX_VALUES`), ``"json"`` (the JSON form),
+    or ``"unknown"`` (the worst of the msgpack kinds).
+    """
+    r = request_bytes
+    own = FORWARD_REQUEST_COPIES * r
+    if kind == "packed":
+        return own + forward_stream_cost(r, max_events)
+    if kind == "compressed":
+        out = min(max_decompressed_bytes, FORWARD_MAX_EXPANSION * r)
+        return own + out + forward_stream_cost(out, max_events)
+    if kind == "json":
+        return FORWARD_JSON_BYTES_PER_BYTE * r
+    whole = FORWARD_WHOLE_BYTES_PER_BYTE * r
+    counted = (
+        _record_worst()
+        + 24 * r
+        + FORWARD_EVENT_BYTES * min(max_events, r // FORWARD_MIN_ENTRY_BYTES)
+    )
+    msgpack_cost = own + min(whole, counted)
+    if kind == "msgpack":
+        return msgpack_cost
+    kinds = ("packed", "compressed")
+    return max(
+        msgpack_cost,
+        *(
+            forward_request_cost(
+                r, k, max_decompressed_bytes=max_decompressed_bytes, max_events=max_events
+            )
+            for k in kinds
+        ),
+    )
+
+
+def forward_worst_request_cost(
+    max_request_bytes: int, max_decompressed_bytes: int, max_events: int
+) -> int:
+    """The most any one request a forward listener with these limits takes (JSON form included)."""
+    return max(
+        forward_request_cost(
+            max_request_bytes,
+            "unknown",
+            max_decompressed_bytes=max_decompressed_bytes,
+            max_events=max_events,
+        ),
+        forward_request_cost(
+            max_request_bytes,
+            "json",
+            max_decompressed_bytes=max_decompressed_bytes,
+            max_events=max_events,
+        ),
+    )
+
+
+def check_decode_budget(
+    budget_bytes: int, max_request_bytes: int, max_decompressed_bytes: int, max_events: int
+) -> None:
+    """Refuse a decode budget that a forward listener's largest request could never fit.
+
+    Raises:
+        ValueError: naming the bytes needed and the keys that set them.
+    """
+    if budget_bytes < 1:
+        raise ValueError("decode_budget_bytes must be positive")
+    need = forward_worst_request_cost(max_request_bytes, max_decompressed_bytes, max_events)
+    if need > budget_bytes:
+        raise ValueError(
+            f"decode_budget_bytes={budget_bytes} is less than the {need} bytes the largest "
+            "request of a forward listener may take to decode (max_request_bytes, "
+            "max_decompressed_bytes, max_events_per_request): raise decode_budget_bytes "
+            "or lower those"
+        )
+
 
 # -- Lumberjack (appliance/protocols/lumberjack.py) -------------------------------------
 

@@ -58,6 +58,7 @@ from appliance.node import (
 from appliance.reload_status import ReloadStatus, write_status
 from appliance.server.admin import Readiness, admin_tls_context, serve_admin
 from appliance.server.context import ServiceContext
+from appliance.server.decode_budget import DecodeBudget
 from appliance.server.exposure import unauthenticated_listeners
 from appliance.server.launch import ListenerSite
 from appliance.server.lifecycle import Lifecycle
@@ -452,8 +453,9 @@ async def _serve_locked(
         if wal is not None and not log_wal:
             await writer.drain_log(wal)  # ack = "commit" now: commit what ack = "wal" left
         context = ServiceContext(
-            writer, lifecycle, credentials=_credentials(config), metrics=metrics
-        )
+            writer, lifecycle, credentials=_credentials(config), metrics=metrics,
+            decode_budget=DecodeBudget(config.decode_budget_bytes),
+        )  # fmt: skip
         parts.context = context
         # The forward handshakes' failures, counted for every worker of the node at once.
         context.guess_counts = await trio.to_thread.run_sync(_guess_counts, config)

@@ -15,6 +15,11 @@ same events (times, records, drops, chunk) or the same violation; and when
 the fast path rendered the texts, they must equal ``records_json`` of the
 records and the general path must have dropped nothing. Flag ``0x01``
 gzips the stream (CompressedPackedForward). ``SMALL_LIMITS``: 8 events.
+Flag ``0x02`` gives both codecs tiny record limits (:data:`SLICED_LIMITS`):
+streams over 64 bytes are decoded a slice at a time, both paths render the
+texts, and records over 128 values or 256 bytes, or texts over their
+allowance, are refused by the general path and must never be taken by the
+fast one.
 """
 
 from __future__ import annotations
@@ -34,14 +39,25 @@ with instrumented(__name__):
 
     from appliance.protocols.errors import ProtocolViolation
     from appliance.protocols.forward import (
+        DecodeLimits,
         EventsReceived,
         ForwardLimits,
         ForwardServerConnection,
     )
+    from appliance.protocols.forward_fast import fast_entries, fast_path_size
     from appliance.rows.records import records_json
     from fuzz.harness import SMALL_LIMITS, FuzzInput, fuzz_main
 
 GZIP: Final = 0x01
+#: Flag: tiny record limits, so that slices and the record limits are reached.
+SLICED: Final = 0x02
+#: The record limits of :data:`SLICED`: every stream over 64 bytes is sliced.
+SLICED_LIMITS: Final = DecodeLimits(
+    max_record_values=128, max_record_bytes=256, slice_bytes=64, max_whole_bytes=64
+)
+#: The same limits, streams of 64 to 256 bytes decoded whole (as the defaults
+#: decode streams of 256 KiB to about 2.4 MiB): their texts are checked instead.
+WHOLE_LIMITS: Final = DecodeLimits(max_record_values=128, max_record_bytes=256, slice_bytes=64)
 #: ``cut_a`` value that means "size: as many values as the stream holds".
 COUNT_VALUES: Final = 0xFFFF
 _DEFAULT: Final = ForwardLimits(max_decompressed_bytes=1024 * 1024)
@@ -57,8 +73,10 @@ def _request(stream: bytes, size: int | None, compressed: bool) -> bytes:
     return msgpack.packb(["fuzz.tag", stream, option], use_bin_type=True)
 
 
-def _outcome(limits: ForwardLimits, request: bytes) -> EventsReceived | str:
-    events = ForwardServerConnection(limits).receive_data(request)
+def _outcome(
+    limits: ForwardLimits, decode: DecodeLimits | None, request: bytes
+) -> EventsReceived | str:
+    events = ForwardServerConnection(limits, decode_limits=decode).receive_data(request)
     assert len(events) == 1, events
     event = events[0]
     if isinstance(event, ProtocolViolation):
@@ -100,17 +118,39 @@ def _same(a: EventsReceived, b: EventsReceived) -> bool:
 
 
 def check_stream(
-    stream: bytes, size: int | None, *, compressed: bool = False, small: bool = False
+    stream: bytes,
+    size: int | None,
+    *,
+    compressed: bool = False,
+    small: bool = False,
+    sliced: bool = False,
+    whole: bool = False,
 ) -> bool:
-    """Fail unless the fast and general paths agree on ``stream``; whether the fast one took it."""
+    """Fail unless the fast and general paths agree on ``stream``; whether the fast one took it.
+
+    ``sliced``: both codecs have :data:`SLICED_LIMITS`; ``whole``: :data:`WHOLE_LIMITS`.
+    """
     limits = _SMALL if small else _DEFAULT
+    decode = SLICED_LIMITS if sliced else WHOLE_LIMITS if whole else None
     payload = gzip.compress(stream, mtime=0) if compressed else stream
-    fast = _outcome(limits, _request(payload, size, compressed))
-    general = _outcome(limits, _request(payload, None, compressed))
+    fast = _outcome(limits, decode, _request(payload, size, compressed))
+    general = _outcome(limits, decode, _request(payload, None, compressed))
     if isinstance(general, str) or isinstance(fast, str):
         assert fast == general, (fast, general)
         return False
-    assert general.texts is None
+    if general.texts is not None:
+        # A stream over slice_bytes (sliced, or whole): both paths kept only the texts.
+        assert general.records == fast.records == []
+        assert _same(fast, general), (fast, general)
+        assert fast.texts == general.texts, (fast.texts, general.texts)
+        count = fast_path_size(stream, size, limits.max_events_per_request)
+        took = (
+            count is not None
+            and fast_entries(stream, count, decode, max_events=limits.max_events_per_request)
+            is not None
+        )
+        assert not (took and general.dropped)
+        return took
     assert _same(fast, general), (fast, general)
     if fast.texts is None:
         return False
@@ -124,7 +164,13 @@ def took_fast_path(data: bytes) -> bool:
     given = FuzzInput.parse(data)
     stream = given.payload
     size = _values(stream) if given.cut_a == COUNT_VALUES else given.cut_a
-    return check_stream(stream, size, compressed=given.has(GZIP), small=given.has(SMALL_LIMITS))
+    return check_stream(
+        stream,
+        size,
+        compressed=given.has(GZIP),
+        small=given.has(SMALL_LIMITS),
+        sliced=given.has(SLICED),
+    )
 
 
 def run_one(data: bytes) -> None:

@@ -99,13 +99,7 @@ PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
 #: written (their replacements are in that change's report): (file, a piece of
 #: the flagged line). Each goes when its file is next edited; an entry that no
 #: longer matches a citation fails the test, so the list only shrinks.
-PENDING: frozenset[tuple[str, str]] = frozenset(
-    {
-        ("appliance/protocols/forward.py", "The seed spec is ``"),
-        ("appliance/protocols/forward.py", ', "ack only what is committed")'),
-        ("docs/forward.md", "Spec: `"),
-    }
-)
+PENDING: frozenset[tuple[str, str]] = frozenset()
 
 #: A cited page and anchor: ``docs/decisions.md#strict-strings``, ``(table.md#times)``.
 ANCHOR_LINK = re.compile(r"(?<![\w/.-])(docs/)?([A-Za-z][\w-]*\.md)#([\w-]+)")

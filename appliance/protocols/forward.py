@@ -1,7 +1,8 @@
 """Fluentd forward protocol v1, server side, as a sans-IO codec.
 
-The seed spec is ``shared/specs/forward-protocol-v1.md``; DESIGN §4 and
-``docs/forward.md`` record what real peers send that the spec leaves open.
+The specification is Fluentd's "Forward Protocol Specification v1"
+(https://github.com/fluent/fluentd/wiki/Forward-Protocol-Specification-v1);
+``docs/forward.md`` records what real peers send that it leaves open.
 
 Invariants this module keeps (the h11 way):
 
@@ -20,7 +21,7 @@ Invariants this module keeps (the h11 way):
   exception.
 * The codec never acknowledges anything by itself: the driver asks for
   :meth:`ForwardServerConnection.ack_bytes` once the events are committed
-  (DESIGN §2, "ack only what is committed"). A request the codec cannot read
+  (docs/decisions.md#acknowledge-only-what-is-durable). A request the codec cannot read
   whole is a violation, so it is never acked.
 
 Strict strings (appliance/protocols/text.py; a violation for the request,
@@ -48,25 +49,42 @@ request, as Fluentd and Fluent Bit close without an ack;
 single unusable entries inside a readable stream (record not a map, a bad
 time, an entry that is not ``[time, record]``) are dropped and counted.
 
-Memory per byte (measured in tests/appliance/protocols/test_forward_hardening.py):
+Memory (docs/forward.md, "Memory: records, slices and the decode budget"; measured
+in tests/appliance/protocols/test_forward_hardening.py and test_forward_limits.py):
 
 * a partial request is held as raw bytes only: in the framer's and the
   decoder's buffers, so at most about four times its size (each buffer grows
   by doubling; about 1.1 to 1.4 times with 64 to 256 KiB reads). The buffers
   are replaced after a large request, so an idle connection does not keep
   them. Before the PONG all this is bounded by :data:`MAX_PING_BYTES`.
-* decoding a complete request, or the entries of a PackedForward one, builds
-  at most about :data:`DECODE_MEMORY_FACTOR` bytes of Python objects per
-  msgpack byte (the worst case is chains of one-entry maps, a dict for every
-  two bytes; 112 measured); everyday records take 5 to 20. So one
-  connection's peak while it decodes is about
-  ``DECODE_MEMORY_FACTOR * max_request_bytes`` (1.9 GiB at the defaults), or
-  ``DECODE_MEMORY_FACTOR * max_decompressed_bytes`` (7.5 GiB) for
-  CompressedPackedForward, whatever its compressed size. Every msgpack
-  length a header claims is bounded by the bytes being decoded
-  (:func:`_decode_options`), and nothing is built before the bytes that hold
-  it have arrived. The JSON form builds at most about 50 bytes per byte
-  (chains of ``{"":...}``; ``json.loads`` refuses nesting past about 1000).
+* before it builds anything for a complete request, the codec asks its
+  gate (:mod:`appliance.protocols.decode_gate`; the server's decode budget)
+  for the request's worst-case cost, a pure function of its size and kind
+  (:func:`request_kind`, :func:`appliance.defaults.forward_request_cost`).
+  The gate may put the request off: it stays as bytes, the events before it
+  are returned, and :meth:`ForwardServerConnection.resume` decodes it later.
+* decoding builds at most about :data:`DECODE_MEMORY_FACTOR` bytes of Python
+  objects per msgpack byte decoded at once (chains of one-entry maps, a dict
+  for every two bytes; 112 measured); everyday records take 5 to 20. So an
+  entries stream over ``slice_bytes`` (:class:`DecodeLimits`) is decoded a
+  slice at a time: each slice's records become their JSON text
+  (``EventsReceived.texts``; ``records`` stays empty) before the next is
+  built; unless its whole decode takes no more than its reported cost
+  (:func:`~appliance.protocols.forward_fast.decodes_whole`: up to about
+  2.4 MiB), when it is decoded in one pass, its records likewise kept only
+  as text. Every msgpack length a header claims is bounded by the bytes being
+  decoded (:func:`_decode_options`), and nothing is built before the bytes
+  that hold it have arrived. The JSON form builds at most about 50 bytes per
+  byte (chains of ``{"":...}``; ``json.loads`` refuses nesting past about 1000).
+
+Records (:class:`DecodeLimits`; docs/forward.md, "Records"): a record far
+larger than any shipper sends refuses its request at its first excess. A
+map or array longer than ``max_record_values``, or a str, bin or ext longer
+than ``max_record_bytes``, at its header; a record's values as they are
+counted (:class:`_ValueCounter`: entries streams over ``max_record_values``
+bytes, the only ones that can hold such a record, and Message and Forward
+mode requests, whose records count together); an entry
+over ``max_record_bytes`` once decoded, and its JSON text once rendered.
 
 CPU per byte is linear: the msgpack framer and the JSON framer look at each
 byte once, gunzip never copies the input after a member, unzstd reads it in
@@ -97,13 +115,23 @@ from appliance.protocols.compression import (
     gunzip,
     unzstd,
 )
+from appliance.protocols.decode_gate import Admit, DecodeGate, always
 from appliance.protocols.errors import (
     Fault,
     LocalProtocolError,
     ProtocolViolation,
     RemoteProtocolError,
 )
-from appliance.protocols.forward_fast import fast_entries, fast_path_size
+from appliance.protocols.forward_fast import (
+    TextAllowance as _TextAllowance,
+)
+from appliance.protocols.forward_fast import (
+    decodes_whole,
+    fast_entries,
+    fast_path_size,
+    oversized,
+    texts_within,
+)
 from appliance.protocols.forward_handshake import (
     REASON_INVALID_PING,
     Helo,
@@ -116,6 +144,7 @@ from appliance.protocols.forward_handshake import (
 )
 from appliance.protocols.limits import require_at_least_one
 from appliance.protocols.text import MAX_BATCH_ID_BYTES, MAX_TAG_BYTES, InvalidText, check_text
+from appliance.rows.records import records_json
 from appliance.rows.timefmt import ns_in_range
 
 __all__ = [
@@ -126,6 +155,7 @@ __all__ = [
     "REQUEST_HEAD_BYTES",
     "ZSTD_MAX_EXPANSION",
     "Chunk",
+    "DecodeLimits",
     "EventTime",
     "EventsReceived",
     "ForwardEvent",
@@ -166,8 +196,47 @@ _EVENT_TIME_EXT_TYPE: Final = 0
 _EVENT_TIME: Final = struct.Struct(">II")
 #: The first byte of a JSON request ('[' or '{'); in_forward picks JSON by it.
 _JSON_FIRST_BYTES: Final = frozenset(b"[{")
+#: Bytes asked of the gate beyond what a slice's texts overran their allowance
+#: by, so that a stream of such texts asks once a MiB, not once a slice.
+_TEXT_TOP_UP_BYTES: Final = 1024 * 1024
 #: Unpacker buffers that grew past this many bytes are replaced once empty.
 _UNPACKER_KEEP_BYTES: Final = 64 * 1024
+#: Bytes of a request's start kept to tell its kind before it is decoded
+#: (:func:`request_kind`): the largest array header, a tag of up to
+#: ``MAX_TAG_BYTES`` with a str32 header, the entries' header and the four
+#: bytes of the zstd magic.
+_HEAD_KEPT_BYTES: Final = 5 + 5 + MAX_TAG_BYTES + 5 + 4
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeLimits:
+    """The fixed limits of decoding one request's records (not configurable: tests shrink them).
+
+    Checked while decoding (module docstring, "Records"): a record over
+    one of them refuses its request at the first excess.
+    """
+
+    #: Values one record may hold (the elements of its maps and arrays).
+    max_record_values: int = defaults.RECORD_MAX_VALUES
+    #: Bytes of one record: its msgpack, and its JSON text as stored (UTF-8).
+    max_record_bytes: int = defaults.RECORD_MAX_BYTES
+    #: Entries streams larger than this are decoded a slice at a time...
+    slice_bytes: int = defaults.FORWARD_SLICE_BYTES
+    #: ...unless decoding them whole takes no more than their reported cost
+    #: (:func:`~appliance.protocols.forward_fast.decodes_whole`), up to this
+    #: many bytes if given (tests give ``slice_bytes``: always slices).
+    max_whole_bytes: int | None = None
+
+    def __post_init__(self) -> None:
+        require_at_least_one(self, "max_record_values", "max_record_bytes", "slice_bytes")
+        # A stream decoded whole holds at most a value a byte and records no
+        # larger than itself: the limits must not be reachable there, or the
+        # fast and general paths (which count only sliced streams) could
+        # disagree.
+        if self.slice_bytes > self.max_record_values:
+            raise ValueError("slice_bytes must be at most max_record_values")
+        if self.slice_bytes > self.max_record_bytes:
+            raise ValueError("slice_bytes must be at most max_record_bytes")
 
 
 @dataclass(frozen=True, slots=True)
@@ -348,15 +417,109 @@ def _decode_options(max_bytes: int) -> dict[str, Any]:
     }
 
 
+def _bounded_options(max_bytes: int, limits: DecodeLimits, max_elements: int) -> dict[str, Any]:
+    """:func:`_decode_options`, with a record's limits on top: no str, bin or ext
+    longer than ``max_record_bytes``, no array or map longer than ``max_elements``
+    (a record's ``max_record_values``, or a request's entries), each refused at
+    its header, before anything is built for it."""
+    options = _decode_options(max_bytes)
+    for key in ("max_str_len", "max_bin_len", "max_ext_len"):
+        options[key] = min(options[key], limits.max_record_bytes)
+    options["max_array_len"] = min(options["max_array_len"], max_elements)
+    options["max_map_len"] = min(options["max_map_len"], max_elements)
+    return options
+
+
+class _TooManyValues(ValueError):
+    """A record, or a Message or Forward mode request, holds more values than allowed."""
+
+
+class _ValueCounter:
+    """Counts the values msgpack builds, as its list and map hooks, up to a limit.
+
+    msgpack calls a container's hook when the container is complete: it
+    counts its elements then (a map's keys and values both), so the count
+    is at most the msgpack values read, and a record of ``n`` bytes counts
+    at most ``n``. Past ``limit`` the hook raises :class:`_TooManyValues`,
+    which stops the decoder at once: a record far larger than any shipper
+    sends is refused at its first excess, after at most one container's
+    elements more (``max_array_len`` and ``max_map_len`` bound those too).
+    """
+
+    __slots__ = ("count", "limit", "what")
+
+    def __init__(self, limit: int, what: str) -> None:
+        self.count = 0
+        self.limit = limit
+        self.what = what
+
+    def _over(self) -> _TooManyValues:
+        return _TooManyValues(
+            f"{self.what} holds more than {self.limit} values (the elements of its maps "
+            "and arrays; RECORD_MAX_VALUES)"
+        )
+
+    def on_list(self, value: list[Any]) -> list[Any]:
+        self.count += len(value)
+        if self.count > self.limit:
+            raise self._over()
+        return value
+
+    def on_map(self, value: dict[Any, Any]) -> dict[Any, Any]:
+        self.count += 2 * len(value)
+        if self.count > self.limit:
+            raise self._over()
+        return value
+
+
+def request_kind(head: bytes | bytearray, size: int) -> str:
+    """What a msgpack request of ``size`` bytes starting with ``head`` is, for its decode cost.
+
+    ``head``: the request's first bytes, as many as it has up to
+    :data:`_HEAD_KEPT_BYTES` (fewer: not known). ``"packed"`` or
+    ``"compressed"`` (PackedForward; compressed when the entries start with
+    the gzip or zstd magic, labelled or not: unlabelled ones are refused
+    before they are decoded, but cost no more for it), ``"msgpack"``
+    (anything else: Message and Forward mode, a heartbeat, a request that is
+    not an array), ``"unknown"`` when the head does not tell (see
+    :func:`appliance.defaults.forward_request_cost`).
+    """
+    if len(head) < min(size, _HEAD_KEPT_BYTES) or not head:
+        return "unknown"
+    first = head[0]
+    if 0x90 <= first <= 0x9F:
+        at = 1
+    elif first in (0xDC, 0xDD):
+        at = 3 if first == 0xDC else 5
+    else:
+        return "msgpack"  # not an array: a heartbeat, or refused
+    if len(head) <= at:
+        return "msgpack"  # the whole request is shorter: refused
+    tag = head[at]
+    if 0xA0 <= tag <= 0xBF:
+        at += 1 + (tag - 0xA0)
+    elif tag in (0xD9, 0xDA, 0xDB):
+        width = _SIZED_HEADERS[tag]
+        at += 1 + width + int.from_bytes(head[at + 1 : at + 1 + width], "big")
+    else:
+        return "msgpack"  # a tag that is not a string: refused
+    if at >= _HEAD_KEPT_BYTES:
+        return "unknown"  # a tag longer than MAX_TAG_BYTES: refused, after its cost
+    if len(head) <= at:
+        return "msgpack"
+    marker = head[at]
+    width = 0 if 0xA0 <= marker <= 0xBF else _SIZED_HEADERS.get(marker, -1)
+    if width < 0:
+        return "msgpack"  # Forward mode's array, or Message mode's time
+    entries = bytes(head[at + 1 + width : at + 1 + width + len(ZSTD_MAGIC)])
+    if entries.startswith(GZIP_MAGIC) or entries.startswith(ZSTD_MAGIC):
+        return "compressed"
+    return "packed"
+
+
 def _new_framer(max_bytes: int, options: dict[str, Any]) -> msgpack.Unpacker:
     """An unpacker used only with ``skip()``: it finds where a request ends
     without building any object, so nothing is built for a partial request."""
-    return msgpack.Unpacker(max_buffer_size=max(max_bytes, 1), **options)
-
-
-def _new_decoder(max_bytes: int, options: dict[str, Any]) -> msgpack.Unpacker:
-    """The unpacker that builds a request, fed the same bytes as the framer but
-    asked for an object only once the framer has found its end."""
     return msgpack.Unpacker(max_buffer_size=max(max_bytes, 1), **options)
 
 
@@ -529,8 +692,12 @@ class ForwardServerConnection:
         *,
         allow_json: bool = True,
         helo: Helo | None = None,
+        gate: DecodeGate = always,
+        decode_limits: DecodeLimits | None = None,
     ) -> None:
         self.limits = limits or ForwardLimits()
+        self.decode_limits = decode_limits or DecodeLimits()
+        self._gate = gate
         self._helo = helo
         self._allow_json = allow_json and helo is None
         self._state = ForwardState.IDLE if helo is None else ForwardState.AWAITING_PING
@@ -541,8 +708,20 @@ class ForwardServerConnection:
         # of its own.
         self._buffer_limit = max(self.limits.max_request_bytes, MAX_PING_BYTES)
         self._options = _decode_options(self.limits.max_request_bytes)
+        # No array longer than a request's events or a record's values, no map
+        # longer than a record's values: refused at the header, by the framer.
+        self._options["max_array_len"] = min(
+            self._options["max_array_len"],
+            max(self.decode_limits.max_record_values, self.limits.max_events_per_request),
+        )
+        self._options["max_map_len"] = min(
+            self._options["max_map_len"], self.decode_limits.max_record_values
+        )
+        #: Values of the request being decoded (a Message or Forward mode
+        #: request holds its records: they count together).
+        self._values = _ValueCounter(self.decode_limits.max_record_values, "request")
         self._framer = _new_framer(self._buffer_limit, self._options)
-        self._decoder = _new_decoder(self._buffer_limit, self._options)
+        self._decoder = self._new_decoder()
         #: Bytes fed to both unpackers, and the framer's tell() at the end of
         #: the last complete request: the difference is the unfinished
         #: request (or, while AUTHENTICATING, everything held since the PING).
@@ -550,8 +729,9 @@ class ForwardServerConnection:
         self._framed = 0
         #: Most bytes the unpackers have had to buffer at once (they never shrink).
         self._buffered_high = 0
-        #: The first bytes of the unfinished request (at most REQUEST_HEAD_BYTES):
-        #: enough to read its declared size (:attr:`bytes_short`).
+        #: The first bytes of the unfinished request (at most _HEAD_KEPT_BYTES):
+        #: enough to read its declared size (:meth:`completes_nothing`) and its
+        #: kind (:func:`request_kind`).
         self._head = bytearray()
         #: Where ``_head`` starts (a position in the bytes fed): it describes the
         #: unfinished request only while this equals ``_framed``.
@@ -559,6 +739,30 @@ class ForwardServerConnection:
         self._json = _JsonFramer(self.limits.max_request_bytes)
         #: PackedForward requests left to decode without trying the fast path.
         self._fast_pause = 0
+        #: The cost of the request the gate put off (framed, not yet decoded;
+        #: :meth:`resume` decodes it), or 0.
+        self._waiting = 0
+        #: While a request waits: the bytes fed after it that the read which
+        #: framed it held (to tell the kinds of the requests behind it), with
+        #: the position of their first byte.
+        self._after: tuple[int, bytes] = (0, b"")
+        #: While a request waits: bytes received but not yet fed (a read's rest).
+        self._backlog = bytearray()
+        #: The JSON values framed and not yet decoded (while one waits: it and
+        #: those after it), and the framing error that came after them.
+        self._json_values: list[bytes] = []
+        self._json_error: str | None = None
+
+    def _new_decoder(self) -> msgpack.Unpacker:
+        """The unpacker that builds a request, fed the same bytes as the framer but
+        asked for an object only once the framer has found its end; it counts the
+        values it builds (:class:`_ValueCounter`)."""
+        return msgpack.Unpacker(
+            max_buffer_size=max(self._buffer_limit, 1),
+            list_hook=self._values.on_list,
+            object_hook=self._values.on_map,
+            **self._options,
+        )
 
     @property
     def state(self) -> ForwardState:
@@ -569,9 +773,19 @@ class ForwardServerConnection:
     def buffered_bytes(self) -> int:
         """Bytes of an unfinished request held (0 between requests).
 
-        While AUTHENTICATING: every byte received after the PING.
+        While AUTHENTICATING: every byte received after the PING. While a
+        request waits for the gate: the bytes received after it.
         """
-        return self._fed - self._framed + self._json.buffered_bytes
+        return self._fed - self._framed + self._json.buffered_bytes + len(self._backlog)
+
+    @property
+    def deferred_cost(self) -> int:
+        """The cost of the request the gate answered :attr:`Admit.LATER`, or 0.
+
+        Until it is 0 again the codec takes no more bytes: call
+        :meth:`resume` once the gate will let that much through.
+        """
+        return self._waiting
 
     def completes_nothing(self, data: bytes | bytearray) -> bool:
         """True when receiving ``data`` cannot complete a request: it only fills the buffer.
@@ -584,7 +798,7 @@ class ForwardServerConnection:
         the event loop, without a worker thread (appliance/server/connection.py).
         False whenever it cannot tell: other modes, JSON, the handshake.
         """
-        if self._state is not ForwardState.TRANSPORT_MSGPACK or not data:
+        if self._state is not ForwardState.TRANSPORT_MSGPACK or not data or self._waiting:
             return False
         held = self._fed - self._framed
         if held and self._head_at != self._framed:
@@ -607,9 +821,13 @@ class ForwardServerConnection:
             self._move(ForwardState.CLOSED)
         # Nothing more is read: free what the connection held.
         self._framer = self._decoder = _new_framer(1, {})
-        self._fed = self._framed = 0
+        self._fed = self._framed = self._waiting = 0
         self._head = bytearray()
         self._json = _JsonFramer(self.limits.max_request_bytes)
+        self._after = (0, b"")
+        self._backlog = bytearray()
+        self._json_values = []
+        self._json_error = None
         return RemoteProtocolError(reason, reply=reply)
 
     def _text(self, value: str, what: str, limit: int) -> str:
@@ -626,11 +844,18 @@ class ForwardServerConnection:
         requests before it are returned (they may still be committed and
         acked). A PING followed by a violation is dropped (it is not checked).
 
+        When the gate puts a request off (:attr:`deferred_cost`), the
+        events before it are returned and the rest of ``data`` is kept:
+        :meth:`resume` goes on from there.
+
         Raises:
-            LocalProtocolError: called after the connection closed.
+            LocalProtocolError: called after the connection closed, or while
+                a request waits for :meth:`resume`.
         """
         if self._state is ForwardState.CLOSED:
             raise LocalProtocolError("receive_data on a closed forward connection")
+        if self._waiting:
+            raise LocalProtocolError("receive_data while a request waits for resume()")
         if not data:
             return []
         if self._state is ForwardState.IDLE:
@@ -645,11 +870,56 @@ class ForwardServerConnection:
             else:
                 self._receive_msgpack(data, events)
         except RemoteProtocolError as error:
-            # A PING whose read also broke a rule is not worth checking.
-            if events and isinstance(events[-1], PingReceived):
-                events.pop()
-            events.append(ProtocolViolation.of(error))
+            self._violation(error, events)
         return events
+
+    def resume(self) -> list[ForwardEvent]:
+        """Decode the request the gate put off, and what came after it; the events.
+
+        The gate is asked again for it (the caller has made room). It may
+        put off this request again, or one behind it.
+
+        Raises:
+            LocalProtocolError: no request waits, or the connection closed.
+        """
+        if self._state is ForwardState.CLOSED or not self._waiting:
+            raise LocalProtocolError("resume() without a request waiting")
+        events: list[ForwardEvent] = []
+        try:
+            if self._state is ForwardState.TRANSPORT_JSON:
+                self._decode_json_values(events)
+            else:
+                start, after = self._after
+                with memoryview(after) as piece:
+                    self._drain(events, piece, start)
+                if not self._waiting and self._backlog:
+                    backlog, self._backlog = bytes(self._backlog), bytearray()
+                    self._receive_msgpack(backlog, events)
+        except RemoteProtocolError as error:
+            self._violation(error, events)
+        return events
+
+    @staticmethod
+    def _violation(error: RemoteProtocolError, events: list[ForwardEvent]) -> None:
+        # A PING whose read also broke a rule is not worth checking.
+        if events and isinstance(events[-1], PingReceived):
+            events.pop()
+        events.append(ProtocolViolation.of(error))
+
+    def _admit(self, cost: int) -> bool:
+        """Ask the gate for ``cost``: True to decode now, False when it is put off.
+
+        Raises:
+            RemoteProtocolError: the gate refuses the request.
+        """
+        admission = self._gate(cost)
+        if admission is Admit.GO:
+            self._waiting = 0
+            return True
+        if admission is Admit.LATER:
+            self._waiting = max(cost, 1)
+            return False
+        raise self._fail(admission)
 
     # -- msgpack -----------------------------------------------------------
 
@@ -671,6 +941,10 @@ class ForwardServerConnection:
         with memoryview(data) as whole:
             view = whole
             while view:
+                if self._waiting:
+                    # A request waits for the gate: keep the rest, in order.
+                    self._backlog += view
+                    break
                 # Take no more than the unfinished request may still grow by:
                 # then nothing past the limit is ever held.
                 limit = self._request_limit()
@@ -683,12 +957,16 @@ class ForwardServerConnection:
                 started = self._fed
                 self._fed += len(piece)
                 self._buffered_high = max(self._buffered_high, self._fed - self._framed)
-                self._drain(events)
+                self._drain(events, piece, started)
                 self._keep_head(piece, started)
-        if self._fed == self._framed and self._buffered_high > _UNPACKER_KEEP_BYTES:
+        if (
+            self._fed == self._framed
+            and not self._waiting
+            and self._buffered_high > _UNPACKER_KEEP_BYTES
+        ):
             # msgpack's buffers never shrink: drop them after a large request.
             self._framer = _new_framer(self._buffer_limit, self._options)
-            self._decoder = _new_decoder(self._buffer_limit, self._options)
+            self._decoder = self._new_decoder()
             self._fed = self._framed = self._buffered_high = self._head_at = 0
 
     def _keep_head(self, piece: memoryview, started: int) -> None:
@@ -696,28 +974,73 @@ class ForwardServerConnection:
         if self._framed >= started:
             # The unfinished request (if any) starts inside this piece.
             begin = self._framed - started
-            self._head = bytearray(piece[begin : begin + REQUEST_HEAD_BYTES])
+            self._head = bytearray(piece[begin : begin + _HEAD_KEPT_BYTES])
             self._head_at = self._framed
-        elif len(self._head) < REQUEST_HEAD_BYTES:
-            self._head += piece[: REQUEST_HEAD_BYTES - len(self._head)]
+        elif len(self._head) < _HEAD_KEPT_BYTES:
+            self._head += piece[: _HEAD_KEPT_BYTES - len(self._head)]
 
-    def _drain(self, events: list[ForwardEvent]) -> None:
-        """Decode the complete requests buffered (none while a PING is being checked)."""
+    def _request_head(self, start: int, piece: memoryview, started: int) -> bytes:
+        """The first bytes of the request that begins at ``start`` (b"": not known)."""
+        if start >= started:
+            begin = start - started
+            return bytes(piece[begin : begin + _HEAD_KEPT_BYTES])
+        if self._head_at != start:
+            return b""
+        head = bytes(self._head)
+        if len(head) < _HEAD_KEPT_BYTES and self._head_at + len(head) == started:
+            head += bytes(piece[: _HEAD_KEPT_BYTES - len(head)])
+        return head
+
+    def _request_cost(self, start: int, size: int, piece: memoryview, started: int) -> int:
+        """The worst-case memory decoding the request of ``size`` bytes at ``start`` takes."""
+        if self._state is ForwardState.AWAITING_PING:
+            kind = "msgpack"  # a PING, or refused as no PING: nothing is decompressed
+        else:
+            kind = request_kind(self._request_head(start, piece, started), size)
+        return defaults.forward_request_cost(
+            size,
+            kind,
+            max_decompressed_bytes=self.limits.max_decompressed_bytes,
+            max_events=self.limits.max_events_per_request,
+        )
+
+    def _drain(self, events: list[ForwardEvent], piece: memoryview, started: int) -> None:
+        """Decode the complete requests buffered (none while a PING is being checked).
+
+        ``piece``: the bytes last fed, from position ``started`` (they tell
+        the kind of the requests that begin in them). Each request is
+        framed, its cost asked of the gate, then built; when the gate puts
+        it off, draining stops until :meth:`resume`.
+        """
         while self._state in (ForwardState.TRANSPORT_MSGPACK, ForwardState.AWAITING_PING):
-            try:
-                self._framer.skip()
-            except msgpack.OutOfData:
+            cost = self._waiting
+            if not cost:
+                start = self._framed
+                try:
+                    self._framer.skip()
+                except msgpack.OutOfData:
+                    return
+                except ValueError as exc:
+                    # FormatError (such as 0xc1), StackError (nested too deep),
+                    # or a length over the limits.
+                    raise self._fail(f"request is not valid msgpack: {exc}") from None
+                self._framed = self._framer.tell()
+                cost = self._request_cost(start, self._framed - start, piece, started)
+            if not self._admit(cost):
+                # Framed, not built: the bytes after it stay in both unpackers;
+                # keep those of this piece, to tell the next requests' kinds.
+                begin = max(self._framed - started, 0)
+                self._after = (started + begin, bytes(piece[begin:]))
                 return
-            except ValueError as exc:
-                # FormatError (such as 0xc1) and StackError (nested too deep).
-                raise self._fail(f"request is not valid msgpack: {exc}") from None
-            self._framed = self._framer.tell()
+            self._after = (0, b"")
+            self._values.count = 0
             try:
                 # Complete by the framer's word: this never runs out of data.
                 obj = self._decoder.unpack()
+            except _TooManyValues as exc:
+                raise self._fail(str(exc)) from None
             except (ValueError, TypeError) as exc:
-                # What the framer cannot see: an unhashable map key
-                # (TypeError) or a length over the limits (ValueError).
+                # What the framer cannot see: an unhashable map key (TypeError).
                 raise self._fail(f"request is not valid msgpack: {exc}") from None
             if self._state is ForwardState.AWAITING_PING:
                 events.append(self._ping_request(obj))
@@ -785,7 +1108,9 @@ class ForwardServerConnection:
         self._move(ForwardState.TRANSPORT_MSGPACK)
         events: list[ForwardEvent] = []
         try:
-            self._drain(events)
+            # Nothing new is fed: the requests held since the PING are in the
+            # unpackers (the first one's head is kept, the others' kinds unknown).
+            self._drain(events, memoryview(b""), self._fed)
         except RemoteProtocolError as error:
             events.append(ProtocolViolation.of(error))
         return pong, events
@@ -798,13 +1123,37 @@ class ForwardServerConnection:
 
     def _receive_json(self, data: bytes | bytearray, events: list[ForwardEvent]) -> None:
         values: list[bytes] = []
-        error: str | None = None
         try:
             self._json.feed(data, values)
         except ValueError as exc:
             # The values framed before the violation are still requests.
-            error = str(exc)
-        for raw in values:
+            self._json_error = str(exc)
+        self._json_values = values
+        self._decode_json_values(events)
+
+    def _decode_json_values(self, events: list[ForwardEvent]) -> None:
+        """Decode the JSON values framed, each once the gate lets it; then any framing error."""
+        values = self._json_values
+        while values:
+            raw = values[0]
+            cost = self._waiting or defaults.forward_request_cost(
+                len(raw),
+                "json",
+                max_decompressed_bytes=self.limits.max_decompressed_bytes,
+                max_events=self.limits.max_events_per_request,
+            )
+            if not self._admit(cost):
+                return
+            del values[0]
+            # Counted before parsing, as bytes (those inside strings too, so
+            # the count errs on the safe side): a record of more containers
+            # than a record may hold values is refused before it is built.
+            containers = raw.count(b"{") + raw.count(b"[")
+            if containers > self.decode_limits.max_record_values:
+                raise self._fail(
+                    f"JSON request holds more than {self.decode_limits.max_record_values} "
+                    "objects and arrays (RECORD_MAX_VALUES)"
+                )
             try:
                 # Strictly UTF-8 (json.loads would also guess UTF-16 or -32).
                 obj = json.loads(raw.decode("utf-8"))
@@ -813,6 +1162,7 @@ class ForwardServerConnection:
                 # nested deeper than the interpreter allows.
                 raise self._fail(f"request is not valid JSON: {exc}") from None
             events.append(self._request(obj, json_form=True))
+        error, self._json_error = self._json_error, None
         if error is not None:
             raise self._fail(error)
 
@@ -938,11 +1288,13 @@ class ForwardServerConnection:
                     # as msgpack would drop the whole chunk as "invalid entries"
                     # and ack it.
                     raise self._fail(f"entries are {name} data but compressed is {compressed!r}")
-        size = fast_path_size(stream, option.get("size"), self.limits.max_events_per_request)
+        limits, decode = self.limits, self.decode_limits
+        n = len(stream)
+        size = fast_path_size(stream, option.get("size"), limits.max_events_per_request)
         if self._fast_pause:
             self._fast_pause -= 1
         elif size is not None:
-            fast = fast_entries(stream, size)
+            fast = fast_entries(stream, size, decode, max_events=limits.max_events_per_request)
             if fast is not None:
                 fast_times, fast_records, texts = fast
                 return EventsReceived(tag, mode, fast_times, fast_records, chunk, texts=texts)
@@ -951,8 +1303,27 @@ class ForwardServerConnection:
         dropped: dict[str, int] = {}
         times: list[int | None] = []
         records: list[dict[Any, Any]] = []
-        self._decode_entries(stream, times, records, dropped)
-        return EventsReceived(tag, mode, times, records, chunk, dropped)
+        if n <= decode.slice_bytes:
+            self._decode_entries(stream, times, records, dropped)
+            return EventsReceived(tag, mode, times, records, chunk, dropped)
+        if decodes_whole(n, decode, limits.max_events_per_request):
+            # One pass (its whole-decode memory is within its cost), the
+            # records kept only as text, as from slices.
+            self._decode_entries(stream, times, records, dropped)
+            texts = records_json(records)
+            records.clear()
+            verdict = texts_within(texts, n, decode.max_record_values, decode.max_record_bytes)
+            if isinstance(verdict, str):
+                raise self._fail(verdict)
+            if verdict:
+                return EventsReceived(tag, mode, times, records, chunk, dropped, texts=texts)
+            # A record that may hold more values than allowed: count them.
+            del texts
+            times.clear()
+            dropped.clear()
+        rendered: list[str] = []
+        self._decode_slices(stream, times, rendered, dropped)
+        return EventsReceived(tag, mode, times, records, chunk, dropped, texts=rendered)
 
     def _decode_entries(
         self,
@@ -961,11 +1332,13 @@ class ForwardServerConnection:
         records: list[dict[Any, Any]],
         dropped: dict[str, int],
     ) -> None:
-        """Decode a MessagePackEventStream; a stream that cannot be read whole fails.
+        """Decode a MessagePackEventStream whole; a stream that cannot be read whole fails.
 
         This is the hot path of PackedForward (bench/RESULTS.md): the common
         ``[EventTime | int, map]`` entry is handled inline, everything else by
-        :meth:`_array_entry`, which counts the reasons for dropping.
+        :meth:`_array_entry`, which counts the reasons for dropping. Only for
+        a stream of at most ``slice_bytes`` (:meth:`_decode_slices` takes the
+        others): it cannot hold a record over the record limits.
         """
         # Read from a BytesIO (which shares ``stream``) rather than feed():
         # the unpacker then buffers one entry at a time, not a second copy.
@@ -1005,6 +1378,117 @@ class ForwardServerConnection:
             ) from None
         if end != len(stream):
             raise self._fail(f"entries stream ends inside an entry ({len(stream) - end} bytes)")
+
+    def _decode_slices(
+        self,
+        stream: bytes,
+        times: list[int | None],
+        texts: list[str],
+        dropped: dict[str, int],
+    ) -> None:
+        """:meth:`_decode_entries` for a stream over ``slice_bytes`` (module docstring, "Memory").
+
+        The records go to ``texts`` as JSON a slice at a time; only the
+        slice being decoded is ever held as objects. Each record's values
+        are counted while it is decoded (:class:`_ValueCounter`; in a stream
+        long enough to hold a record over the limit), its bytes
+        checked once it is, and its text once rendered, so a record over a
+        limit refuses the request at its first excess.
+        """
+        n = len(stream)
+        decode = self.decode_limits
+        counter = _ValueCounter(decode.max_record_values, "a record")
+        # A record counts at most a value a byte: only a stream longer than
+        # max_record_values can hold one over it, and only then is it counted.
+        hooks: dict[str, Any] = (
+            {"list_hook": counter.on_list, "object_hook": counter.on_map}
+            if n > decode.max_record_values
+            else {}
+        )
+        unpacker = msgpack.Unpacker(
+            io.BytesIO(stream),
+            max_buffer_size=max(n, 1),
+            **hooks,
+            **_bounded_options(n, decode, decode.max_record_values),
+        )
+        limit = self.limits.max_events_per_request
+        allowance = _TextAllowance(n)
+        records: list[dict[Any, Any]] = []  # the slice being decoded
+        seen = 0
+        end = 0  # where the last complete entry ends (tell() also counts a partial one)
+        slice_end = decode.slice_bytes  # where the slice being decoded is full
+        try:
+            for entry in unpacker:
+                start, end = end, unpacker.tell()
+                counter.count = 0  # the next record's
+                seen += 1
+                if seen > limit:
+                    raise self._fail(f"request carries over max_events_per_request={limit} events")
+                if end - start > decode.max_record_bytes:
+                    raise self._fail(
+                        f"an entry of {end - start} bytes is over the record limit "
+                        f"of {decode.max_record_bytes} (RECORD_MAX_BYTES)"
+                    )
+                if start >= slice_end:
+                    # The entries before this one fill a slice: keep only their text.
+                    self._render(records, texts, allowance)
+                    slice_end = start + decode.slice_bytes
+                if type(entry) is list and len(entry) == 2:
+                    time, record = entry
+                    if type(record) is dict:
+                        if type(time) is EventTime:
+                            times.append(int(time))
+                            records.append(record)
+                            continue
+                        if type(time) is int and 0 < time <= _MAX_TIME_SECONDS:
+                            times.append(time * _NS_PER_SECOND)
+                            records.append(record)
+                            continue
+                self._array_entry(entry, times, records, dropped)
+        except _TooManyValues as exc:
+            raise self._fail(str(exc)) from None
+        except (ValueError, TypeError) as exc:
+            detail = str(exc) or type(exc).__name__
+            if "exceeds max_" in detail:
+                # A header claims more than a record may hold (msgpack's message).
+                raise self._fail(
+                    f"a record is over the record limits (RECORD_MAX_VALUES, "
+                    f"RECORD_MAX_BYTES): {detail}"
+                ) from None
+            raise self._fail(f"entries stream is not valid msgpack: {detail}") from None
+        if end != n:
+            raise self._fail(f"entries stream ends inside an entry ({n - end} bytes)")
+        self._render(records, texts, allowance)
+
+    def _render(
+        self, records: list[dict[Any, Any]], texts: list[str], allowance: _TextAllowance
+    ) -> None:
+        """The JSON text of a slice's ``records`` onto ``texts``; ``records`` emptied.
+
+        Refuses the request when a record's text is over ``max_record_bytes``.
+        Texts that take more memory than the stream's cost reserved for them
+        (:class:`~appliance.protocols.forward_fast.TextAllowance`) are kept
+        only once the gate grants the excess at once; otherwise the request
+        is refused (its client resends it later).
+        """
+        rendered = records_json(records)
+        records.clear()
+        problem = oversized(rendered, self.decode_limits.max_record_bytes)
+        if problem is not None:
+            raise self._fail(problem)
+        excess = allowance.spend(rendered)
+        if excess:
+            more = excess + _TEXT_TOP_UP_BYTES
+            admission = self._gate(more)
+            if admission is not Admit.GO:
+                raise self._fail(
+                    admission
+                    if isinstance(admission, str)
+                    else f"decode budget busy: the records' JSON text needs {more} bytes more "
+                    "than reserved (decode_budget_bytes)"
+                )
+            allowance.add(more)
+        texts += rendered
 
     @staticmethod
     def _array_entry(

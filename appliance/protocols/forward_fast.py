@@ -37,7 +37,16 @@ copy of the stream (behind its header), a tuple and a ``Raw`` per entry,
 the joined EventTimes and their integers: about 13 bytes per stream byte
 at worst (12-byte entries), and 42% more peak memory than
 the general path measured on a 39 MiB stream of 200,000 entries. They are
-freed before the general path runs, so the peaks do not add up. A miss
+freed before the general path runs, so the peaks do not add up. A stream
+over ``slice_bytes`` is decoded as the general path decodes it, a slice at
+a time (appliance/protocols/forward.py, "Memory"): one msgspec call finds
+where each entry ends (``Raw``, nothing built), then each slice is decoded
+and rendered, and only its texts are kept (``records`` comes back empty).
+Slices cost no more CPU than one call over the whole stream (they stay in
+the CPU's cache); an entry that could break a record limit (over
+``max_record_bytes``, or over ``max_record_values`` bytes), a text
+over ``max_record_bytes`` or texts over their :class:`TextAllowance` make
+it return None, and the general path, which counts, decides. A miss
 costs up to the whole fast path's work (a record's bytes found at the end:
 about 1.65 times the general path's CPU for that request, measured), so
 a connection whose request missed after a decode does not try again for
@@ -48,15 +57,30 @@ chunk).
 
 from __future__ import annotations
 
+import bisect
 import functools
+import itertools
 import struct
-from typing import Any, Final
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Final, Protocol
 
 import msgspec
 
-from appliance.rows.records import plain_records_json
+from appliance import defaults
+from appliance.rows.records import oversized_record, plain_records_json
 
-__all__ = ["FAST_PREFIX", "fast_entries", "fast_path_size"]
+__all__ = [
+    "FAST_PREFIX",
+    "RecordRules",
+    "TextAllowance",
+    "decodes_whole",
+    "fast_entries",
+    "fast_path_size",
+    "oversized",
+    "texts_within",
+]
 
 #: How every entry of the fast path starts: a 2-element array (0x92), then
 #: fixext 8 (0xd7) of ext type 0: an EventTime (spec "EventTime Ext Format").
@@ -85,6 +109,122 @@ def _refuse_extension(code: int, data: memoryview) -> Any:
 _DECODER: Final = msgspec.msgpack.Decoder(
     list[tuple[msgspec.Raw, dict[Any, Any]]], ext_hook=_refuse_extension
 )
+
+
+@dataclass(frozen=True, slots=True)
+class _Defaults:
+    """The default record limits (appliance/defaults.py), for callers that give none."""
+
+    max_record_values: int = defaults.RECORD_MAX_VALUES
+    max_record_bytes: int = defaults.RECORD_MAX_BYTES
+    slice_bytes: int = defaults.FORWARD_SLICE_BYTES
+    max_whole_bytes: int | None = None
+
+
+_DEFAULT_RULES: Final = _Defaults()
+#: Entries as their raw msgpack bytes, nothing built: where each entry starts
+#: and ends, for a stream decoded a slice at a time.
+_BOUNDS: Final = msgspec.msgpack.Decoder(list[msgspec.Raw])
+
+
+class TextAllowance:
+    """The memory a sliced stream's records may take as JSON text, spent slice by slice.
+
+    ``FORWARD_TEXT_BYTES_PER_BYTE`` per stream byte (appliance/defaults.py),
+    beyond each text's str header (which ``FORWARD_EVENT_BYTES`` counts per
+    event): what the stream's decode cost reserved for them. Real records
+    take 1 to 2 bytes a byte, or up to about 6 in a str of four bytes a
+    character (one emoji makes it so); more (escapes of six characters for
+    a byte, in such a str) is spent beyond the allowance, and the general
+    path asks its gate for it (:meth:`ForwardServerConnection._render
+    <appliance.protocols.forward.ForwardServerConnection>`); the fast path
+    leaves such a stream to it.
+    """
+
+    __slots__ = ("left",)
+
+    def __init__(self, stream_bytes: int) -> None:
+        self.left = defaults.FORWARD_TEXT_BYTES_PER_BYTE * stream_bytes
+
+    def spend(self, texts: Sequence[str]) -> int:
+        """Take what ``texts`` occupy (``sys.getsizeof``); the bytes spent beyond the allowance."""
+        self.left -= sum(map(sys.getsizeof, texts)) - _TEXT_HEADER_BYTES * len(texts)
+        return max(0, -self.left)
+
+    def add(self, nbytes: int) -> None:
+        """``nbytes`` more were reserved for the texts."""
+        self.left += nbytes
+
+
+#: A text's str header, counted per event (FORWARD_EVENT_BYTES), not from the
+#: allowance: CPython's largest (a str of four bytes a character), rounded up.
+_TEXT_HEADER_BYTES: Final = 80
+
+
+class RecordRules(Protocol):
+    """The record limits the fast path keeps (appliance/protocols/forward.py's ``DecodeLimits``)."""
+
+    @property
+    def max_record_values(self) -> int: ...
+
+    @property
+    def max_record_bytes(self) -> int: ...
+
+    @property
+    def slice_bytes(self) -> int: ...
+
+    @property
+    def max_whole_bytes(self) -> int | None: ...
+
+
+def decodes_whole(stream_bytes: int, rules: RecordRules, max_events: int) -> bool:
+    """Whether an entries stream is decoded in one pass (else a slice at a time).
+
+    Up to ``slice_bytes``; and beyond, as long as decoding it whole takes no
+    more than its reported cost (``FORWARD_WHOLE_BYTES_PER_BYTE`` a byte
+    within :func:`appliance.defaults.forward_stream_cost`: up to about 2.4 MiB
+    with the defaults), no entry of it can be over ``max_record_bytes``, and
+    it is within ``max_whole_bytes`` when that is given.
+    """
+    if stream_bytes <= rules.slice_bytes:
+        return True
+    if rules.max_whole_bytes is not None and stream_bytes > rules.max_whole_bytes:
+        return False
+    return stream_bytes <= rules.max_record_bytes and (
+        defaults.FORWARD_WHOLE_BYTES_PER_BYTE * stream_bytes
+        <= defaults.forward_stream_cost(stream_bytes, max_events)
+    )
+
+
+def texts_within(
+    texts: Sequence[str], stream_bytes: int, max_record_values: int, max_record_bytes: int
+) -> bool | str:
+    """Whether the texts of a stream decoded whole keep the record limits.
+
+    True; a ``str``: why not (a record's JSON over ``max_record_bytes``);
+    False: not known, one text is long enough to hold more than
+    ``max_record_values`` values (a value takes a character of JSON at
+    least), which only counting them (a slice at a time) tells.
+    """
+    if not texts:
+        return True
+    longest = max(map(len, texts))
+    if stream_bytes > max_record_values and longest > max_record_values:
+        return False
+    if longest > max_record_bytes // 4:
+        return oversized(texts, max_record_bytes) or True
+    return True
+
+
+def oversized(texts: Sequence[str], max_record_bytes: int) -> str | None:
+    """Why a slice's texts cannot be kept (a record's JSON too large), or None."""
+    over = oversized_record(texts, max_record_bytes)
+    if over is None:
+        return None
+    return (
+        f"a record of {over} bytes of JSON is over the limit of {max_record_bytes} "
+        "(RECORD_MAX_BYTES)"
+    )
 
 
 def _event_times(count: int) -> struct.Struct:
@@ -139,13 +279,81 @@ def fast_path_size(stream: bytes, size: object, max_events: int) -> int | None:
 
 
 def fast_entries(
-    stream: bytes, size: int
+    stream: bytes,
+    size: int,
+    rules: RecordRules | None = None,
+    *,
+    max_events: int = defaults.FORWARD_MAX_EVENTS_PER_REQUEST,
 ) -> tuple[list[int | None], list[dict[Any, Any]], list[str]] | None:
     """Times (epoch ns), records and their JSON texts of a plain entries stream; else None.
 
     ``size``: what :func:`fast_path_size` gave; None is a miss (the
-    stream is not of the plain shape), which cost a decode.
+    stream is not of the plain shape), which cost a decode. ``rules``: the
+    record limits (None: the defaults).
+
+    A stream over ``slice_bytes`` is decoded a slice at a time (as the
+    general path does: appliance/protocols/forward.py, "Memory"): the records
+    come back empty, their texts whole; unless it is decoded whole
+    (:func:`decodes_whole`), which the defaults allow up to about 2.4 MiB.
+    It is taken only when the general path would take it too: every entry
+    small enough that it cannot hold more than ``max_record_values`` values
+    (one per byte at most) or be over ``max_record_bytes``, every text within
+    ``max_record_bytes``, and all texts within their :class:`TextAllowance`;
+    otherwise None, and the general path decides (and says why).
     """
+    if rules is None:
+        rules = _DEFAULT_RULES
+    slice_bytes = rules.slice_bytes
+    max_record_bytes = rules.max_record_bytes
+    max_record_values = rules.max_record_values
+    n = len(stream)
+    if n <= slice_bytes:
+        return _whole(stream, size)
+    if decodes_whole(n, rules, max_events):
+        # As the general path does (appliance/protocols/forward.py, "Memory"):
+        # one pass, as fast as ever; a text that could hold more values than
+        # a record may, or is over the record bytes, leaves it to the general
+        # path, which counts and says why.
+        found = _whole(stream, size)
+        if found is None:
+            return None
+        whole_times, _, whole_texts = found
+        if texts_within(whole_texts, n, max_record_values, max_record_bytes) is not True:
+            return None
+        return whole_times, [], whole_texts  # as from slices: the texts only
+    try:
+        bounds = _BOUNDS.decode(_array_header(size) + stream)
+    except (msgspec.DecodeError, ValueError, RecursionError):
+        return None
+    lengths = list(map(len, bounds))
+    del bounds  # they hold a copy of the stream
+    if max(lengths) > min(max_record_bytes, max_record_values):
+        return None
+    ends = list(itertools.accumulate(lengths))
+    allowance = TextAllowance(len(stream))
+    times: list[int | None] = []
+    texts: list[str] = []
+    first = start = 0
+    while first < size:
+        # The entries from ``first`` that fit in a slice (at least one).
+        last = max(bisect.bisect_right(ends, start + slice_bytes, first), first + 1)
+        end = ends[last - 1]
+        found = _whole(stream[start:end], last - first)
+        if found is None:
+            return None
+        slice_times, _, slice_texts = found
+        if oversized(slice_texts, max_record_bytes) is not None or allowance.spend(slice_texts):
+            return None  # the general path refuses it, or asks for the texts' memory
+        times += slice_times
+        texts += slice_texts
+        first, start = last, end
+    return times, [], texts
+
+
+def _whole(
+    stream: bytes, size: int
+) -> tuple[list[int | None], list[dict[Any, Any]], list[str]] | None:
+    """:func:`fast_entries` of a stream decoded in one call."""
     try:
         entries = _DECODER.decode(_array_header(size) + stream)
     except (msgspec.DecodeError, ValueError, RecursionError, _NotPlain):

@@ -101,7 +101,11 @@ EVENT_OVERHEAD_BYTES * max_window_size`` (ASCII JSON: about a third of
 that). Parsing one ``J`` frame briefly holds its record as Python objects
 (up to about 40 times the frame's bytes for pathological JSON such as
 ``[[],[],...]``; orjson offers no object limit), dropped before the next
-frame; a ``D`` frame's pairs likewise (about 10 times).
+frame; a ``D`` frame's pairs likewise (about 10 times). A ``J`` frame is one
+record, so it is at most ``RECORD_MAX_BYTES`` (16 MiB, refused from its
+length field on) and holds at most ``RECORD_MAX_VALUES`` objects and arrays
+(counted as ``{`` and ``[`` bytes before parsing): one frame's objects take
+at most a few hundred MiB, whatever ``max_frame_bytes`` is.
 """
 
 from __future__ import annotations
@@ -445,7 +449,8 @@ class LumberjackServerConnection:
         it with the usual reason if it breaks a rule.
         """
         size = len(view)
-        max_frame = self.limits.max_frame_bytes
+        # Frames longer than a record may hold values are counted by _data_json.
+        max_frame = min(self.limits.max_frame_bytes, defaults.RECORD_MAX_VALUES)
         max_window = self.limits.max_window_bytes
         unpack = _SEQUENCE_AND_LENGTH.unpack_from
         loads, in_window = orjson.loads, LumberjackState.IN_WINDOW
@@ -652,11 +657,29 @@ class LumberjackServerConnection:
     def _data_json(self, view: memoryview, windows: list[Window]) -> int:
         sequence = self._u32(view, _HEADER)
         length = self._length(view, _HEADER + 4, "J frame")
+        if length > defaults.RECORD_MAX_BYTES:
+            # Its text is the record: one over the record limit is never stored,
+            # so it is refused before it is buffered or parsed (docs/limits.md).
+            raise self._fail(
+                f"J frame {sequence} of {length} bytes is over the record limit of "
+                f"{defaults.RECORD_MAX_BYTES} (RECORD_MAX_BYTES)"
+            )
         self._open_data(sequence)
         end = _DATA_HEADER + length
         self._window_room(end)
         self._need(view, end)
         raw = view[_DATA_HEADER:end]
+        if length > defaults.RECORD_MAX_VALUES:
+            # Only a frame this long can hold more objects and arrays than a
+            # record may hold values; counted as bytes before parsing (those
+            # inside strings too, so the count errs on the safe side): orjson
+            # builds some 40 bytes a byte of ``[[],[],...]`` and has no limit.
+            text = raw.tobytes()
+            if text.count(b"{") + text.count(b"[") > defaults.RECORD_MAX_VALUES:
+                raise self._fail(
+                    f"J frame {sequence} holds more than {defaults.RECORD_MAX_VALUES} "
+                    "JSON objects and arrays (RECORD_MAX_VALUES)"
+                )
         try:
             # orjson: strict RFC 8259 (no NaN, valid UTF-8, no lone surrogate
             # escapes, bounded nesting), and several times faster than the

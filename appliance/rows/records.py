@@ -35,7 +35,7 @@ import orjson
 
 from appliance.protocols.text import is_utf8_text
 
-__all__ = ["MAX_DEPTH", "plain_records_json", "record_json", "records_json"]
+__all__ = ["MAX_DEPTH", "oversized_record", "plain_records_json", "record_json", "records_json"]
 
 #: Nesting kept in the JSON text; deeper maps and arrays are replaced by a marker.
 MAX_DEPTH: Final = 100
@@ -169,3 +169,21 @@ def record_json(record: dict[Any, Any]) -> str:
     if is_utf8_text(text):
         return text
     return _dumps(_plain(record))
+
+
+def oversized_record(texts: Sequence[str], max_bytes: int) -> int | None:
+    """The UTF-8 size of the first of ``texts`` over ``max_bytes``, or None when none is.
+
+    A character takes 1 to 4 bytes: texts of at most ``max_bytes // 4``
+    characters (nearly all) are settled by their length, in C; only longer
+    ones are encoded. A stored record is at most
+    :data:`~appliance.defaults.RECORD_MAX_BYTES` of JSON (docs/limits.md).
+    """
+    if not texts or max(map(len, texts)) <= max_bytes // 4:
+        return None
+    for text in texts:
+        if len(text) > max_bytes // 4:
+            size = len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+            if size > max_bytes:
+                return size
+    return None

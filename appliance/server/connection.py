@@ -16,7 +16,10 @@ whose peers are lanes). A connection is three parts:
   - the reader takes units under the deadlines, hands each to the session
     (in a worker thread when :meth:`Session.decode_bytes` is over
     ``inline_decode_max_bytes``, so one peer's large or compressed request
-    cannot stall the others), and carries out its actions in order: a
+    cannot stall the others; with the process's decode budget, whose share
+    the session's codec asks before it decodes a request, and which a
+    request put off waits for: :mod:`appliance.server.decode_budget`),
+    and carries out its actions in order: a
     :class:`Submit` goes to the :class:`BatchSink` and its ack is queued; a
     :class:`Reply` is queued; an :class:`Await` is awaited before anything
     after it; a :class:`Close` queues its reply and ends reading.
@@ -49,6 +52,8 @@ Guarantees (tests/appliance/server/test_connection.py):
   :mod:`appliance.server.pending`). A full sink stops the reader too
   (``submit`` waits).
 * Every close has a reason (:class:`Ending`) and a log line.
+* No block holding a record over ``RECORD_MAX_BYTES`` of JSON reaches the
+  sink: it is refused like a block the sink refuses.
 
 Deadlines on the reader (docs/limits.md): ``idle_timeout_seconds`` between
 units; ``handshake_timeout_seconds`` from the start to the end of the
@@ -76,6 +81,8 @@ from appliance.lake.errors import BlockRefused
 from appliance.logs import StructLogger
 from appliance.protocols.errors import Fault
 from appliance.rows.block import RowBlock
+from appliance.rows.records import oversized_record
+from appliance.server.decode_budget import DecodeBudget, DecodeGrant
 from appliance.server.lifecycle import Lifecycle
 from appliance.server.listener import ConnectionInfo
 from appliance.server.pending import PendingBudget
@@ -134,12 +141,15 @@ Answer: TypeAlias = _Out | Callable[[], _Out]
 
 @dataclass(frozen=True, slots=True)
 class Arrival:
-    """When a unit arrived."""
+    """When a unit arrived, and what decoding it may take of the decode budget."""
 
     #: Wall-clock epoch nanoseconds: the rows' ``received_at``.
     time_ns: int
     #: trio's clock: rates and the ack latency.
     clock: float
+    #: The gate a codec asks before it decodes a request (None: no budget;
+    #: appliance/server/decode_budget.py). Valid only during this decode.
+    grant: DecodeGrant | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,6 +231,17 @@ class Session(Protocol[_In_contra, _Out_co]):
         """Bytes of an unfinished request held (0 between requests): the request deadline runs."""
         ...
 
+    def deferred_cost(self) -> int:
+        """The decode cost of a request its gate put off (``arrival.grant``), or 0.
+
+        The loop waits for that much of the decode budget, then calls :meth:`resume`.
+        """
+        ...
+
+    def resume(self, arrival: Arrival) -> Sequence[Action[_Out_co]]:
+        """Decode the request that was put off, and what came after it: like :meth:`receive`."""
+        ...
+
 
 class SessionDefaults(Generic[_Out]):
     """What most sessions answer: no greeting, no handshake of their own, nothing held.
@@ -239,6 +260,14 @@ class SessionDefaults(Generic[_Out]):
     def buffered_bytes(self) -> int:
         """0: the transport hands over whole requests."""
         return 0
+
+    def deferred_cost(self) -> int:
+        """0: the session's codec decodes without asking a gate."""
+        return 0
+
+    def resume(self, arrival: Arrival) -> Sequence[Action[_Out]]:
+        """Nothing: nothing is ever put off."""
+        return []
 
 
 class PeerGone(Exception):
@@ -421,6 +450,23 @@ class _Ended(Exception):
     """The answerer ended the connection; this lane stops."""
 
 
+def _check_records(block: RowBlock) -> None:
+    """Refuse a block holding a record over ``RECORD_MAX_BYTES`` of JSON: it is never stored.
+
+    Every protocol's rows pass here before the sink; the forward codec
+    already refuses such a record while it decodes a large stream.
+
+    Raises:
+        BlockRefused: naming the record's size and the limit.
+    """
+    over = oversized_record(block.records, defaults.RECORD_MAX_BYTES)
+    if over is not None:
+        raise BlockRefused(
+            f"a record of {over} bytes of JSON is over the limit of "
+            f"{defaults.RECORD_MAX_BYTES} (RECORD_MAX_BYTES)"
+        )
+
+
 def _materialize(value: Answer[_Out]) -> _Out:
     # An Answer is either the value or a zero-argument callable that makes it.
     return value() if callable(value) else value
@@ -441,6 +487,8 @@ class Connection(Generic[_In, _Out]):
         log: the listener's logger.
         info: who is on the other end (a ZeroMQ socket: its own address), and the metrics.
         decode_threads: the listener's limit on worker threads that decode.
+        decode_budget: the process's decode budget (appliance/server/decode_budget.py),
+            or None: the session's gates let everything through.
     """
 
     def __init__(
@@ -454,6 +502,7 @@ class Connection(Generic[_In, _Out]):
         log: StructLogger,
         info: ConnectionInfo,
         decode_threads: trio.CapacityLimiter,
+        decode_budget: DecodeBudget | None = None,
     ) -> None:
         self._transport = transport
         self._session = session
@@ -463,6 +512,7 @@ class Connection(Generic[_In, _Out]):
         self._log = log
         self._info = info
         self._decode_threads = decode_threads
+        self._decode_budget = decode_budget
         self._pending = PendingBudget(settings.max_pending_bytes, settings.max_pending_acks)
         self._lanes: dict[Hashable, deque[_Queued[_Out]]] = {}
         self._ending: Ending | None = None
@@ -508,6 +558,8 @@ class Connection(Generic[_In, _Out]):
                 arrival = Arrival(time.time_ns(), trio.current_time())
                 actions = await self._decode(unit, arrival)
                 ending = await self._carry_out(actions, arrival)
+                if ending is None and self._decode_budget is not None:
+                    ending = await self._decode_deferred(arrival)
                 if ending is not None:
                     return ending
                 # A unit that completed a request restarts the clock: a busy
@@ -550,12 +602,48 @@ class Connection(Generic[_In, _Out]):
         return Ending(Cause.IDLE, f"idle for {idle}s")
 
     async def _decode(self, unit: _In, arrival: Arrival) -> Sequence[Action[_Out]]:
-        session = self._session
+        session, budget = self._session, self._decode_budget
         if session.decode_bytes(unit) <= self._settings.inline_decode_max_bytes:
-            return session.receive(unit, arrival)
-        return await trio.to_thread.run_sync(
-            session.receive, unit, arrival, limiter=self._decode_threads
-        )
+            # On the event loop: small costs only, outside the budget; a
+            # larger one is put off and decoded below, in a worker thread.
+            grant = None if budget is None else DecodeGrant(budget, on_loop=True)
+            return session.receive(unit, replace(arrival, grant=grant))
+        grant = None if budget is None else DecodeGrant(budget)
+        try:
+            return await trio.to_thread.run_sync(
+                session.receive, unit, replace(arrival, grant=grant), limiter=self._decode_threads
+            )
+        finally:
+            if grant is not None:
+                grant.release()  # the decoded objects are rows now, or garbage
+
+    async def _decode_deferred(self, arrival: Arrival) -> Ending | None:
+        """Decode what the session's gate put off, once the budget has room for it.
+
+        The wait is the budget's (first come first served, at most
+        ``DECODE_BUDGET_WAIT_SECONDS``) and holds nothing: what this
+        connection decoded before was released. A stop cancels it.
+        """
+        session, budget = self._session, self._decode_budget
+        assert budget is not None  # without one, every gate lets everything through
+        while (cost := session.deferred_cost()) > 0:
+            with self._lifecycle.receiving() as waiting:
+                refusal = await budget.acquire(cost)
+            if waiting.cancelled_caught:
+                return Ending(Cause.SHUTDOWN, "shutdown")
+            if refusal is not None:
+                return await self._close(Close(refusal, fault="appliance"))
+            grant = DecodeGrant(budget, prepaid=cost)
+            try:
+                actions = await trio.to_thread.run_sync(
+                    session.resume, replace(arrival, grant=grant), limiter=self._decode_threads
+                )
+            finally:
+                grant.release()
+            ending = await self._carry_out(actions, arrival)
+            if ending is not None:
+                return ending
+        return None
 
     async def _carry_out(self, actions: Sequence[Action[_Out]], arrival: Arrival) -> Ending | None:
         """Submit and queue what ``actions`` ask for, in order; the ending, if they end it."""
@@ -595,6 +683,7 @@ class Connection(Generic[_In, _Out]):
         if waits:
             await self._pending.acquire(nbytes)  # backpressure before the block is taken
         try:
+            _check_records(submit.block)
             durable = await self._sink.submit(submit.block)
         except BlockRefused as exc:
             self.tally.refused += 1

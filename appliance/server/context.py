@@ -10,6 +10,7 @@ import trio
 
 from appliance.lake.writer import LakeWriter
 from appliance.metrics import NULL_METRICS, Metrics
+from appliance.server.decode_budget import DecodeBudget
 from appliance.server.lifecycle import Lifecycle
 from appliance.server.revocation import OpenConnections
 from auth.policy import CredentialStore
@@ -46,3 +47,6 @@ class ServiceContext:
     #: Every listener's open connections and their credentials, checked again
     #: every ``RECHECK_INTERVAL_SECONDS`` and at once on a reload (revocation.py).
     connections: OpenConnections = field(default_factory=OpenConnections)
+    #: The memory every decode in progress may claim together, one for the
+    #: process (``decode_budget_bytes``; appliance/server/decode_budget.py).
+    decode_budget: DecodeBudget = field(default_factory=DecodeBudget)

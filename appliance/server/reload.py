@@ -28,6 +28,7 @@ FIXED_KEYS: tuple[str, ...] = (
     "state_dir",
     "node_id",
     "shutdown_timeout_seconds",
+    "decode_budget_bytes",
     "workers",
     "log",
     "lake",

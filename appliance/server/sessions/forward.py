@@ -28,6 +28,7 @@ import trio
 
 from appliance.config import ForwardListenerConfig, settings_from
 from appliance.logs import get_logger
+from appliance.protocols.decode_gate import Admission, DecodeGate, always
 from appliance.protocols.errors import ProtocolViolation
 from appliance.protocols.forward import (
     EventsReceived,
@@ -48,6 +49,7 @@ from appliance.protocols.forward_handshake import (
 from appliance.rows.forward import forward_block
 from appliance.server.connection import Action, Arrival, Await, DriverSettings, Reply, Submit
 from appliance.server.context import ServiceContext
+from appliance.server.decode_budget import DecodeBudget, DecodeGrant
 from appliance.server.listener import ANONYMOUS, ConnectionInfo
 from appliance.server.revocation import Credential, Revoked
 from appliance.server.transports.stream import ByteStreamSession, StreamHandler, close_for
@@ -87,23 +89,42 @@ class _Security:
 
 
 class ForwardSession(ByteStreamSession):
-    """One forward connection: the codec, its handshake, and what its events become."""
+    """One forward connection: the codec, its handshake, and what its events become.
+
+    With a decode budget, the codec asks, before each request, the grant the
+    loop handed over with the unit (``Arrival.grant``); between units (the
+    handshake's verdict drains what came after the PING) a grant of the
+    event loop's own small allowance.
+    """
 
     def __init__(
-        self, settings: ForwardListenerConfig, info: ConnectionInfo, security: _Security | None
+        self,
+        settings: ForwardListenerConfig,
+        info: ConnectionInfo,
+        security: _Security | None,
+        decode_budget: DecodeBudget | None = None,
     ) -> None:
         self._info = info
         self._security = security
+        self._budget = decode_budget
+        #: The gate the codec asks now (set for each decode).
+        self._gate: DecodeGate = self._loop_gate()
         helo = None
         if security is not None:
             auth_salt = os.urandom(AUTH_SALT_BYTES) if security.users_required else b""
             helo = Helo(os.urandom(NONCE_BYTES), auth_salt, keepalive=True)
         self._codec = ForwardServerConnection(
-            settings_from(settings, ForwardLimits), allow_json=True, helo=helo
+            settings_from(settings, ForwardLimits), allow_json=True, helo=helo, gate=self._admit
         )
         self._host: str | None = None
         #: The shared key the PING matched, named (set by a successful check).
         self._key_name = ""
+
+    def _loop_gate(self) -> DecodeGate:
+        return always if self._budget is None else DecodeGrant(self._budget, on_loop=True)
+
+    def _admit(self, cost: int) -> Admission:
+        return self._gate(cost)
 
     def greeting(self) -> bytes | None:
         return self._codec.helo_bytes() if self._security is not None else None
@@ -123,7 +144,23 @@ class ForwardSession(ByteStreamSession):
     def receive(self, data: bytes | bytearray, arrival: Arrival) -> list[Action[bytes]]:
         """The actions of the requests ``data`` completes (a violation's Close last)."""
         # No trio here: the loop may run this in a worker thread (one at a time).
-        return self._actions(self._codec.receive_data(data), arrival.time_ns)
+        self._gate = arrival.grant or always
+        try:
+            return self._actions(self._codec.receive_data(data), arrival.time_ns)
+        finally:
+            self._gate = self._loop_gate()
+
+    def deferred_cost(self) -> int:
+        """The cost of the request the decode budget put off (0: none)."""
+        return self._codec.deferred_cost
+
+    def resume(self, arrival: Arrival) -> list[Action[bytes]]:
+        """The actions of the request put off and of those after it, now that it may be decoded."""
+        self._gate = arrival.grant or always
+        try:
+            return self._actions(self._codec.resume(), arrival.time_ns)
+        finally:
+            self._gate = self._loop_gate()
 
     def _actions(self, events: list[ForwardEvent], received_at_ns: int) -> list[Action[bytes]]:
         actions: list[Action[bytes]] = []
@@ -227,6 +264,7 @@ class ForwardSession(ByteStreamSession):
                 "handshake.ok", peer=self._info.peer, client_hostname=ping.client_hostname,
                 username=verdict.username, source=self._info.source,
             )  # fmt: skip
+        self._gate = self._loop_gate()  # on the event loop: small costs only, others put off
         pong, events = self._codec.finish_handshake(verdict, security.server_hostname)
         return [Reply(pong), *self._actions(events, received_at_ns)]
 
@@ -333,12 +371,14 @@ def forward_handler(settings: ForwardListenerConfig, context: ServiceContext) ->
             server_hostname=settings.self_hostname or socket.getfqdn(),
             thread_limiter=context.auth_threads,
         )
+    budget = context.decode_budget
     return StreamHandler(
-        lambda info: ForwardSession(settings, info, security),
+        lambda info: ForwardSession(settings, info, security, budget),
         DriverSettings.from_listener(
             settings, handshake_timeout_seconds=settings.handshake_timeout_seconds
         ),
         context.writer,
         context.lifecycle,
         log,
+        decode_budget=budget,
     )

@@ -28,6 +28,7 @@ from appliance.server.connection import (
     Session,
     SessionDefaults,
 )
+from appliance.server.decode_budget import DecodeBudget
 from appliance.server.lifecycle import Lifecycle
 from appliance.server.listener import ConnectionInfo
 
@@ -119,7 +120,11 @@ class ByteStream:
 
 
 class StreamHandler:
-    """The connection handler of one byte-stream listener (a listener ``Handler``)."""
+    """The connection handler of one byte-stream listener (a listener ``Handler``).
+
+    ``decode_budget``: the process's decode budget, for sessions whose codec
+    asks it before decoding (forward); None for the others.
+    """
 
     def __init__(
         self,
@@ -128,12 +133,14 @@ class StreamHandler:
         sink: BatchSink,
         lifecycle: Lifecycle,
         log: StructLogger,
+        decode_budget: DecodeBudget | None = None,
     ) -> None:
         self._new_session = session_factory
         self._settings = settings
         self._sink = sink
         self._lifecycle = lifecycle
         self._log = log
+        self._decode_budget = decode_budget
         self._decode_threads: trio.CapacityLimiter | None = None
 
     async def __call__(self, stream: trio.abc.Stream, info: ConnectionInfo) -> None:
@@ -145,7 +152,7 @@ class StreamHandler:
         connection = Connection(
             transport, self._new_session(info), self._sink, settings,
             lifecycle=self._lifecycle, log=self._log, info=info,
-            decode_threads=self._decode_threads,
+            decode_threads=self._decode_threads, decode_budget=self._decode_budget,
         )  # fmt: skip
         self._log.info(
             "connection.open", listener=info.listener, peer=info.peer, tls=info.tls,

@@ -28,7 +28,7 @@ from appliance.protocols.forward import (
 from appliance.protocols.forward_fast import fast_entries, fast_path_size
 from appliance.rows.forward import forward_block
 from appliance.rows.records import plain_records_json, records_json
-from fuzz.fuzz_forward_fast import COUNT_VALUES, check_stream, run_one
+from fuzz.fuzz_forward_fast import COUNT_VALUES, SLICED_LIMITS, check_stream, run_one
 
 NOW = 1_700_000_000
 #: An entry's array header and an EventTime at NOW: what a record's bytes follow.
@@ -244,3 +244,125 @@ def test_an_unreadable_stream_names_why(stream: bytes, reason: str) -> None:
     (event,) = ForwardServerConnection().receive_data(request)
     assert isinstance(event, ProtocolViolation)
     assert event.reason == reason
+
+
+# -- the record limits, on streams decoded a slice at a time (fuzz flag SLICED) ---------------
+
+
+#: Nested arrays of ``n`` empty maps (``[[{}, ...], ...]``, 100 to an array): past the
+#: per-container length, only the value count stops them.
+def empty_maps(n: int) -> list[Any]:
+    return [[{}] * 100 for _ in range(n // 100)]
+
+
+def sliced_outcome(stream: bytes, size: int | None) -> EventsReceived | str:
+    """The general path's (or, with ``size``, the fast path's) outcome under SLICED_LIMITS."""
+    option: dict[str, Any] = {} if size is None else {"size": size}
+    request = msgpack.packb(["t", stream, option], use_bin_type=True)
+    (event,) = ForwardServerConnection(decode_limits=SLICED_LIMITS).receive_data(request)
+    if isinstance(event, ProtocolViolation):
+        return event.reason
+    assert isinstance(event, EventsReceived)
+    return event
+
+
+def test_a_sliced_stream_takes_the_fast_path_with_the_general_paths_texts() -> None:
+    stream = plain(40)
+    assert len(stream) > SLICED_LIMITS.slice_bytes
+    assert check_stream(stream, 40, sliced=True)
+    event = sliced_outcome(stream, 40)
+    assert isinstance(event, EventsReceived)
+    assert event.records == []  # only the texts were kept
+    assert event.texts == records_json([{"seq": i, "msg": f"line {i}"} for i in range(40)])
+
+
+@pytest.mark.parametrize(
+    ("why", "record", "reason"),
+    [
+        ("more values than a record may hold", {"m": empty_maps(200)}, "more than 128 values"),
+        ("an array longer than a record may hold", {"a": [0] * 200}, "record limits"),
+        ("a map longer than a record may hold", {str(i): 0 for i in range(150)}, "record limits"),
+        ("a string longer than a record may be", {"s": "x" * 300}, "record limits"),
+        ("an entry over the record bytes", {f"k{i}": "v" * 20 for i in range(12)}, "bytes"),
+        (
+            "JSON text over the record bytes",
+            {"c": "\x01" * 60},  # 62 bytes of msgpack, 370 of JSON
+            "bytes of JSON is over the limit of 256",
+        ),
+    ],
+)
+def test_the_fast_path_never_takes_a_record_the_general_path_refuses(
+    why: str, record: dict[str, Any], reason: str
+) -> None:
+    stream = plain(8) + entries((event_time(), record)) + plain(8)
+    size = 17
+    general = sliced_outcome(stream, None)
+    assert isinstance(general, str), why
+    assert reason in general, (why, general)
+    # With size, the fast path declines and the general path refuses alike.
+    assert sliced_outcome(stream, size) == general
+    assert not check_stream(stream, size, sliced=True)
+
+
+def test_texts_over_their_allowance_are_left_to_the_general_path() -> None:
+    # Escapes of six characters a byte in a str of four bytes a character: the
+    # general path asks its gate for the memory (test_forward_limits.py).
+    record = {"c": "\x01" * 40 + "\U0001f600"}
+    stream = entries(*([(event_time(), record)] * 3))
+    assert fast(stream, 3, 10) is not None  # decoded whole: its cost covers any text
+    count = fast_path_size(stream, 3, 10)
+    assert count is not None
+    assert fast_entries(stream, count, SLICED_LIMITS) is None
+    assert not check_stream(stream, 3, sliced=True)
+
+
+def test_a_record_just_within_the_limits_is_stored() -> None:
+    # The list's 124 elements, the record's 2, the entry's 2: 128 values of 128
+    # (and 255 bytes of JSON of 256).
+    within = entries((event_time(), {"m": [0] * 124}))
+    over = entries((event_time(), {"m": [0] * 125}))
+    assert isinstance(sliced_outcome(plain(8) + within, None), EventsReceived)
+    assert "more than 128 values" in str(sliced_outcome(plain(8) + over, None))
+    # Its 141 bytes could hold more than 128 values: the fast path leaves it to
+    # the general one, which counts them.
+    assert not check_stream(plain(8) + within, 9, sliced=True)
+    assert check_stream(plain(9), 9, sliced=True)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    pairs=st.lists(st.tuples(_times, _records), min_size=1, max_size=30),
+    size_delta=st.sampled_from([0, 0, 0, -1, 1]),
+    compressed=st.booleans(),
+    whole=st.booleans(),
+)
+def test_fast_and_general_paths_agree_slice_by_slice(
+    pairs: list[tuple[Any, Any]], size_delta: int, compressed: bool, whole: bool
+) -> None:
+    """SLICED_LIMITS (every stream over 64 bytes sliced) or WHOLE_LIMITS (up to 256 whole)."""
+    check_stream(
+        entries(*pairs), len(pairs) + size_delta, compressed=compressed,
+        sliced=not whole, whole=whole,
+    )  # fmt: skip
+
+
+_bulky = st.recursive(
+    st.one_of(st.none(), st.text(max_size=40), st.integers(-(2**63), 2**64 - 1)),
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=40), st.dictionaries(st.text(max_size=4), inner, max_size=40)
+    ),
+    max_leaves=150,
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    records=st.lists(
+        st.dictionaries(st.text(max_size=5), _bulky, max_size=4), min_size=1, max_size=12
+    )
+)
+def test_records_near_the_limits_never_split_the_paths(records: list[dict[str, Any]]) -> None:
+    """Records of up to hundreds of values, around SLICED_LIMITS' 128 values and 256 bytes."""
+    pairs = [(event_time(NOW, i), r) for i, r in enumerate(records)]
+    check_stream(entries(*pairs), len(pairs), sliced=True)
+    check_stream(entries(*pairs), len(pairs), whole=True)

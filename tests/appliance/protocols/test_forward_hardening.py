@@ -353,7 +353,10 @@ def test_decoding_stays_within_the_documented_memory_factor(mode: str) -> None:
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
-    assert len(event.records) == count
+    assert len(event.times_ns) == count
+    # A Forward mode request is decoded whole; a PackedForward stream of 512 KiB
+    # a slice at a time (its records kept as text only: appliance/defaults.py).
+    assert len(event.records) == (count if mode == "forward" else 0)
     assert peak <= DECODE_MEMORY_FACTOR * len(data)
 
 

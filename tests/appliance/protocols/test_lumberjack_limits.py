@@ -602,3 +602,25 @@ def test_hostile_frame_streams_give_only_windows_or_a_violation(
     # of input, or of output inflated within the C frame budgets).
     inflated = connection.bytes_inflated
     assert connection.fields_read <= (len(stream) + inflated) // 4 + 2 * len(pieces) + 2
+
+
+# -- a J frame is one record (docs/limits.md, "bytes of one record", "values in one record") --
+
+
+def test_a_j_frame_over_the_record_bytes_is_refused_from_its_length_field() -> None:
+    # Only the header is sent: the frame is refused before its bytes are waited for.
+    header = b"2J" + u32(1) + u32(defaults.RECORD_MAX_BYTES + 1)
+    codec = LumberjackServerConnection(LumberjackLimits(max_frame_bytes=64 << 20))
+    violation(codec.receive_data(w(1) + header), r"over the record limit of 16777216")
+
+
+def test_a_j_frame_of_more_objects_and_arrays_than_a_record_may_hold_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(defaults, "RECORD_MAX_VALUES", 1000)
+    within = {"a": [[] for _ in range(990)]}
+    over = {"a": [[] for _ in range(1000)]}
+    windows = LumberjackServerConnection().receive_data(w(1) + j(1, within))
+    assert [type(e) for e in windows] == [Window]
+    events = LumberjackServerConnection().receive_data(w(1) + j(1, over))
+    violation(events, r"J frame 1 holds more than 1000 JSON objects and arrays")
