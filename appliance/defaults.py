@@ -125,7 +125,7 @@ LISTENER_MAX_PENDING_ACKS: Final = 4096
 PROXY_HEADER_TIMEOUT_SECONDS: Final = 5.0
 
 
-# -- forward (appliance/protocols/forward.py) ------------------------------------------
+# -- forward (appliance/protocols/forward/) --------------------------------------------
 
 #: Largest request (one msgpack array, or one JSON value) accepted, in bytes.
 #: Fluentd's default buffer chunk is 8 MiB and Fluent Bit's about 2 MiB.
@@ -168,7 +168,7 @@ DECODE_BUDGET_WAIT_SECONDS: Final = 30.0
 #: An entries stream larger than this is decoded a slice of about this many
 #: bytes at a time: each slice's records become their JSON text and are freed
 #: before the next is decoded, so a stream's Python objects never exceed one
-#: slice's (appliance/protocols/forward.py, "Memory").
+#: slice's (appliance/protocols/forward/connection.py, "Memory").
 FORWARD_SLICE_BYTES: Final = 256 * 1024
 
 # The forward codec's worst case, in bytes of memory per byte decoded. Measured
@@ -313,7 +313,7 @@ def check_decode_budget(
         )
 
 
-# -- Lumberjack (appliance/protocols/lumberjack.py) -------------------------------------
+# -- Lumberjack (appliance/protocols/lumberjack/) ---------------------------------------
 
 #: Most events a client may announce in one window.
 LUMBERJACK_MAX_WINDOW_SIZE: Final = 100_000
@@ -330,7 +330,7 @@ LUMBERJACK_MAX_WINDOW_BYTES: Final = 64 * 1024 * 1024
 #: The record fields whose value is the tag, first non-empty string wins.
 LUMBERJACK_TAG_FIELDS: Final = ("@metadata.beat", "type")
 
-# -- Log Courier (appliance/protocols/courier.py) ---------------------------------------
+# -- Log Courier (appliance/protocols/courier/) -----------------------------------------
 
 #: Largest JDAT body (nonce + compressed events), and largest EVNT nonce +
 #: compressed stream, in bytes. The Go receiver's limit (``protocoljdat.go``).

@@ -47,7 +47,7 @@ from fuzz.instrument import instrumented
 
 with instrumented(__name__):
     from appliance.config import ForwardListenerConfig
-    from appliance.protocols.forward_handshake import Verdict
+    from appliance.protocols.forward.handshake import Verdict
     from appliance.server.sessions import forward as forward_session
     from appliance.server.sessions.forward import ForwardSession, _Security
     from auth.errors import AuthError

@@ -9,7 +9,7 @@ cut points are not used as reads: ``cut_a`` is the request's ``size``
 option (``0xffff``: the number of msgpack values the stream holds, so the
 fast path is reached whenever the stream is plain). The same stream goes to
 two codecs in one PackedForward request each, one with ``size`` (where
-:mod:`appliance.protocols.forward_fast` may take it) and one without (the
+:mod:`appliance.protocols.forward.fast` may take it) and one without (the
 general path only). The run fails unless both give the same outcome: the
 same events (times, records, drops, chunk) or the same violation; and when
 the fast path rendered the texts, they must equal ``records_json`` of the
@@ -44,7 +44,7 @@ with instrumented(__name__):
         ForwardLimits,
         ForwardServerConnection,
     )
-    from appliance.protocols.forward_fast import fast_entries, fast_path_size
+    from appliance.protocols.forward.fast import fast_entries, fast_path_size
     from appliance.rows.records import records_json
     from fuzz.harness import SMALL_LIMITS, FuzzInput, fuzz_main
 

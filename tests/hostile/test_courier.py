@@ -1,6 +1,6 @@
 """Hostile Log Courier clients against the running service, next to a good one.
 
-What the codec documents (appliance/protocols/courier.py) and this module holds it to:
+What the codec documents (appliance/protocols/courier/connection.py) and this module holds it to:
 
 * refused (connection closed, a logged reason, no ACKN): HELO bodies over 32
   bytes, payloads over the byte, decompressed-byte or event limits, bodies

@@ -1,6 +1,6 @@
 """Hostile Fluentd forward clients against the running service, next to a good one.
 
-What the codec documents (appliance/protocols/forward.py, docs/forward.md) and
+What the codec documents (appliance/protocols/forward/connection.py, docs/forward.md) and
 this module holds it to:
 
 * refused (the connection is closed, a reason is logged, nothing is acked or
@@ -288,7 +288,7 @@ def test_events_with_an_unusable_time_are_dropped_and_the_rest_stored(
     assert kept == list(range(len(BAD_TIMES) + 1))
 
 
-# -- the PackedForward fast path (appliance/protocols/forward_fast.py) ----------------
+# -- the PackedForward fast path (appliance/protocols/forward/fast.py) ----------------
 
 
 def test_records_the_fast_path_declines_are_stored_by_the_convention(

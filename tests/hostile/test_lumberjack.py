@@ -1,6 +1,6 @@
 """Hostile Lumberjack (Beats) clients against the running service, next to a good one.
 
-What the codec documents (appliance/protocols/lumberjack.py) and this module holds it to:
+What the codec documents (appliance/protocols/lumberjack/connection.py) and this module holds it to:
 
 * refused (connection closed, a logged reason, the window not acked): a ``J``
   frame that is not valid JSON text (invalid UTF-8, a lone surrogate escape,

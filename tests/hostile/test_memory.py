@@ -15,7 +15,7 @@ thousand, which no per-array limit stops), then four 15 MB requests at once,
 two on each listener, half of them with ``size`` (the fast path's way in).
 
 It holds that every hostile connection is closed with a logged reason and
-nothing of it is acked or stored (appliance/protocols/forward.py: a record's
+nothing of it is acked or stored (appliance/protocols/forward/connection.py: a record's
 values are counted while it is decoded; appliance/server/decode_budget.py:
 every decode's worst case is taken from one budget first), that the good
 client is acked before, while and after, and that the service's peak RSS

@@ -3,7 +3,7 @@
 Transport, deadlines and ordered acks are the answering loop's
 (:mod:`appliance.server.connection`, :mod:`appliance.server.transports.stream`);
 parsing and digests are the codec's (:mod:`appliance.protocols.forward`,
-:mod:`appliance.protocols.forward_handshake`); the rows are
+:mod:`appliance.protocols.forward.handshake`); the rows are
 :mod:`appliance.rows.forward`'s. This module ties them together
 and, with ``security`` on, asks the credential store (in a worker
 thread, at every PING, so CLI changes apply to the next connection) and the
@@ -38,7 +38,7 @@ from appliance.protocols.forward import (
     ForwardState,
     PingReceived,
 )
-from appliance.protocols.forward_handshake import (
+from appliance.protocols.forward.handshake import (
     AUTH_SALT_BYTES,
     NONCE_BYTES,
     REASON_SHARED_KEY,

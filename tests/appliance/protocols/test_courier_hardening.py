@@ -25,7 +25,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from appliance import defaults
-from appliance.protocols import courier as courier_module
 from appliance.protocols.courier import (
     EVENT_OVERHEAD_BYTES,
     MAX_HELLO_BYTES,
@@ -38,6 +37,7 @@ from appliance.protocols.courier import (
     Ping,
     UnknownMessage,
 )
+from appliance.protocols.courier import connection as courier_module
 from appliance.protocols.errors import LocalProtocolError
 from appliance.protocols.text import MAX_HOST_BYTES, MAX_TAG_BYTES
 from tests.appliance.protocols.support import feed_reads, refused, violation
@@ -379,7 +379,7 @@ def test_usable_timestamps_keep_their_nanoseconds() -> None:
 
 @contextmanager
 def counting(name: str) -> Iterator[list[int]]:
-    """Count the calls of the courier module's ``name`` (a function it uses)."""
+    """Count the calls of the courier codec's ``name`` (a function connection.py uses)."""
     calls = [0]
     original: Callable[..., Any] = getattr(courier_module, name)
 

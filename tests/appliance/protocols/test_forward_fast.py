@@ -1,4 +1,4 @@
-"""The PackedForward fast path (appliance/protocols/forward_fast.py) against the general path.
+"""The PackedForward fast path (appliance/protocols/forward/fast.py) against the general path.
 
 Every test goes through :func:`fuzz.fuzz_forward_fast.check_stream`: the
 same stream in a request with ``size`` and in one without must give the
@@ -25,7 +25,7 @@ from appliance.protocols.forward import (
     EventsReceived,
     ForwardServerConnection,
 )
-from appliance.protocols.forward_fast import fast_entries, fast_path_size
+from appliance.protocols.forward.fast import fast_entries, fast_path_size
 from appliance.rows.forward import forward_block
 from appliance.rows.records import plain_records_json, records_json
 from fuzz.fuzz_forward_fast import COUNT_VALUES, SLICED_LIMITS, check_stream, run_one

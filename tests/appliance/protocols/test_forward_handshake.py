@@ -15,7 +15,7 @@ from appliance.protocols.forward import (
     ForwardState,
     PingReceived,
 )
-from appliance.protocols.forward_handshake import (
+from appliance.protocols.forward.handshake import (
     MAX_USERNAME_BYTES,
     REASON_SHARED_KEY,
     REASON_USER,

@@ -34,6 +34,7 @@ from appliance.protocols.forward import (
     ForwardServerConnection,
     ForwardState,
     Heartbeat,
+    json_framer,
 )
 from appliance.protocols.text import MAX_BATCH_ID_BYTES, MAX_TAG_BYTES
 from appliance.rows.forward import forward_block
@@ -382,7 +383,9 @@ class _CountingPattern:
 def test_json_framer_looks_at_each_byte_once(piece: int, monkeypatch: pytest.MonkeyPatch) -> None:
     examined = [0]
     for name in ("_JSON_STRUCTURE", "_JSON_STRING_STOP", "_JSON_WHITESPACE"):
-        monkeypatch.setattr(forward, name, _CountingPattern(getattr(forward, name), examined))
+        monkeypatch.setattr(
+            json_framer, name, _CountingPattern(getattr(json_framer, name), examined)
+        )
     value = json.dumps(["t", T0, {"s": 'x\\"y' * 2000, "a": [[], {}] * 2000}]).encode()
     data = (value + b"\n") * 3
     codec = ForwardServerConnection()

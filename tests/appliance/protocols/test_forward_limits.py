@@ -1,6 +1,6 @@
 """The forward codec's memory bounds: record limits while decoding, slices, and the decode gate.
 
-What appliance/protocols/forward.py ("Memory", "Records") and appliance/defaults.py
+What appliance/protocols/forward/connection.py ("Memory", "Records") and appliance/defaults.py
 (the cost model) promise:
 
 * a record far larger than any shipper sends is refused at its first excess:
@@ -41,8 +41,8 @@ from appliance.protocols.forward import (
     ForwardServerConnection,
     request_kind,
 )
-from appliance.protocols.forward_fast import decodes_whole
-from appliance.protocols.forward_handshake import Helo, Verdict
+from appliance.protocols.forward.fast import decodes_whole
+from appliance.protocols.forward.handshake import Helo, Verdict
 from appliance.rows.records import records_json
 from tests.appliance.protocols.support import violation
 

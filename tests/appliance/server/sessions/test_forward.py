@@ -20,7 +20,7 @@ import trio.testing
 
 from appliance.config import ForwardListenerConfig
 from appliance.protocols.forward import MAX_PING_BYTES
-from appliance.protocols.forward_handshake import password_digest, ping_digest
+from appliance.protocols.forward.handshake import password_digest, ping_digest
 from appliance.server.connection import Submit
 from appliance.server.context import ServiceContext
 from appliance.server.lifecycle import Lifecycle

@@ -27,7 +27,7 @@ import msgpack
 import pytest
 
 from appliance.config import ForwardListenerConfig
-from appliance.protocols.forward_handshake import password_digest, ping_digest
+from appliance.protocols.forward.handshake import password_digest, ping_digest
 from appliance.server.context import ServiceContext
 from appliance.server.lifecycle import Lifecycle
 from appliance.server.listener import ConnectionInfo

@@ -91,347 +91,61 @@ Invariants this module keeps (the h11 way):
 
 from __future__ import annotations
 
-import enum
 import hashlib
 import json
 import re
-import struct
-import sys
 import zlib
-from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
-from appliance import __version__, defaults
+from appliance import __version__
+from appliance.protocols.courier.events import (
+    NONCE_BYTES,
+    CourierEvent,
+    CourierLimits,
+    Hello,
+    PayloadReceived,
+    Ping,
+    UnknownMessage,
+    Unsupported,
+)
+from appliance.protocols.courier.payload import _Rows, _string_field
+from appliance.protocols.courier.state import _TRANSITIONS, CourierState, _Phase
+from appliance.protocols.courier.wire import (
+    _COMPACT_HELLO,
+    _HEADER,
+    _SERVER_TYPES,
+    _U32,
+    _WIDE_HELLO,
+    FLAG_SUPPORTS_EVNT,
+    MAX_COMPACT_HELLO_BYTES,
+    MAX_HELLO_BYTES,
+    SERVER_ID,
+    STREAMED_LENGTH,
+    encode_message,
+)
 from appliance.protocols.errors import LocalProtocolError, ProtocolViolation, RemoteProtocolError
-from appliance.protocols.limits import require_at_least_one
-from appliance.protocols.text import MAX_HOST_BYTES, MAX_TAG_BYTES, InvalidText, check_text
 from appliance.rows.fields import HOST_PATHS, first_string
 from appliance.rows.records import record_json
 from appliance.rows.timefmt import rfc3339_ns
 
-__all__ = [
-    "EVENT_OVERHEAD_BYTES",
-    "FLAG_SUPPORTS_EVNT",
-    "MAX_COMPACT_HELLO_BYTES",
-    "MAX_HELLO_BYTES",
-    "NONCE_BYTES",
-    "SERVER_ID",
-    "STREAMED_LENGTH",
-    "CourierEvent",
-    "CourierLimits",
-    "CourierServerConnection",
-    "CourierState",
-    "Hello",
-    "PayloadReceived",
-    "Ping",
-    "UnknownMessage",
-    "Unsupported",
-    "encode_message",
-]
+__all__ = ["CourierServerConnection"]
 
-#: Memory counted per kept event besides its record text, in bytes: four list
-#: slots (text, type, host, time; 8 bytes each, plus list growth slack) and an
-#: int of epoch nanoseconds (36 bytes). The codec's own count of Python
-#: memory, not the writer's per-row bytes (appliance/rows/block.py).
-EVENT_OVERHEAD_BYTES: Final = 80
 
 #: Bytes of the content digest in a batch id (:attr:`PayloadReceived.batch_id`).
 _CONTENT_DIGEST_BYTES: Final = 8
-#: Bytes of the nonce that opens a JDAT or EVNT body and every ACKN.
-NONCE_BYTES: Final = 16
-#: The length field of an EVNT message: "streamed, ends with the zlib stream".
-STREAMED_LENGTH: Final = 0xFFFFFFFF
-#: Longest HELO body accepted (the Go receiver refuses more, ``protocolhelo.go``).
-MAX_HELLO_BYTES: Final = 32
-#: Longest HELO body read in the compact layout of the Ruby client v2.7.0 and
-#: v2.7.1 (8 bytes, ``client_tcp.rb`` ``pack('A4NCCCCA4')``); longer bodies
-#: are the Go layout (the Ruby client sends 20 bytes of it since v2.7.2).
-MAX_COMPACT_HELLO_BYTES: Final = 8
-#: Bit of the first flags byte of HELO/VERS: "I accept EVNT" (``protocolvers.go``).
-FLAG_SUPPORTS_EVNT: Final = 0x01
-#: The appliance's four-byte id in VERS (Log Courier's own are LCOR, LCVR, RYLC).
-SERVER_ID: Final = b"APPL"
-#: Known client ids, as the Go and Ruby implementations name them.
-CLIENT_NAMES: Final = {
-    b"LCOR": "Log Courier",
-    b"LCVR": "Log Carver",
-    b"RYLC": "Ruby Log Courier",
-}
 
-_HEADER: Final = struct.Struct(">4sI")
-_U32: Final = struct.Struct(">I")
-#: The Go layout of HELO/VERS: flags[4], major, minor, patch (u32), client[4], reserved[12].
-_WIDE_HELLO: Final = struct.Struct(">4sIII4s12x")
-#: The compact layout (Ruby v2.7.0/v2.7.1): flags, major, minor, patch (u8), client[4].
-_COMPACT_HELLO: Final = struct.Struct(">BBBB4s")
 #: Output asked of zlib per call, in bytes: bounds the memory one call may take.
 _INFLATE_STEP_BYTES: Final = 256 * 1024
 #: JSON text to a value; events are UTF-8 (no encoding sniffing as json.loads(bytes) does).
 _json_decode: Final = json.JSONDecoder().decode
-#: Message types only a server may send; a client sending one is broken.
-_SERVER_TYPES: Final = frozenset({b"VERS", b"PONG", b"ACKN"})
 #: Where an event names its tag: Log Courier's ``fields: {type: ...}`` convention.
 _TYPE_PATH: Final = (("type",),)
-#: Memory counted for a tag/host string kept once per payload besides the
-#: string itself, in bytes: its slot in the payload's string table (a dict).
-_STRING_TABLE_ENTRY_BYTES: Final = 64
 
 
 def _server_version() -> tuple[int, int, int]:
     parts = [int(p) for p in re.findall(r"\d+", __version__)[:3]]
     parts += [0] * (3 - len(parts))
     return (parts[0], parts[1], parts[2])
-
-
-@dataclass(frozen=True, slots=True)
-class CourierLimits:
-    """Limits that guard one connection against abuse (all configurable)."""
-
-    max_payload_bytes: int = defaults.COURIER_MAX_PAYLOAD_BYTES
-    max_decompressed_bytes: int = defaults.COURIER_MAX_DECOMPRESSED_BYTES
-    max_event_bytes: int = defaults.COURIER_MAX_EVENT_BYTES
-    max_events: int = defaults.COURIER_MAX_EVENTS
-    max_payload_memory_bytes: int = defaults.COURIER_MAX_PAYLOAD_MEMORY_BYTES
-
-    def __post_init__(self) -> None:
-        require_at_least_one(
-            self,
-            "max_decompressed_bytes",
-            "max_event_bytes",
-            "max_events",
-            "max_payload_memory_bytes",
-        )
-        if self.max_payload_bytes <= NONCE_BYTES:
-            raise ValueError(f"max_payload_bytes must be more than {NONCE_BYTES}")
-
-
-@dataclass(frozen=True, slots=True)
-class Hello:
-    """A client's HELO: protocol flags, version and four-byte client id.
-
-    Two layouts exist: the Go one (32 bytes: flags[4], u32 major, minor,
-    patch, client[4], reserved; the Ruby client sends its first 20 bytes) and
-    the compact one of Ruby v2.7.0/v2.7.1 (8 bytes: flags, major, minor,
-    patch as single bytes, client[4]). Short bodies are zero-padded, as the
-    Go receiver does.
-    """
-
-    flags: bytes
-    version: tuple[int, int, int]
-    client: bytes
-
-    def __post_init__(self) -> None:
-        if len(self.flags) != 4 or len(self.client) != 4:
-            raise ValueError("HELO flags and client id are 4 bytes each")
-
-    @property
-    def client_name(self) -> str:
-        """A readable name for logs ("Log Courier v2.10.0", "Unknown")."""
-        if self.client[:1] == b"\x00":
-            name = "Unknown"
-        else:
-            # Any four bytes may come: printable ASCII as is, the rest escaped.
-            printable = "".join(chr(b) if 0x20 < b < 0x7F else f"\\x{b:02x}" for b in self.client)
-            name = CLIENT_NAMES.get(self.client, printable)
-        if self.version == (0, 0, 0):
-            return name
-        return f"{name} v{'.'.join(map(str, self.version))}"
-
-
-@dataclass(frozen=True, slots=True)
-class Ping:
-    """A client's PING: answer with :meth:`CourierServerConnection.pong_bytes`."""
-
-
-@dataclass(frozen=True, slots=True)
-class Unsupported:
-    """The client answered ``????``: it did not understand something we sent."""
-
-
-@dataclass(frozen=True, slots=True)
-class UnknownMessage:
-    """A message type this server does not know; its body has been skipped.
-
-    Answer with :meth:`CourierServerConnection.unknown_bytes` (``????``).
-    """
-
-    kind: bytes
-    length: int
-
-
-@dataclass(frozen=True, slots=True)
-class PayloadReceived:
-    """A complete JDAT or EVNT payload, already in the shape of rows.
-
-    One entry per event, in order, in four parallel lists: ``records`` is the
-    event's JSON record text (valid UTF-8); ``types`` its ``type`` and
-    ``hosts`` its host name when they are usable strings (module docstring),
-    else None; ``times_ns`` its ``@timestamp`` in epoch nanoseconds within
-    int64, else None (the receive time). An event that is not a JSON object
-    is kept as ``{"message": <raw>}`` and counted in ``not_json``; a ``type``
-    or host string that is not valid UTF-8 or too long is counted in
-    ``invalid_types`` / ``invalid_hosts``.
-    """
-
-    nonce: bytes
-    kind: Literal["JDAT", "EVNT"]
-    records: list[str]
-    types: list[str | None]
-    hosts: list[str | None]
-    times_ns: list[int | None]
-    not_json: int = 0
-    invalid_types: int = 0
-    invalid_hosts: int = 0
-    #: What the rows hold in memory, in bytes, as the codec counts it.
-    memory_bytes: int = field(default=0, compare=False)
-    #: A digest of the decompressed payload (empty when not computed).
-    content_digest: bytes = field(default=b"", compare=False)
-
-    def __post_init__(self) -> None:
-        if len(self.nonce) != NONCE_BYTES:
-            raise ValueError(f"a nonce is {NONCE_BYTES} bytes, not {len(self.nonce)}")
-        count = len(self.records)
-        if not len(self.types) == len(self.hosts) == len(self.times_ns) == count:
-            raise ValueError("records, types, hosts and times_ns differ in length")
-
-    @property
-    def count(self) -> int:
-        """How many events the payload carried: what its final ACKN acknowledges."""
-        return len(self.records)
-
-    @property
-    def nonce_hex(self) -> str:
-        """The nonce as lowercase hex: the name in logs."""
-        return self.nonce.hex()
-
-    @property
-    def batch_id(self) -> str:
-        """The nonce in hex, then ``:`` and the payload's content digest in hex.
-
-        Log Courier's Go client before v2.6.4 repeats its nonce sequence on
-        every run: with the nonce alone, a restarted client's new payload
-        could be taken for a resend of an old one and acked unwritten. A
-        true resend carries the same events (the appliance never
-        acknowledges part of a payload), so it has the same digest.
-        """
-        if not self.content_digest:
-            return self.nonce_hex
-        return f"{self.nonce_hex}:{self.content_digest.hex()}"
-
-
-CourierEvent = Hello | Ping | Unsupported | UnknownMessage | PayloadReceived | ProtocolViolation
-
-
-class CourierState(enum.Enum):
-    """Where a connection is. Transitions: ``_TRANSITIONS`` below."""
-
-    #: Nothing known received yet: a HELO, or (a client older than the
-    #: handshake) a payload or PING opens the connection.
-    IDLE = "idle"
-    #: Open: payloads and PINGs. A second HELO is an error.
-    OPEN = "open"
-    CLOSED = "closed"
-
-
-#: The state machine as data: the states each state may move to.
-_TRANSITIONS: Final[dict[CourierState, frozenset[CourierState]]] = {
-    CourierState.IDLE: frozenset({CourierState.OPEN, CourierState.CLOSED}),
-    CourierState.OPEN: frozenset({CourierState.CLOSED}),
-    CourierState.CLOSED: frozenset(),
-}
-
-
-class _Phase(enum.Enum):
-    """What the bytes being received belong to (inside the connection's state)."""
-
-    HEADER = "header"  # type and length, 8 bytes
-    HELLO = "hello"  # a HELO body, up to MAX_HELLO_BYTES
-    NONCE = "nonce"  # the 16 bytes opening a payload
-    INFLATE = "inflate"  # a payload's zlib stream
-    TRAILER = "trailer"  # JDAT bytes after its zlib stream ended: skipped
-    SKIP = "skip"  # an unknown message's body: skipped
-
-
-def encode_message(kind: bytes, body: bytes = b"") -> bytes:
-    """One message: four-byte type, u32 length, body."""
-    if len(kind) != 4:
-        raise LocalProtocolError(f"message type {kind!r} is not 4 bytes")
-    return _HEADER.pack(kind, len(body)) + body
-
-
-class _Rows:
-    """The kept rows of the payload in progress, and what they cost in memory."""
-
-    __slots__ = (
-        "hosts",
-        "invalid_hosts",
-        "invalid_types",
-        "memory_bytes",
-        "not_json",
-        "records",
-        "strings",
-        "times_ns",
-        "types",
-    )
-
-    def __init__(self) -> None:
-        self.records: list[str] = []
-        self.types: list[str | None] = []
-        self.hosts: list[str | None] = []
-        self.times_ns: list[int | None] = []
-        #: Each distinct tag/host string once: 1,000 events of ``"type":"nginx"``
-        #: share one str instead of holding 1,000 copies.
-        self.strings: dict[str, str] = {}
-        self.not_json = 0
-        self.invalid_types = 0
-        self.invalid_hosts = 0
-        self.memory_bytes = 0
-
-    def shared(self, value: str) -> str:
-        kept = self.strings.get(value)
-        if kept is None:
-            self.strings[value] = kept = value
-            self.memory_bytes += sys.getsizeof(value) + _STRING_TABLE_ENTRY_BYTES
-        return kept
-
-    def add(self, text: str, type_: str | None, host: str | None, time_ns: int | None) -> None:
-        self.records.append(text)
-        self.types.append(type_)
-        self.hosts.append(host)
-        self.times_ns.append(time_ns)
-        self.memory_bytes += sys.getsizeof(text) + EVENT_OVERHEAD_BYTES
-
-    def payload(
-        self, nonce: bytes, kind: Literal["JDAT", "EVNT"], digest: bytes = b""
-    ) -> PayloadReceived:
-        return PayloadReceived(
-            nonce,
-            kind,
-            self.records,
-            self.types,
-            self.hosts,
-            self.times_ns,
-            not_json=self.not_json,
-            invalid_types=self.invalid_types,
-            invalid_hosts=self.invalid_hosts,
-            memory_bytes=self.memory_bytes,
-            content_digest=digest,
-        )
-
-
-def _string_field(rows: _Rows, value: str | None, what: Literal["type", "host"]) -> str | None:
-    """``value`` when it is valid UTF-8 within its column's limit; else None, counted."""
-    if value is None:
-        return None
-    try:
-        check_text(value, what, MAX_TAG_BYTES if what == "type" else MAX_HOST_BYTES)
-    except InvalidText:
-        if what == "type":
-            rows.invalid_types += 1
-        else:
-            rows.invalid_hosts += 1
-        return None
-    return rows.shared(value)
 
 
 class CourierServerConnection:

@@ -38,7 +38,7 @@ which is then not acked):
   holds ``:``, so the two forms cannot meet.) In the JSON form the chunk must
   be a valid UTF-8 string.
 * the PING's ``client_hostname`` (the ``host`` column): see
-  :mod:`appliance.protocols.forward_handshake`.
+  :mod:`appliance.protocols.forward.handshake`.
 
 Reading whole requests: a request is framed with msgpack's skipping parser
 (no Python objects) and decoded only once complete. An ``entries`` stream
@@ -70,7 +70,7 @@ in tests/appliance/protocols/test_forward_hardening.py and test_forward_limits.p
   slice at a time: each slice's records become their JSON text
   (``EventsReceived.texts``; ``records`` stays empty) before the next is
   built; unless its whole decode takes no more than its reported cost
-  (:func:`~appliance.protocols.forward_fast.decodes_whole`: up to about
+  (:func:`~appliance.protocols.forward.fast.decodes_whole`: up to about
   2.4 MiB), when it is decoded in one pass, its records likewise kept only
   as text. Every msgpack length a header claims is bounded by the bytes being
   decoded (:func:`_decode_options`), and nothing is built before the bytes
@@ -93,28 +93,15 @@ place (:mod:`appliance.protocols.compression`), and each request is decoded once
 
 from __future__ import annotations
 
-import enum
 import io
 import json
-import math
-import re
 import struct
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
 import msgpack
 
 from appliance import defaults
-from appliance.protocols.compression import (
-    GZIP_MAGIC,
-    ZSTD_MAGIC,
-    InvalidDataError,
-    OutputLimitError,
-    TruncatedError,
-    gunzip,
-    unzstd,
-)
 from appliance.protocols.decode_gate import Admit, DecodeGate, always
 from appliance.protocols.errors import (
     Fault,
@@ -122,17 +109,41 @@ from appliance.protocols.errors import (
     ProtocolViolation,
     RemoteProtocolError,
 )
-from appliance.protocols.forward_fast import (
+from appliance.protocols.forward.decoding import (
+    _MAX_TIME_SECONDS,
+    _bounded_options,
+    _count,
+    _decode_options,
+    _InvalidEvent,
+    _new_framer,
+    _time_ns,
+    _TooManyValues,
+    _ValueCounter,
+)
+from appliance.protocols.forward.decompress import _DECOMPRESSORS, _MAGICS
+from appliance.protocols.forward.events import (
+    _NS_PER_SECOND,
+    MAX_BINARY_CHUNK_BYTES,
+    Chunk,
+    DecodeLimits,
+    EventsReceived,
+    EventTime,
+    ForwardEvent,
+    ForwardLimits,
+    Heartbeat,
+    PingReceived,
+)
+from appliance.protocols.forward.fast import (
     TextAllowance as _TextAllowance,
 )
-from appliance.protocols.forward_fast import (
+from appliance.protocols.forward.fast import (
     decodes_whole,
     fast_entries,
     fast_path_size,
     oversized,
     texts_within,
 )
-from appliance.protocols.forward_handshake import (
+from appliance.protocols.forward.handshake import (
     REASON_INVALID_PING,
     Helo,
     InvalidPing,
@@ -142,35 +153,25 @@ from appliance.protocols.forward_handshake import (
     refusal_bytes,
     verify_ping,
 )
-from appliance.protocols.limits import require_at_least_one
+from appliance.protocols.forward.head import (
+    _HEAD_KEPT_BYTES,
+    REQUEST_HEAD_BYTES,
+    packed_request_min_bytes,
+    request_kind,
+)
+from appliance.protocols.forward.json_framer import _JSON_FIRST_BYTES, _JsonFramer
+from appliance.protocols.forward.state import _BEFORE_PONG, _TRANSITIONS, ForwardState
 from appliance.protocols.text import MAX_BATCH_ID_BYTES, MAX_TAG_BYTES, InvalidText, check_text
 from appliance.rows.records import records_json
-from appliance.rows.timefmt import ns_in_range
 
 __all__ = [
-    "DECODE_MEMORY_FACTOR",
     "FAST_PATH_PAUSE_REQUESTS",
-    "MAX_BINARY_CHUNK_BYTES",
     "MAX_PING_BYTES",
-    "REQUEST_HEAD_BYTES",
-    "ZSTD_MAX_EXPANSION",
-    "Chunk",
-    "DecodeLimits",
-    "EventTime",
-    "EventsReceived",
-    "ForwardEvent",
-    "ForwardLimits",
     "ForwardServerConnection",
-    "ForwardState",
-    "Heartbeat",
-    "PingReceived",
-    "gunzip_members",
-    "packed_request_min_bytes",
-    "unzstd_frames",
 ]
 
 #: Requests a connection decodes with the general path only after the fast
-#: path (appliance/protocols/forward_fast.py) decoded one and missed: a client whose
+#: path (appliance/protocols/forward/fast.py) decoded one and missed: a client whose
 #: records the fast path cannot take would otherwise pay for both on every
 #: chunk. Then the fast path is tried again (the client's data may change).
 FAST_PATH_PAUSE_REQUESTS: Final = 64
@@ -180,490 +181,11 @@ FAST_PATH_PAUSE_REQUESTS: Final = 64
 #: username), so an unauthenticated peer cannot make the server hold or
 #: decode more than this.
 MAX_PING_BYTES: Final = 4096
-#: Bytes of Python objects that decoding one msgpack byte may build, at worst
-#: (a chain of one-entry maps: a 224-byte dict per two bytes; measured).
-DECODE_MEMORY_FACTOR: Final = 120
-#: A chunk that is not valid UTF-8 is stored as ``"hex:" + hex``; this many
-#: bytes of it fit ``MAX_BATCH_ID_BYTES``.
-_CHUNK_HEX_PREFIX: Final = "hex:"
-MAX_BINARY_CHUNK_BYTES: Final = (MAX_BATCH_ID_BYTES - len(_CHUNK_HEX_PREFIX)) // 2
-
-_NS_PER_SECOND: Final = 1_000_000_000
-#: Seconds beyond which an epoch time no longer fits int64 nanoseconds (year 2262).
-_MAX_TIME_SECONDS: Final = (2**63 - 1) // _NS_PER_SECOND
-#: EventTime is msgpack ext type 0 carrying two big-endian u32 (spec: "EventTime Ext Format").
-_EVENT_TIME_EXT_TYPE: Final = 0
-_EVENT_TIME: Final = struct.Struct(">II")
-#: The first byte of a JSON request ('[' or '{'); in_forward picks JSON by it.
-_JSON_FIRST_BYTES: Final = frozenset(b"[{")
 #: Bytes asked of the gate beyond what a slice's texts overran their allowance
 #: by, so that a stream of such texts asks once a MiB, not once a slice.
 _TEXT_TOP_UP_BYTES: Final = 1024 * 1024
 #: Unpacker buffers that grew past this many bytes are replaced once empty.
 _UNPACKER_KEEP_BYTES: Final = 64 * 1024
-#: Bytes of a request's start kept to tell its kind before it is decoded
-#: (:func:`request_kind`): the largest array header, a tag of up to
-#: ``MAX_TAG_BYTES`` with a str32 header, the entries' header and the four
-#: bytes of the zstd magic.
-_HEAD_KEPT_BYTES: Final = 5 + 5 + MAX_TAG_BYTES + 5 + 4
-
-
-@dataclass(frozen=True, slots=True)
-class DecodeLimits:
-    """The fixed limits of decoding one request's records (not configurable: tests shrink them).
-
-    Checked while decoding (module docstring, "Records"): a record over
-    one of them refuses its request at the first excess.
-    """
-
-    #: Values one record may hold (the elements of its maps and arrays).
-    max_record_values: int = defaults.RECORD_MAX_VALUES
-    #: Bytes of one record: its msgpack, and its JSON text as stored (UTF-8).
-    max_record_bytes: int = defaults.RECORD_MAX_BYTES
-    #: Entries streams larger than this are decoded a slice at a time...
-    slice_bytes: int = defaults.FORWARD_SLICE_BYTES
-    #: ...unless decoding them whole takes no more than their reported cost
-    #: (:func:`~appliance.protocols.forward_fast.decodes_whole`), up to this
-    #: many bytes if given (tests give ``slice_bytes``: always slices).
-    max_whole_bytes: int | None = None
-
-    def __post_init__(self) -> None:
-        require_at_least_one(self, "max_record_values", "max_record_bytes", "slice_bytes")
-        # A stream decoded whole holds at most a value a byte and records no
-        # larger than itself: the limits must not be reachable there, or the
-        # fast and general paths (which count only sliced streams) could
-        # disagree.
-        if self.slice_bytes > self.max_record_values:
-            raise ValueError("slice_bytes must be at most max_record_values")
-        if self.slice_bytes > self.max_record_bytes:
-            raise ValueError("slice_bytes must be at most max_record_bytes")
-
-
-@dataclass(frozen=True, slots=True)
-class ForwardLimits:
-    """Limits that guard one connection against abuse (all configurable)."""
-
-    max_request_bytes: int = defaults.FORWARD_MAX_REQUEST_BYTES
-    max_decompressed_bytes: int = defaults.FORWARD_MAX_DECOMPRESSED_BYTES
-    max_events_per_request: int = defaults.FORWARD_MAX_EVENTS_PER_REQUEST
-
-    def __post_init__(self) -> None:
-        require_at_least_one(
-            self, "max_request_bytes", "max_decompressed_bytes", "max_events_per_request"
-        )
-
-
-class EventTime(int):
-    """Fluentd EventTime (ext type 0): an ``int`` of epoch nanoseconds.
-
-    An ``int`` subclass rather than a dataclass because one is built per event
-    from the msgpack ext hook, on the hot path; being an ``int`` it also
-    serialises inside a record as its nanoseconds (docs/table.md).
-    """
-
-    __slots__ = ()
-
-    def __new__(cls, seconds: int, nanoseconds: int = 0) -> EventTime:
-        return super().__new__(cls, seconds * _NS_PER_SECOND + nanoseconds)
-
-    @property
-    def seconds(self) -> int:
-        """Whole seconds since the epoch."""
-        return int(self) // _NS_PER_SECOND
-
-    @property
-    def nanoseconds(self) -> int:
-        """The nanoseconds within the second."""
-        return int(self) % _NS_PER_SECOND
-
-    def to_ns(self) -> int:
-        """The instant in epoch nanoseconds."""
-        return int(self)
-
-
-@dataclass(frozen=True, slots=True)
-class Chunk:
-    """The ``chunk`` option exactly as the client sent it.
-
-    The ack must echo the same bytes with the same msgpack type (spec:
-    "Response"), so both are kept. The codec only makes chunks of 1 to
-    ``MAX_BATCH_ID_BYTES`` bytes whose :meth:`text` fits that limit too.
-    """
-
-    raw: bytes
-    kind: Literal["str", "bin"] = "str"
-
-    def text(self) -> str:
-        """The chunk id as valid UTF-8 text, for the ``batch_id`` column and for logs.
-
-        The chunk decoded as UTF-8, or ``"hex:"`` and its lowercase hex when
-        it is not valid UTF-8 (module docstring).
-        """
-        try:
-            return self.raw.decode("utf-8")
-        except UnicodeDecodeError:
-            return _CHUNK_HEX_PREFIX + self.raw.hex()
-
-
-@dataclass(frozen=True, slots=True)
-class EventsReceived:
-    """A request that carried events (any of the four carrier modes).
-
-    ``times_ns[i]`` is the epoch-nanosecond time of ``records[i]``, or
-    ``None`` when the client sent no usable time (nil or 0: in_forward then
-    uses the time of receipt, and so does the appliance). ``dropped`` counts
-    invalid events that were left out, by reason.
-    """
-
-    tag: str
-    mode: Literal["message", "forward", "packed", "compressed"]
-    times_ns: list[int | None]
-    records: list[dict[Any, Any]]
-    chunk: Chunk | None
-    dropped: dict[str, int] = field(default_factory=dict)
-    #: True when the request came in the JSON form (the ack must be JSON too).
-    json: bool = False
-    #: The records' JSON texts, when the PackedForward fast path
-    #: (:mod:`appliance.protocols.forward_fast`) rendered them while checking
-    #: them: equal to ``records_json(records)``. None: the rows layer renders them.
-    texts: list[str] | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Heartbeat:
-    """A msgpack ``nil`` sent by the client to check the connection."""
-
-
-@dataclass(frozen=True, slots=True)
-class PingReceived:
-    """The client's PING (spec "PING"): check it, then :meth:`finish_handshake`."""
-
-    ping: Ping
-
-
-ForwardEvent = EventsReceived | Heartbeat | PingReceived | ProtocolViolation
-
-
-class ForwardState(enum.Enum):
-    """Where a connection is. Transitions: ``_TRANSITIONS`` below."""
-
-    #: Nothing received yet: the first byte picks msgpack or JSON.
-    IDLE = "idle"
-    #: HELO sent (security on): the first request must be a PING.
-    AWAITING_PING = "awaiting-ping"
-    #: PING received: bytes are held until the verdict.
-    AUTHENTICATING = "authenticating"
-    TRANSPORT_MSGPACK = "transport-msgpack"
-    TRANSPORT_JSON = "transport-json"
-    CLOSED = "closed"
-
-
-#: The state machine as data: the states each state may move to.
-_TRANSITIONS: Final[dict[ForwardState, frozenset[ForwardState]]] = {
-    ForwardState.IDLE: frozenset(
-        {ForwardState.TRANSPORT_MSGPACK, ForwardState.TRANSPORT_JSON, ForwardState.CLOSED}
-    ),
-    ForwardState.AWAITING_PING: frozenset({ForwardState.AUTHENTICATING, ForwardState.CLOSED}),
-    ForwardState.AUTHENTICATING: frozenset({ForwardState.TRANSPORT_MSGPACK, ForwardState.CLOSED}),
-    ForwardState.TRANSPORT_MSGPACK: frozenset({ForwardState.CLOSED}),
-    ForwardState.TRANSPORT_JSON: frozenset({ForwardState.CLOSED}),
-    ForwardState.CLOSED: frozenset(),
-}
-#: The states before the PONG, where :data:`MAX_PING_BYTES` is the limit.
-_BEFORE_PONG: Final = frozenset({ForwardState.AWAITING_PING, ForwardState.AUTHENTICATING})
-
-
-class _InvalidEvent(Exception):
-    """One event inside a valid request is unusable; it is dropped and counted."""
-
-
-#: ``int.__new__``: builds an EventTime without a Python-level ``__new__`` frame,
-#: about 0.2 µs an event less on the PackedForward hot path (bench/codec_micro.py).
-_new_int: Final = int.__new__
-
-
-def _ext_hook(code: int, data: bytes) -> Any:
-    if code == _EVENT_TIME_EXT_TYPE and len(data) == _EVENT_TIME.size:
-        seconds, nanoseconds = _EVENT_TIME.unpack(data)
-        if nanoseconds < _NS_PER_SECOND:
-            return _new_int(EventTime, seconds * _NS_PER_SECOND + nanoseconds)
-    # Anything else stays an extension value; as an entry time it is invalid
-    # ("EventTime nanoseconds out of range" included) and the event is dropped.
-    return msgpack.ExtType(code, data)
-
-
-def _decode_options(max_bytes: int) -> dict[str, Any]:
-    """msgpack decoding options for at most ``max_bytes`` of input.
-
-    Every length a header may claim is bounded by the bytes that must follow
-    it: a str, bin or ext body by ``max_bytes``, an array by ``max_bytes``
-    elements (each at least one byte), a map by ``max_bytes // 2`` pairs.
-    raw=False with surrogateescape keeps str values that are not UTF-8
-    (out_forward packs the binary entries stream as str, spec
-    "PackedForward"): their original bytes come back with
-    ``.encode("utf-8", "surrogateescape")``; column strings are then checked
-    strictly. strict_map_key=False: records may have integer keys.
-    """
-    return {
-        "raw": False,
-        "unicode_errors": "surrogateescape",
-        "strict_map_key": False,
-        "ext_hook": _ext_hook,
-        "max_str_len": max_bytes,
-        "max_bin_len": max_bytes,
-        "max_ext_len": max_bytes,
-        "max_array_len": max_bytes,
-        "max_map_len": max_bytes // 2,
-    }
-
-
-def _bounded_options(max_bytes: int, limits: DecodeLimits, max_elements: int) -> dict[str, Any]:
-    """:func:`_decode_options`, with a record's limits on top: no str, bin or ext
-    longer than ``max_record_bytes``, no array or map longer than ``max_elements``
-    (a record's ``max_record_values``, or a request's entries), each refused at
-    its header, before anything is built for it."""
-    options = _decode_options(max_bytes)
-    for key in ("max_str_len", "max_bin_len", "max_ext_len"):
-        options[key] = min(options[key], limits.max_record_bytes)
-    options["max_array_len"] = min(options["max_array_len"], max_elements)
-    options["max_map_len"] = min(options["max_map_len"], max_elements)
-    return options
-
-
-class _TooManyValues(ValueError):
-    """A record, or a Message or Forward mode request, holds more values than allowed."""
-
-
-class _ValueCounter:
-    """Counts the values msgpack builds, as its list and map hooks, up to a limit.
-
-    msgpack calls a container's hook when the container is complete: it
-    counts its elements then (a map's keys and values both), so the count
-    is at most the msgpack values read, and a record of ``n`` bytes counts
-    at most ``n``. Past ``limit`` the hook raises :class:`_TooManyValues`,
-    which stops the decoder at once: a record far larger than any shipper
-    sends is refused at its first excess, after at most one container's
-    elements more (``max_array_len`` and ``max_map_len`` bound those too).
-    """
-
-    __slots__ = ("count", "limit", "what")
-
-    def __init__(self, limit: int, what: str) -> None:
-        self.count = 0
-        self.limit = limit
-        self.what = what
-
-    def _over(self) -> _TooManyValues:
-        return _TooManyValues(
-            f"{self.what} holds more than {self.limit} values (the elements of its maps "
-            "and arrays; RECORD_MAX_VALUES)"
-        )
-
-    def on_list(self, value: list[Any]) -> list[Any]:
-        self.count += len(value)
-        if self.count > self.limit:
-            raise self._over()
-        return value
-
-    def on_map(self, value: dict[Any, Any]) -> dict[Any, Any]:
-        self.count += 2 * len(value)
-        if self.count > self.limit:
-            raise self._over()
-        return value
-
-
-def request_kind(head: bytes | bytearray, size: int) -> str:
-    """What a msgpack request of ``size`` bytes starting with ``head`` is, for its decode cost.
-
-    ``head``: the request's first bytes, as many as it has up to
-    :data:`_HEAD_KEPT_BYTES` (fewer: not known). ``"packed"`` or
-    ``"compressed"`` (PackedForward; compressed when the entries start with
-    the gzip or zstd magic, labelled or not: unlabelled ones are refused
-    before they are decoded, but cost no more for it), ``"msgpack"``
-    (anything else: Message and Forward mode, a heartbeat, a request that is
-    not an array), ``"unknown"`` when the head does not tell (see
-    :func:`appliance.defaults.forward_request_cost`).
-    """
-    if len(head) < min(size, _HEAD_KEPT_BYTES) or not head:
-        return "unknown"
-    first = head[0]
-    if 0x90 <= first <= 0x9F:
-        at = 1
-    elif first in (0xDC, 0xDD):
-        at = 3 if first == 0xDC else 5
-    else:
-        return "msgpack"  # not an array: a heartbeat, or refused
-    if len(head) <= at:
-        return "msgpack"  # the whole request is shorter: refused
-    tag = head[at]
-    if 0xA0 <= tag <= 0xBF:
-        at += 1 + (tag - 0xA0)
-    elif tag in (0xD9, 0xDA, 0xDB):
-        width = _SIZED_HEADERS[tag]
-        at += 1 + width + int.from_bytes(head[at + 1 : at + 1 + width], "big")
-    else:
-        return "msgpack"  # a tag that is not a string: refused
-    if at >= _HEAD_KEPT_BYTES:
-        return "unknown"  # a tag longer than MAX_TAG_BYTES: refused, after its cost
-    if len(head) <= at:
-        return "msgpack"
-    marker = head[at]
-    width = 0 if 0xA0 <= marker <= 0xBF else _SIZED_HEADERS.get(marker, -1)
-    if width < 0:
-        return "msgpack"  # Forward mode's array, or Message mode's time
-    entries = bytes(head[at + 1 + width : at + 1 + width + len(ZSTD_MAGIC)])
-    if entries.startswith(GZIP_MAGIC) or entries.startswith(ZSTD_MAGIC):
-        return "compressed"
-    return "packed"
-
-
-def _new_framer(max_bytes: int, options: dict[str, Any]) -> msgpack.Unpacker:
-    """An unpacker used only with ``skip()``: it finds where a request ends
-    without building any object, so nothing is built for a partial request."""
-    return msgpack.Unpacker(max_buffer_size=max(max_bytes, 1), **options)
-
-
-def gunzip_members(data: bytes, limit: int) -> bytes:
-    """Decompress one or several concatenated gzip members, at most ``limit`` bytes out.
-
-    Spec "CompressedPackedForward": entries "MAY be a concatenated binary of
-    multiple gzip binary strings". Decompression is streamed and stops as soon
-    as the output would pass ``limit``, so a gzip bomb costs at most ``limit``;
-    the work is linear in ``len(data)`` however many members it holds.
-
-    Raises:
-        RemoteProtocolError: invalid or truncated gzip data, or output over ``limit``.
-    """
-    try:
-        return gunzip(data, limit)
-    except OutputLimitError:
-        raise RemoteProtocolError(
-            f"decompressed entries exceed max_decompressed_bytes={limit}"
-        ) from None
-    except TruncatedError:
-        raise RemoteProtocolError("gzip entries are truncated") from None
-    except InvalidDataError as exc:
-        raise RemoteProtocolError(f"gzip entries are invalid: {exc.detail}") from None
-
-
-#: Bytes of a request's start kept to read its declared size: a fixarray, the
-#: tag (a str of up to 255 bytes with its header, 2 bytes more than the 1-byte
-#: headers) and the entries' bin or str header (at most 5 bytes).
-REQUEST_HEAD_BYTES: Final = 1 + 2 + 255 + 5
-
-#: msgpack headers whose length follows in 1, 2 or 4 big-endian bytes: str 8/16/32, bin 8/16/32.
-_SIZED_HEADERS: Final = {0xD9: 1, 0xDA: 2, 0xDB: 4, 0xC4: 1, 0xC5: 2, 0xC6: 4}
-
-
-def packed_request_min_bytes(head: bytes | bytearray) -> int:
-    """The fewest bytes a request starting with ``head`` can take; 0 when it cannot be told.
-
-    Told for ``[tag, entries, option?]`` with ``entries`` a str or bin (the
-    PackedForward modes): the array and tag headers, the tag, the entries'
-    header and the length it declares, and one byte of option when the
-    array has three elements. A wrong guess only costs a worker thread or
-    spares one: the codec itself reads every byte as before.
-    """
-    if len(head) < 2 or head[0] not in (0x92, 0x93):
-        return 0
-    at = 1
-    tag = head[at]
-    if 0xA0 <= tag <= 0xBF:
-        at += 1 + (tag - 0xA0)
-    elif tag == 0xD9 and len(head) > at + 1:
-        at += 2 + head[at + 1]
-    else:
-        return 0
-    if len(head) <= at:
-        return 0
-    width = _SIZED_HEADERS.get(head[at])
-    if width is None or len(head) < at + 1 + width:
-        return 0
-    declared = int.from_bytes(head[at + 1 : at + 1 + width], "big")
-    return at + 1 + width + declared + (1 if head[0] == 0x93 else 0)
-
-
-#: The most a zstd ``entries`` stream may expand, output bytes per input byte:
-#: deflate's own ceiling (about 1032:1). zstd can expand far more (192 bytes
-#: to 250,000 events), which would break the driver's bound on work done on
-#: the event loop for small reads (appliance/server/connection.py,
-#: INLINE_DECODE_MAX_BYTES) and make a tiny request cost seconds of decoding.
-#: Real log chunks compress 5-50:1; a stream past this is refused, not acked.
-ZSTD_MAX_EXPANSION: Final = 1032
-
-
-def unzstd_frames(data: bytes, limit: int) -> bytes:
-    """Decompress one or several concatenated zstd frames, at most ``limit`` bytes out.
-
-    ``compressed: "zstd"`` (Fluentd >= 1.19's out_forward, which writes a frame
-    per buffer append, so a chunk is usually several; docs/forward.md). Like
-    :func:`gunzip_members`: streamed, stopped as soon as the output would pass
-    ``limit``, linear in ``len(data)``.
-
-    Raises:
-        RemoteProtocolError: invalid or truncated zstd data, or output over ``limit``.
-    """
-    ratio_limit = ZSTD_MAX_EXPANSION * len(data)
-    try:
-        return unzstd(data, min(limit, ratio_limit))
-    except OutputLimitError:
-        if ratio_limit < limit:
-            raise RemoteProtocolError(
-                f"zstd entries expand more than {ZSTD_MAX_EXPANSION}:1 "
-                f"(ZSTD_MAX_EXPANSION, the most deflate can)"
-            ) from None
-        raise RemoteProtocolError(
-            f"decompressed entries exceed max_decompressed_bytes={limit}"
-        ) from None
-    except TruncatedError:
-        raise RemoteProtocolError("zstd entries are truncated") from None
-    except InvalidDataError as exc:
-        raise RemoteProtocolError(f"zstd entries are invalid: {exc.detail}") from None
-
-
-#: What each ``compressed`` option value names: its decoder (spec "Option" has
-#: "gzip"; Fluentd >= 1.19 and Fluent Bit's in_forward also read "zstd").
-_DECOMPRESSORS: Final = {"gzip": gunzip_members, "zstd": unzstd_frames}
-#: The magic of each compressed format, to refuse compressed entries that came
-#: without their label (0x1f and 0x28 are msgpack integers, never an entry).
-_MAGICS: Final = {"gzip": GZIP_MAGIC, "zstd": ZSTD_MAGIC}
-
-
-def _time_ns(value: Any) -> int | None:
-    """Epoch nanoseconds of an event time, ``None`` for "use the receive time"."""
-    kind = type(value)
-    if kind is EventTime:
-        return int(value)  # at most 2**32 seconds: always in int64 nanoseconds
-    if kind is msgpack.ExtType and value.code == _EVENT_TIME_EXT_TYPE and len(value.data) == 8:
-        raise _InvalidEvent("EventTime nanoseconds out of range")  # _ext_hook refused it
-    if kind is int:
-        if value == 0:
-            return None
-        ns = value * _NS_PER_SECOND
-        if not ns_in_range(ns):
-            raise _InvalidEvent("time out of range")
-        return int(ns)
-    if value is None:
-        return None
-    if kind is float:
-        if not math.isfinite(value) or abs(value) > _MAX_TIME_SECONDS:
-            raise _InvalidEvent("time out of range")
-        if value == 0:
-            return None
-        seconds = math.floor(value)
-        ns = int(seconds * _NS_PER_SECOND + round((value - seconds) * _NS_PER_SECOND))
-        if not ns_in_range(ns):
-            raise _InvalidEvent("time out of range")
-        return ns
-    if kind is list and len(value) == 2 and type(value[1]) is dict and type(value[0]) is not list:
-        # Fluent Bit 2.1+ sends [[time, metadata], record]: the time is the
-        # first element; the metadata map is not kept (docs/forward.md).
-        return _time_ns(value[0])
-    raise _InvalidEvent(f"time is not an integer or EventTime ({kind.__name__})")
-
-
-def _count(dropped: dict[str, int], reason: str) -> None:
-    dropped[reason] = dropped.get(reason, 0) + 1
 
 
 class ForwardServerConnection:
@@ -1467,7 +989,7 @@ class ForwardServerConnection:
 
         Refuses the request when a record's text is over ``max_record_bytes``.
         Texts that take more memory than the stream's cost reserved for them
-        (:class:`~appliance.protocols.forward_fast.TextAllowance`) are kept
+        (:class:`~appliance.protocols.forward.fast.TextAllowance`) are kept
         only once the gate grants the excess at once; otherwise the request
         is refused (its client resends it later).
         """
@@ -1561,111 +1083,3 @@ def _bin_header(n: int) -> bytes:
     if n < 2**16:
         return b"\xc5" + struct.pack(">H", n)
     return b"\xc6" + struct.pack(">I", n)
-
-
-#: Outside strings, inside a value: the next byte the framer must look at.
-_JSON_STRUCTURE: Final = re.compile(rb'["\[\]{}]')
-#: Inside a string: its end or an escape.
-_JSON_STRING_STOP: Final = re.compile(rb'["\\]')
-#: Between values.
-_JSON_WHITESPACE: Final = re.compile(rb"[ \t\r\n]*")
-
-
-class _JsonFramer:
-    """Splits a byte stream into top-level JSON values, without parsing them.
-
-    in_forward accepts a JSON request when the connection's first byte is
-    '[' or '{' (spec "Fluentd Forward Server", note). Values may follow each
-    other with or without whitespace. The scanner tracks nesting and strings
-    only; :func:`json.loads` validates each complete value.
-
-    Linear and bounded: the scan resumes where the last one stopped (each byte
-    is looked at once, the bytes between brackets and quotes by a regular
-    expression rather than a Python loop), and the buffer never holds more
-    than ``limit + 1`` bytes: the unfinished value, of at most ``limit``.
-    """
-
-    def __init__(self, limit: int) -> None:
-        self._limit = limit
-        #: The unfinished value (the bytes before it are consumed).
-        self._buf = bytearray()
-        self._scan = 0  # next byte of _buf to look at
-        self._depth = 0
-        self._in_string = False
-        self._escaped = False
-
-    @property
-    def buffered_bytes(self) -> int:
-        """Bytes of the unfinished value held."""
-        return len(self._buf)
-
-    def feed(self, data: bytes | bytearray, values: list[bytes]) -> None:
-        """Append the values that ``data`` completes to ``values``.
-
-        Raises:
-            ValueError: the stream is not a sequence of arrays, or a value is
-                over the limit; ``values`` then holds those framed before.
-        """
-        with memoryview(data) as whole:
-            view = whole
-            while view:
-                # One byte past the limit is enough to know a value is too long.
-                room = self._limit + 1 - len(self._buf)
-                piece, view = view[:room], view[room:]
-                self._buf += piece
-                self._frame(values)
-                if len(self._buf) > self._limit:
-                    raise ValueError(f"request exceeds max_request_bytes={self._limit}")
-
-    def _frame(self, values: list[bytes]) -> None:
-        buf = self._buf
-        n = len(buf)
-        i = self._scan
-        start = 0  # where the unfinished value begins
-        while i < n:
-            if self._in_string:
-                if self._escaped:
-                    self._escaped = False
-                    i += 1
-                    continue
-                found = _JSON_STRING_STOP.search(buf, i)
-                if found is None:
-                    i = n
-                    break
-                i = found.start()
-                if buf[i] == 0x5C:  # backslash: the next byte is escaped
-                    self._escaped = True
-                else:
-                    self._in_string = False
-                i += 1
-                continue
-            if self._depth == 0:
-                i = _JSON_WHITESPACE.match(buf, i).end()  # type: ignore[union-attr]
-                start = i
-                if i >= n:
-                    break
-                if buf[i] not in _JSON_FIRST_BYTES:
-                    raise ValueError("JSON request is not an array")
-                self._depth = 1
-                i += 1
-                continue
-            found = _JSON_STRUCTURE.search(buf, i)
-            if found is None:
-                i = n
-                break
-            i = found.start()
-            c = buf[i]
-            if c == 0x22:  # quote
-                self._in_string = True
-            elif c == 0x5B or c == 0x7B:  # [ {
-                self._depth += 1
-            else:  # ] }
-                self._depth -= 1
-                if self._depth == 0:
-                    if i + 1 - start > self._limit:
-                        raise ValueError(f"request exceeds max_request_bytes={self._limit}")
-                    values.append(bytes(buf[start : i + 1]))
-                    start = i + 1
-            i += 1
-        del buf[:start]
-        self._scan = i - start

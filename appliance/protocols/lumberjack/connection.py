@@ -110,185 +110,59 @@ at most a few hundred MiB, whatever ``max_frame_bytes`` is.
 
 from __future__ import annotations
 
-import enum
-import struct
 import zlib
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any, Final
 
 import orjson
 
 from appliance import defaults
 from appliance.protocols.errors import LocalProtocolError, ProtocolViolation, RemoteProtocolError
-from appliance.protocols.limits import require_at_least_one
+from appliance.protocols.lumberjack.budget import (
+    C_FRAME_BASE_ITEMS,
+    C_FRAME_ITEMS_PER_BYTE,
+    MAX_COMPRESSION_DEPTH,
+    MAX_WINDOWS_PER_C_FRAME,
+    NESTED_C_FRAME_ITEMS,
+    _Budget,
+)
+from appliance.protocols.lumberjack.events import (
+    LumberjackEvent,
+    LumberjackLimits,
+    Window,
+)
+from appliance.protocols.lumberjack.frames import (
+    _A,
+    _C,
+    _D,
+    _DATA_HEADER,
+    _HEADER,
+    _J,
+    _SEQUENCE_AND_LENGTH,
+    _U32,
+    _V2,
+    _VERSIONS,
+    _W,
+    _d_key,
+    _d_value,
+    _frame_min_bytes,
+)
+from appliance.protocols.lumberjack.state import _TRANSITIONS, LumberjackState
 from appliance.protocols.text import MAX_HOST_BYTES, MAX_TAG_BYTES, InvalidText, check_text
 from appliance.rows.fields import HOST_PATHS, first_string, paths
 from appliance.rows.records import record_json
 from appliance.rows.timefmt import rfc3339_ns
 
-__all__ = [
-    "C_FRAME_BASE_ITEMS",
-    "C_FRAME_ITEMS_PER_BYTE",
-    "EVENT_OVERHEAD_BYTES",
-    "MAX_COMPRESSION_DEPTH",
-    "MAX_WINDOWS_PER_C_FRAME",
-    "NESTED_C_FRAME_ITEMS",
-    "WINDOW_MEMORY_FACTOR",
-    "LumberjackEvent",
-    "LumberjackLimits",
-    "LumberjackServerConnection",
-    "LumberjackState",
-    "Window",
-]
-
-#: ``C`` frames inside ``C`` frames, at most this deep.
-MAX_COMPRESSION_DEPTH: Final = 4
-#: ``W`` frames one ``C`` frame may hold, nested ones included (no real client
-#: puts any there; without the cap, 8.8 KB of ``W 0`` frames made 1,000,000
-#: windows).
-MAX_WINDOWS_PER_C_FRAME: Final = 64
-#: Items (frames, ``D`` pairs) any ``C`` frame may hold, whatever its size.
-C_FRAME_BASE_ITEMS: Final = 64
-#: Further items per byte of a ``C`` frame's compressed payload.
-C_FRAME_ITEMS_PER_BYTE: Final = 4
-#: Items a ``C`` frame nested in another costs: it starts a zlib stream, about
-#: as much work as this many small frames (uncounted, 54 KB of empty nested
-#: ``C`` frames took 4.8 s).
-NESTED_C_FRAME_ITEMS: Final = 16
-#: Bytes an event held in an unfinished window costs beyond its strings' characters,
-#: at most: five list slots (40), its sequence and time (two ints, 64), and the
-#: headers of its text, tag and host ``str`` (up to 80 each), 64-bit CPython.
-EVENT_OVERHEAD_BYTES: Final = 352
-#: Bytes of memory per byte of a window's data frames, at most, beyond the
-#: per-event overhead: its text at four bytes a character (a ``str`` holding one
-#: character past U+FFFF), and the tag and host copied out of it at four more.
-WINDOW_MEMORY_FACTOR: Final = 8
-
-_VERSIONS: Final = {ord("1"): 1, ord("2"): 2}
-_U32: Final = struct.Struct(">I")
-_HEADER: Final = 2  # version byte, type byte
-_DATA_HEADER: Final = _HEADER + 8  # sequence, then pair count or JSON length
-_W, _D, _J, _C, _A = (ord(c) for c in "WDJCA")
+__all__ = ["LumberjackServerConnection"]
 
 
-def _frame_min_bytes(head: bytes | bytearray) -> int:
-    """Bytes of the ``C`` or ``J`` frame that ``head`` starts with, from its header; else 0."""
-    if len(head) < _HEADER or head[0] not in _VERSIONS:
-        return 0
-    if head[1] == _C and len(head) >= _HEADER + 4:
-        return _HEADER + 4 + int(_U32.unpack_from(head, _HEADER)[0])
-    if head[1] == _J and len(head) >= _DATA_HEADER:
-        return _DATA_HEADER + int(_U32.unpack_from(head, _HEADER + 4)[0])
-    return 0
-
-
-#: A J frame's sequence and JSON length, read together on the hot path.
-_SEQUENCE_AND_LENGTH: Final = struct.Struct(">II")
-_V2: Final = ord("2")
 #: Distinct tag and host strings a connection keeps to share between events.
 _MAX_SHARED_STRINGS: Final = 256
 
 
-@dataclass(frozen=True, slots=True)
-class LumberjackLimits:
-    """Limits that guard one connection (all configurable per listener)."""
-
-    max_window_size: int = defaults.LUMBERJACK_MAX_WINDOW_SIZE
-    max_frame_bytes: int = defaults.LUMBERJACK_MAX_FRAME_BYTES
-    max_decompressed_bytes: int = defaults.LUMBERJACK_MAX_DECOMPRESSED_BYTES
-    max_window_bytes: int = defaults.LUMBERJACK_MAX_WINDOW_BYTES
-
-    def __post_init__(self) -> None:
-        require_at_least_one(
-            self, "max_window_size", "max_frame_bytes", "max_decompressed_bytes",
-            "max_window_bytes",
-        )  # fmt: skip
-
-
-@dataclass(frozen=True, slots=True)
-class Window:
-    """A complete window: its events, in order, and what its ack carries.
-
-    Per event (same index in each list): its sequence, its record's JSON
-    text, the tag and host taken from it (None: none, or not storable) and
-    its ``@timestamp`` in epoch nanoseconds (None: the receive time).
-    """
-
-    version: int
-    sequences: list[int] = field(default_factory=list)
-    texts: list[str] = field(default_factory=list)
-    tags: list[str | None] = field(default_factory=list)
-    hosts: list[str | None] = field(default_factory=list)
-    times_ns: list[int | None] = field(default_factory=list)
-    #: Acks the window takes: more than one only for a run of ``W 0`` frames.
-    acks: int = 1
-    #: Bytes of its data frames as parsed.
-    nbytes: int = 0
-    #: Events whose tag field held a string that cannot be stored (too long).
-    invalid_tags: int = 0
-    #: Events whose host field held a string that cannot be stored (too long).
-    invalid_hosts: int = 0
-
-    @property
-    def highest_sequence(self) -> int | None:
-        """The sequence the ack carries: the highest of the window, None when empty."""
-        return max(self.sequences) if self.sequences else None
-
-    @property
-    def last_sequence(self) -> int | None:
-        """The sequence of the window's last data frame, None for an empty window."""
-        return self.sequences[-1] if self.sequences else None
-
-    @property
-    def records(self) -> list[dict[str, Any]]:
-        """The records, parsed again from :attr:`texts` (for tests and tools, not the hot path)."""
-        return [orjson.loads(text) for text in self.texts]
-
-
-#: What :meth:`LumberjackServerConnection.receive_data` returns: windows, and a
-#: final violation when the input broke the protocol.
-LumberjackEvent = Window | ProtocolViolation
-
-
-class LumberjackState(enum.Enum):
-    """Where a connection is."""
-
-    #: Nothing yet: the first frame's version byte fixes v1 or v2.
-    IDLE = "idle"
-    #: Between windows: the next frame must be ``W``.
-    AWAITING_WINDOW = "awaiting-window"
-    #: Inside a window: data frames until the announced count.
-    IN_WINDOW = "in-window"
-    CLOSED = "closed"
-
-
-_TRANSITIONS: Final[dict[LumberjackState, frozenset[LumberjackState]]] = {
-    LumberjackState.IDLE: frozenset({LumberjackState.IN_WINDOW, LumberjackState.AWAITING_WINDOW,
-                                     LumberjackState.CLOSED}),
-    LumberjackState.AWAITING_WINDOW: frozenset({LumberjackState.IN_WINDOW,
-                                                LumberjackState.AWAITING_WINDOW,
-                                                LumberjackState.CLOSED}),
-    LumberjackState.IN_WINDOW: frozenset({LumberjackState.AWAITING_WINDOW,
-                                          LumberjackState.CLOSED}),
-    LumberjackState.CLOSED: frozenset(),
-}  # fmt: skip
-
-
 class _Incomplete(Exception):
     """The buffer ends inside a frame."""
-
-
-class _Budget:
-    """What one ``C`` frame read off the wire may still cost, nested ``C`` frames included."""
-
-    __slots__ = ("compressed", "decompressed", "items", "windows")
-
-    def __init__(self, compressed: int, max_decompressed: int) -> None:
-        self.compressed = compressed
-        self.items = C_FRAME_BASE_ITEMS + C_FRAME_ITEMS_PER_BYTE * compressed
-        self.decompressed = max_decompressed
-        self.windows = MAX_WINDOWS_PER_C_FRAME
 
 
 class LumberjackServerConnection:
@@ -815,19 +689,3 @@ class LumberjackServerConnection:
         keep waiting); v1 clients get the last sequence already acknowledged.
         """
         return self._ack(0 if self.version == 2 else self._last_acked)
-
-
-def _d_key(raw: memoryview) -> str:
-    """A ``D`` key: its text, or backslash escapes when it is not UTF-8 (appliance.rows.records)."""
-    try:
-        return str(raw, "utf-8")
-    except UnicodeDecodeError:
-        return str(raw, "utf-8", "backslashreplace")
-
-
-def _d_value(raw: memoryview) -> str | bytes:
-    """A ``D`` value: its text, or its bytes when it is not UTF-8 (record_json: ``$binary``)."""
-    try:
-        return str(raw, "utf-8")
-    except UnicodeDecodeError:
-        return bytes(raw)

@@ -39,7 +39,7 @@ at worst (12-byte entries), and 42% more peak memory than
 the general path measured on a 39 MiB stream of 200,000 entries. They are
 freed before the general path runs, so the peaks do not add up. A stream
 over ``slice_bytes`` is decoded as the general path decodes it, a slice at
-a time (appliance/protocols/forward.py, "Memory"): one msgspec call finds
+a time (appliance/protocols/forward/connection.py, "Memory"): one msgspec call finds
 where each entry ends (``Raw``, nothing built), then each slice is decoded
 and rendered, and only its texts are kept (``records`` comes back empty).
 Slices cost no more CPU than one call over the whole stream (they stay in
@@ -162,7 +162,7 @@ _TEXT_HEADER_BYTES: Final = 80
 
 
 class RecordRules(Protocol):
-    """The record limits the fast path keeps (appliance/protocols/forward.py's ``DecodeLimits``)."""
+    """The record limits the fast path keeps (``DecodeLimits`` of forward/events.py)."""
 
     @property
     def max_record_values(self) -> int: ...
@@ -292,7 +292,7 @@ def fast_entries(
     record limits (None: the defaults).
 
     A stream over ``slice_bytes`` is decoded a slice at a time (as the
-    general path does: appliance/protocols/forward.py, "Memory"): the records
+    general path does: appliance/protocols/forward/connection.py, "Memory"): the records
     come back empty, their texts whole; unless it is decoded whole
     (:func:`decodes_whole`), which the defaults allow up to about 2.4 MiB.
     It is taken only when the general path would take it too: every entry
@@ -310,7 +310,7 @@ def fast_entries(
     if n <= slice_bytes:
         return _whole(stream, size)
     if decodes_whole(n, rules, max_events):
-        # As the general path does (appliance/protocols/forward.py, "Memory"):
+        # As the general path does (appliance/protocols/forward/connection.py, "Memory"):
         # one pass, as fast as ever; a text that could hold more values than
         # a record may, or is over the record bytes, leaves it to the general
         # path, which counts and says why.
