@@ -17,8 +17,8 @@ from typing import Any
 
 import msgpack
 
+from appliance.blocks.records import record_json, records_json
 from appliance.protocols.forward import EventsReceived, EventTime, ForwardServerConnection
-from appliance.rows.records import record_json, records_json
 from bench import harness
 from bench.forward_bench import TAG, Workload, chunk_id
 
@@ -119,7 +119,7 @@ def measure() -> int:
         ("  msgpack entries, ext_hook -> EventTime", lambda: unpack(stream, hook_event_time)),
         ("  msgpack entries, ext_hook -> int ns", lambda: unpack(stream, hook_ns)),
         ("  inline fast path sketch (decode + checks)", lambda: inline_entries(stream)),
-        ("record_json (appliance.rows.records)", lambda: [record_json(r) for r in records]),
+        ("record_json (appliance.blocks.records)", lambda: [record_json(r) for r in records]),
         ("  json.JSONEncoder(check_circular=False)", lambda: [no_cycle_check(r) for r in records]),
     ]
     rows = [(name, best_us(fn, n)) for name, fn in cases]

@@ -106,6 +106,10 @@ from typing import Any, Final, Literal
 import msgpack
 
 from appliance import defaults
+from appliance.blocks.errors import InvalidText
+from appliance.blocks.records import records_json
+from appliance.blocks.text import MAX_BATCH_ID_BYTES, MAX_TAG_BYTES, check_text
+from appliance.blocks.timefmt import ns_in_range
 from appliance.protocols.compression import (
     GZIP_MAGIC,
     ZSTD_MAGIC,
@@ -143,9 +147,6 @@ from appliance.protocols.forward_handshake import (
     verify_ping,
 )
 from appliance.protocols.limits import require_at_least_one
-from appliance.protocols.text import MAX_BATCH_ID_BYTES, MAX_TAG_BYTES, InvalidText, check_text
-from appliance.rows.records import records_json
-from appliance.rows.timefmt import ns_in_range
 
 __all__ = [
     "DECODE_MEMORY_FACTOR",

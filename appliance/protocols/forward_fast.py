@@ -69,7 +69,7 @@ from typing import Any, Final, Protocol
 import msgspec
 
 from appliance import defaults
-from appliance.rows.records import oversized_record, plain_records_json
+from appliance.blocks.records import oversized_record, plain_records_json
 
 __all__ = [
     "FAST_PREFIX",

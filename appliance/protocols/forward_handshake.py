@@ -34,7 +34,8 @@ from typing import Any, Final
 
 import msgpack
 
-from appliance.protocols.text import MAX_HOST_BYTES, InvalidText, decode_text
+from appliance.blocks.errors import InvalidText
+from appliance.blocks.text import MAX_HOST_BYTES, decode_text
 
 __all__ = [
     "AUTH_SALT_BYTES",

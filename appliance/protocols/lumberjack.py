@@ -120,12 +120,13 @@ from typing import Any, Final
 import orjson
 
 from appliance import defaults
+from appliance.blocks.errors import InvalidText
+from appliance.blocks.fields import HOST_PATHS, first_string, paths
+from appliance.blocks.records import record_json
+from appliance.blocks.text import MAX_HOST_BYTES, MAX_TAG_BYTES, check_text
+from appliance.blocks.timefmt import rfc3339_ns
 from appliance.protocols.errors import LocalProtocolError, ProtocolViolation, RemoteProtocolError
 from appliance.protocols.limits import require_at_least_one
-from appliance.protocols.text import MAX_HOST_BYTES, MAX_TAG_BYTES, InvalidText, check_text
-from appliance.rows.fields import HOST_PATHS, first_string, paths
-from appliance.rows.records import record_json
-from appliance.rows.timefmt import rfc3339_ns
 
 __all__ = [
     "C_FRAME_BASE_ITEMS",

@@ -33,7 +33,7 @@ from typing import Any, Final
 import msgpack
 import orjson
 
-from appliance.protocols.text import is_utf8_text
+from appliance.blocks.text import is_utf8_text
 
 __all__ = ["MAX_DEPTH", "oversized_record", "plain_records_json", "record_json", "records_json"]
 
