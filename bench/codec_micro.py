@@ -17,8 +17,8 @@ from typing import Any
 
 import msgpack
 
+from appliance.blocks.records import record_json, records_json
 from appliance.protocols.forward import EventsReceived, EventTime, ForwardServerConnection
-from appliance.rows.records import record_json, records_json
 from bench import harness
 from bench.forward_bench import TAG, Workload, chunk_id
 
@@ -113,13 +113,13 @@ def measure() -> int:
         return event.texts
 
     cases: list[tuple[str, Callable[[], object]]] = [
-        ("codec + texts, fast path (size given; forward_fast.py)", fast_with_texts),
+        ("codec + texts, fast path (size given; forward/fast.py)", fast_with_texts),
         ("codec + texts, general path (no size) + records_json", general_with_texts),
         ("  msgpack entries, default ExtType", lambda: unpack(stream, msgpack.ExtType)),
         ("  msgpack entries, ext_hook -> EventTime", lambda: unpack(stream, hook_event_time)),
         ("  msgpack entries, ext_hook -> int ns", lambda: unpack(stream, hook_ns)),
         ("  inline fast path sketch (decode + checks)", lambda: inline_entries(stream)),
-        ("record_json (appliance.rows.records)", lambda: [record_json(r) for r in records]),
+        ("record_json (appliance.blocks.records)", lambda: [record_json(r) for r in records]),
         ("  json.JSONEncoder(check_circular=False)", lambda: [no_cycle_check(r) for r in records]),
     ]
     rows = [(name, best_us(fn, n)) for name, fn in cases]

@@ -114,10 +114,10 @@ def _ready(modules: dict[str, str]) -> float:
 
 async def _new_writer(spec: dict[str, Any]) -> dict[str, Any]:
     """``new``: the real TableCommitter, one ``commit_group([block])`` after another."""
+    from appliance.blocks.block import RowBlock
     from appliance.lake.committer import TableCommitter
     from appliance.lake.settings import WriterSettings
     from appliance.lake.table import EventsTable
-    from appliance.rows.block import RowBlock
 
     app_id: str = spec["app_id"]
     table = EventsTable(spec["uri"], spec["options"])
@@ -154,10 +154,10 @@ async def _old_writer(spec: dict[str, Any]) -> dict[str, Any]:
 
     import trio
 
-    from appliance.lake.blocks import dedupe_key
+    from appliance.blocks.block import RowBlock
+    from appliance.blocks.identity import dedupe_key
     from appliance.lake.errors import CommitError
     from appliance.lake.table import EventsTable
-    from appliance.rows.block import RowBlock
 
     # The old tree's module, not the one a type checker of this tree sees.
     writer: Any = importlib.import_module("appliance.lake.writer")

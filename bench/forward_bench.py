@@ -169,10 +169,10 @@ def measure_ceilings(
     workload: Workload, seconds: float, core: int | None, with_commit: bool
 ) -> dict[str, float]:
     """Single-core in-process rates on the bytes the generator sends."""
-    from appliance.lake.blocks import blocks_to_arrow
+    from appliance.blocks.records import record_json
+    from appliance.lake.arrow import blocks_to_arrow
     from appliance.protocols.forward import EventsReceived, ForwardServerConnection
     from appliance.rows.forward import forward_block
-    from appliance.rows.records import record_json
     from appliance.server.listener import ConnectionInfo
 
     with harness.pinned(core):

@@ -273,7 +273,7 @@ def block_ceilings(
 ) -> dict[str, float]:
     """Rates of the codec (``decode``), then each decoded item ``to_block`` (given the time
     in ns), then ``blocks_to_arrow``, then (``with_commit``) the Delta commit too."""
-    from appliance.lake.blocks import blocks_to_arrow
+    from appliance.lake.arrow import blocks_to_arrow
 
     def codec() -> int:
         return sum(events(item) for item in decode())

@@ -29,11 +29,11 @@ import msgpack
 import trio
 import trio.testing
 
+from appliance.blocks.block import RowBlock
+from appliance.blocks.checks import check_block
 from appliance.config import ForwardListenerConfig
-from appliance.lake.blocks import check_block
 from appliance.lake.writer import CommitTicket
 from appliance.metrics import NULL_LISTENER, ListenerMetrics, Metrics
-from appliance.rows.block import RowBlock
 from appliance.server.context import ServiceContext
 from appliance.server.lifecycle import Lifecycle
 from appliance.server.listener import ConnectionInfo

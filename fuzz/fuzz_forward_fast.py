@@ -37,6 +37,7 @@ from fuzz.instrument import instrumented
 with instrumented(__name__):
     import msgpack
 
+    from appliance.blocks.records import records_json
     from appliance.protocols.errors import ProtocolViolation
     from appliance.protocols.forward import (
         DecodeLimits,
@@ -45,7 +46,6 @@ with instrumented(__name__):
         ForwardServerConnection,
     )
     from appliance.protocols.forward.fast import fast_entries, fast_path_size
-    from appliance.rows.records import records_json
     from fuzz.harness import SMALL_LIMITS, FuzzInput, fuzz_main
 
 GZIP: Final = 0x01

@@ -36,7 +36,7 @@ if not __package__:  # run as a script: make the repository importable
 from fuzz.instrument import instrumented
 
 with instrumented(__name__):
-    from appliance.rows.block import RowBlock
+    from appliance.blocks.block import RowBlock
     from appliance.wal.blocks import decode_block
     from appliance.wal.errors import RecordDecodeError
     from appliance.wal.frame import (

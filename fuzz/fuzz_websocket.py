@@ -38,6 +38,7 @@ if not __package__:  # run as a script: make the repository importable
 from fuzz.instrument import instrumented
 
 with instrumented(__name__):
+    from appliance.blocks.block import RowBlock
     from appliance.config import WebSocketListenerConfig, settings_from
     from appliance.protocols.websocket_messages import (
         MessageError,
@@ -50,7 +51,6 @@ with instrumented(__name__):
         parse_ingest,
         parse_target,
     )
-    from appliance.rows.block import RowBlock
     from appliance.rows.websocket import ingest_block
     from appliance.server.websocket_listener import _subprotocol_token
     from fuzz.harness import (

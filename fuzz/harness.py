@@ -39,11 +39,12 @@ from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Final, Protocol
 
-from appliance.lake.blocks import blocks_to_arrow, check_block
-from appliance.lake.errors import BlockRefused
+from appliance.blocks.block import RowBlock
+from appliance.blocks.checks import check_block
+from appliance.blocks.errors import BlockRefused
+from appliance.lake.arrow import blocks_to_arrow
 from appliance.logs import configure
 from appliance.protocols.websocket_messages import TailFilter
-from appliance.rows.block import RowBlock
 from appliance.rows.websocket import tail_events_json
 from appliance.server.connection import Action, Arrival, Await, Close, Reply, Submit
 from appliance.server.listener import ConnectionInfo

@@ -32,9 +32,9 @@ import msgpack
 if not __package__:  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from appliance.lake.blocks import dedupe_key
+from appliance.blocks.block import RowBlock
+from appliance.blocks.identity import dedupe_key
 from appliance.protocols.proxy import V2_SIGNATURE, Endpoint, encode_v1, encode_v2
-from appliance.rows.block import RowBlock
 from appliance.wal.blocks import encode_block
 from appliance.wal.frame import KIND_ROW_BLOCK, encode_key, frame_header
 from fuzz.fuzz_forward import (

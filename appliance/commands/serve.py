@@ -11,6 +11,7 @@ import functools
 import signal
 import sys
 
+from appliance.blocks.errors import BlockRefused
 from appliance.commands.common import Subparsers, load
 from appliance.lake.errors import LakeError
 from appliance.logs import configure, get_logger
@@ -81,7 +82,7 @@ def _serve(args: argparse.Namespace) -> int:
             trio.run(supervise, config)
         else:
             trio.run(functools.partial(serve, config, supervisor=supervisor))
-    except* (OSError, LakeError, AuthError, PkiError, StateLocked) as group:
+    except* (OSError, LakeError, BlockRefused, AuthError, PkiError, StateLocked) as group:
         # Start-up failures an operator can fix: a port in use, an unreadable
         # table, an auth database behind the code's schema (the message names
         # "appliance db upgrade"), a broken certificate. Inside trio's

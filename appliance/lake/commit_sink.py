@@ -29,14 +29,15 @@ from dataclasses import dataclass, field
 
 import trio
 
-from appliance.lake.batch_ids import MAX_COMMIT_BATCH_IDS, BatchDigest
+from appliance.blocks.block import RowBlock
+from appliance.blocks.errors import BlockRefused
+from appliance.blocks.identity import BatchDigest
+from appliance.lake.commit_info import MAX_COMMIT_BATCH_IDS
 from appliance.lake.committer import TableCommitter, block_digest
-from appliance.lake.errors import BlockRefused
 from appliance.lake.settings import WriterSettings
 from appliance.lake.sink import CommitListener
 from appliance.logs import get_logger
 from appliance.metrics import Metrics
-from appliance.rows.block import RowBlock
 
 __all__ = ["CommitSink", "CommitTicket"]
 

@@ -31,10 +31,13 @@ from typing import Final, TypeVar, TypeVarTuple, Unpack
 import pyarrow as pa
 import trio
 
-from appliance.lake.batch_ids import BatchDigest, batch_digest, commit_metadata
-from appliance.lake.blocks import blocks_to_arrow, dedupe_key
+from appliance.blocks.block import RowBlock
+from appliance.blocks.errors import BlockRefused
+from appliance.blocks.identity import BatchDigest, batch_digest, dedupe_key
+from appliance.lake.arrow import blocks_to_arrow
+from appliance.lake.commit_info import commit_metadata
 from appliance.lake.dedupe import StoredBatches
-from appliance.lake.errors import AppIdInUse, BlockRefused, CommitConflict, CommitError, LakeError
+from appliance.lake.errors import AppIdInUse, CommitConflict, CommitError, LakeError
 from appliance.lake.exactly_once import ExactlyOnce, Outcome
 from appliance.lake.retry import Backoff, describe
 from appliance.lake.schema import EVENTS_SCHEMA
@@ -42,7 +45,6 @@ from appliance.lake.settings import WriterSettings
 from appliance.lake.table import EventsTable, TableChanges
 from appliance.logs import get_logger
 from appliance.metrics import NULL_METRICS, Metrics
-from appliance.rows.block import RowBlock
 
 __all__ = [
     "ARROW_SLICE_ROWS",

@@ -1,6 +1,6 @@
 """The batches a writer knows to be stored, for a window of time.
 
-One index per writer, keyed by batch digest (:mod:`appliance.lake.batch_ids`):
+One index per writer, keyed by batch digest (:mod:`appliance.blocks.identity`):
 the writer's own commits, the batches it found in the table at start, and
 the batches other writers' commits named since. A resend whose digest is
 here is acknowledged again without a second write, and a commit group
@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterable
 
-from appliance.lake.batch_ids import BatchDigest
+from appliance.blocks.identity import BatchDigest
 
 __all__ = ["StoredBatches"]
 

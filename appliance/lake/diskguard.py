@@ -5,7 +5,7 @@ flight and other files on that filesystem (the state directory, the auth
 database) failing with it. The guard refuses new batches *before* that:
 while the free space of the filesystem holding the ``events`` table is below
 a watermark, :meth:`LakeWriter.submit` raises
-:class:`~appliance.lake.errors.BlockRefused` with the reason ``disk nearly
+:class:`~appliance.blocks.errors.BlockRefused` with the reason ``disk nearly
 full: ...``, so the batch is not acknowledged and each protocol tells its
 client in its own way (a WebSocket error answer, a Logjam ``400``, a closed
 forward or Lumberjack connection). Batches already accepted still commit: the
@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
-from appliance.lake.errors import BlockRefused
+from appliance.blocks.errors import BlockRefused
 from appliance.logs import get_logger
 
 __all__ = [

@@ -1,4 +1,9 @@
-"""Every error the lake layer raises (one exceptions module, as deltalake does)."""
+"""Every error the lake layer raises (one exceptions module, as deltalake does).
+
+A block the writer refuses raises :class:`~appliance.blocks.errors.BlockRefused`,
+which belongs to the block vocabulary (the write-ahead log and the checks
+below the lake raise it too), not to this hierarchy.
+"""
 
 from __future__ import annotations
 
@@ -22,18 +27,6 @@ class CommitConflict(CommitError):
 
 class TableSchemaError(LakeError):
     """An existing table does not have the schema or protocol the appliance writes."""
-
-
-class BlockRefused(LakeError):
-    """A block cannot be stored (a string that is not UTF-8, a time out of range, ...).
-
-    The fault is the sending peer's: its connection gets no ack and is closed
-    with ``reason``; the other connections' batches are not affected.
-    """
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
 
 
 class AppIdInUse(LakeError):

@@ -4,7 +4,7 @@ Several writers may append to one table: worker processes of one node, and
 the nodes of a fleet (docs/fleet.md). A client that lost an ack resends its
 batch with the same id, perhaps to another writer, so two writers can hold
 the same batch at once. Each commit therefore names its batches (16-byte
-digests in its ``commitInfo``, :mod:`appliance.lake.batch_ids`), and a
+digests in its ``commitInfo``, :mod:`appliance.lake.commit_info`), and a
 writer commits a group like this (docs/fleet.md, "Exactly once across
 writers", has the argument in full):
 
@@ -44,7 +44,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Final, Protocol
 
-from appliance.lake.batch_ids import BatchDigest
+from appliance.blocks.identity import BatchDigest
 from appliance.lake.dedupe import StoredBatches
 from appliance.lake.errors import AppIdInUse, CommitConflict, CommitError, LakeError
 from appliance.lake.table import TableChanges

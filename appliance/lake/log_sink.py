@@ -22,7 +22,7 @@ it elsewhere) is left out of the commit by the protocol.
 
 A block whose data still fails at commit was acked already: it is logged as
 ``wal.record_unstorable`` with its position and skipped; the check before
-the append (:func:`~appliance.lake.blocks.check_block`) exists so that this
+the append (:func:`~appliance.blocks.checks.check_block`) exists so that this
 cannot happen.
 """
 
@@ -34,15 +34,15 @@ from typing import Final
 
 import trio
 
-from appliance.lake.batch_ids import MAX_COMMIT_BATCH_IDS, batch_digest
-from appliance.lake.blocks import DedupeKey, dedupe_key
+from appliance.blocks.block import RowBlock
+from appliance.blocks.errors import BlockRefused
+from appliance.blocks.identity import DedupeKey, batch_digest, dedupe_key
+from appliance.lake.commit_info import MAX_COMMIT_BATCH_IDS
 from appliance.lake.committer import TableCommitter, wal_app_id
-from appliance.lake.errors import BlockRefused
 from appliance.lake.settings import WriterSettings
 from appliance.lake.sink import CommitListener
 from appliance.logs import get_logger
 from appliance.metrics import Metrics, WalSample
-from appliance.rows.block import RowBlock
 from appliance.wal.blocks import decode_block
 from appliance.wal.errors import (
     RecordDecodeError,

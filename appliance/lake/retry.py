@@ -47,7 +47,8 @@ import trio
 from deltalake.exceptions import DeltaError, DeltaProtocolError, SchemaMismatchError
 
 from appliance import defaults
-from appliance.lake.errors import AppIdInUse, BlockRefused, LakeError, TableSchemaError
+from appliance.blocks.errors import BlockRefused
+from appliance.lake.errors import AppIdInUse, LakeError, TableSchemaError
 from appliance.logs import get_logger
 
 __all__ = [
@@ -80,7 +81,9 @@ Phase = Literal["start", "running"]
 FailureKind = Literal["transient", "misconfigured", "permanent"]
 
 #: The exceptions the retry loops look at; anything else passes through untouched.
-STORAGE_ERRORS: Final = (LakeError, DeltaError, OSError)
+#: BlockRefused is listed (and classified permanent) because it was a LakeError
+#: until it moved to the block vocabulary (docs/architecture.md#import-rules).
+STORAGE_ERRORS: Final = (LakeError, BlockRefused, DeltaError, OSError)
 
 #: The object-store client's timeouts and retries the appliance sets unless
 #: ``[lake] storage_options`` does (keys of deltalake / object_store):
@@ -437,7 +440,7 @@ async def retrying_async(
         Misconfigured: at start, the store refused the credentials or the
             bucket is missing (the message names it, and what to check).
         RetriesExhausted: the budget ran out (chained from the last error).
-        LakeError | DeltaError | OSError: a permanent error, as raised.
+        LakeError | BlockRefused | DeltaError | OSError: a permanent error, as raised.
         BaseException: anything outside :data:`STORAGE_ERRORS` (cancellation
             included) passes through at once.
     """

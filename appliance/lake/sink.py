@@ -10,7 +10,7 @@ Two sinks, one per ack mode, both committing through
   and the log is committed to the table in large groups.
 
 The ticket contract, one for every driver: ``wait()`` returns only once the
-block is durable, and raises :class:`~appliance.lake.errors.BlockRefused`
+block is durable, and raises :class:`~appliance.blocks.errors.BlockRefused`
 when it cannot be stored. It has no "not durable" outcome: at shutdown the
 sink makes everything it accepted durable, and a driver that is cancelled
 first simply sends nothing.
@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
-from appliance.rows.block import RowBlock
+from appliance.blocks.block import RowBlock
 
 __all__ = ["BatchSink", "CommitListener", "Ticket"]
 

@@ -38,8 +38,8 @@ from deltalake import (
 )
 from deltalake.exceptions import CommitFailedError, DeltaError
 
-from appliance.lake.batch_ids import CommitBatches, read_commit_info
-from appliance.lake.blocks import DedupeKey, dedupe_scope
+from appliance.blocks.identity import DedupeKey, dedupe_scope
+from appliance.lake.commit_info import CommitBatches, read_commit_info
 from appliance.lake.errors import (
     AppIdInUse,
     CommitConflict,

@@ -1,9 +1,9 @@
 """The lake writer: where connections submit blocks, by ``[lake] ack`` mode.
 
-Connections :meth:`LakeWriter.submit` a :class:`~appliance.rows.block.RowBlock`
+Connections :meth:`LakeWriter.submit` a :class:`~appliance.blocks.block.RowBlock`
 and get a ticket whose ``wait()`` returns once the block is durable; only
 then does the connection acknowledge. The writer checks each block on its
-own (:func:`~appliance.lake.blocks.check_block`) and the table's disk
+own (:func:`~appliance.blocks.checks.check_block`) and the table's disk
 (:class:`~appliance.lake.diskguard.DiskGuard`), then hands it to its sink:
 
 * ``ack = "commit"``: :class:`~appliance.lake.commit_sink.CommitSink`, an
@@ -29,18 +29,18 @@ from typing import TypeVar, TypeVarTuple, Unpack
 
 import trio
 
-from appliance.lake.blocks import check_block
+from appliance.blocks.block import RowBlock
+from appliance.blocks.checks import check_block
+from appliance.blocks.errors import BlockRefused
 from appliance.lake.commit_sink import CommitSink, CommitTicket
 from appliance.lake.committer import ARROW_SLICE_ROWS, TableCommitter, wal_app_id
 from appliance.lake.diskguard import DiskGuard
-from appliance.lake.errors import BlockRefused
 from appliance.lake.log_sink import LoggedTicket, LogSink
 from appliance.lake.settings import WriterSettings
 from appliance.lake.sink import CommitListener
 from appliance.lake.table import EventsTable
 from appliance.logs import get_logger
 from appliance.metrics import NULL_METRICS, Metrics
-from appliance.rows.block import RowBlock
 from appliance.wal.log import WriteAheadLog
 
 __all__ = [

@@ -41,7 +41,7 @@ Invariants:
   :func:`accepted_frames` once a message is committed.
 
 Strict strings (docs/decisions.md#strict-strings; the limits are
-``appliance.protocols.text``'s):
+``appliance.blocks.text``'s):
 
 * app-env and topic (the row's ``tag``) are frames of the message itself,
   checked by the device's rules at logjam-tools HEAD (``src/logjam-util.c``):
@@ -103,17 +103,17 @@ from dataclasses import dataclass
 from typing import Any, Final, TypeAlias
 
 from appliance import defaults
-from appliance.protocols import compression
-from appliance.protocols.errors import RemoteProtocolError
-from appliance.protocols.limits import require_at_least_one
-from appliance.protocols.text import (
+from appliance.blocks.errors import InvalidText
+from appliance.blocks.text import (
     MAX_BATCH_ID_BYTES,
     MAX_HOST_BYTES,
     MAX_TAG_BYTES,
-    InvalidText,
     check_text,
     decode_text,
 )
+from appliance.protocols import compression
+from appliance.protocols.errors import RemoteProtocolError
+from appliance.protocols.limits import require_at_least_one
 
 __all__ = [
     "ACCEPTED",

@@ -10,12 +10,12 @@ Ingest (``/ingest``), one WebSocket message per batch::
     {"id": "b-1", "tag": "web.app", "events": [{"time": 1732270000.5, "record": {...}}, ...]}
 
 * ``id`` is a non-empty string of printable characters, valid UTF-8 and at
-  most :data:`~appliance.protocols.text.MAX_BATCH_ID_BYTES` bytes, or an
+  most :data:`~appliance.blocks.text.MAX_BATCH_ID_BYTES` bytes, or an
   integer in int64; its text is the batch id, so a message resent with the
   same id after it was committed is acked again without a second write
   (dedupe scope below);
 * ``tag`` is a non-empty string, valid UTF-8, at most
-  :data:`~appliance.protocols.text.MAX_TAG_BYTES` bytes;
+  :data:`~appliance.blocks.text.MAX_TAG_BYTES` bytes;
 * ``events`` is a list of at most ``max_events_per_message`` objects with a
   ``record`` object and an optional ``time``: epoch seconds (a number,
   fraction allowed), an RFC 3339 string, or absent/null for the receive time;
@@ -28,9 +28,9 @@ written, the connection carries on). There are no per-event drops: a client
 of this protocol can always be told exactly what was wrong.
 
 Times (docs/table.md, "Times"): a string must be ASCII RFC 3339
-(:func:`appliance.rows.timefmt.rfc3339_ns`: no ``²`` or Arabic-Indic digits) and a
+(:func:`appliance.blocks.timefmt.rfc3339_ns`: no ``²`` or Arabic-Indic digits) and a
 number must be finite; either must name an instant that int64 epoch
-nanoseconds hold (1677-09-21 .. 2262-04-11, :func:`~appliance.rows.timefmt.ns_in_range`).
+nanoseconds hold (1677-09-21 .. 2262-04-11, :func:`~appliance.blocks.timefmt.ns_in_range`).
 A present time that breaks this refuses the message (``events[i].time: ...``):
 it is never silently replaced, since the client can fix and resend it. Only
 an absent or null time means "the receive time". A float keeps the
@@ -79,12 +79,13 @@ from urllib.parse import parse_qs, urlsplit
 import orjson
 
 from appliance import defaults
+from appliance.blocks.block import RowBlock
+from appliance.blocks.errors import InvalidText
+from appliance.blocks.records import record_json
+from appliance.blocks.text import MAX_BATCH_ID_BYTES, MAX_TAG_BYTES, check_text
+from appliance.blocks.timefmt import ns_in_range, rfc3339_ns
 from appliance.protocols.errors import RemoteProtocolError
 from appliance.protocols.limits import require_at_least_one
-from appliance.protocols.text import MAX_BATCH_ID_BYTES, MAX_TAG_BYTES, InvalidText, check_text
-from appliance.rows.block import RowBlock
-from appliance.rows.records import record_json
-from appliance.rows.timefmt import ns_in_range, rfc3339_ns
 
 __all__ = [
     "INGEST_PATH",
@@ -284,7 +285,7 @@ def parse_ingest(data: str | bytes, limits: MessageLimits) -> IngestMessage:
             raise MessageError(f"events[{index}].record: must be an object", message_id)
         times.append(_time_ns(event.get("time"), index, message_id))
         # record_json always returns valid UTF-8 (lone surrogates become
-        # $binary, NaN null: appliance/rows/records.py), whatever the parser gave.
+        # $binary, NaN null: appliance/blocks/records.py), whatever the parser gave.
         records.append(record_json(record))
     return IngestMessage(message_id, tag, tuple(times), tuple(records))
 

@@ -30,9 +30,11 @@ none a host) is passed once, not once per row.
 
 from __future__ import annotations
 
+from appliance.blocks.block import RowBlock
+from appliance.blocks.errors import InvalidText
+from appliance.blocks.text import MAX_BATCH_ID_BYTES, check_text
 from appliance.protocols.courier import PayloadReceived
-from appliance.protocols.text import MAX_BATCH_ID_BYTES, text_or_error
-from appliance.rows.block import RowBlock
+from appliance.protocols.errors import RemoteProtocolError
 
 __all__ = ["payload_block"]
 
@@ -51,12 +53,16 @@ def payload_block(
     if any(t is not None for t in types):
         tags = [tag if t is None else t for t in types]
     hosts = payload.hosts if any(h is not None for h in payload.hosts) else None
+    try:
+        batch_id = check_text(payload.batch_id, "batch id (nonce)", MAX_BATCH_ID_BYTES)
+    except InvalidText as exc:
+        raise RemoteProtocolError(exc.reason) from None
     return RowBlock(
         protocol="courier",
         source=source,
         peer=peer,
         received_at_ns=received_at_ns,
-        batch_id=text_or_error(payload.batch_id, "batch id (nonce)", MAX_BATCH_ID_BYTES),
+        batch_id=batch_id,
         tag=tags,
         host=hosts,
         times_ns=payload.times_ns,

@@ -9,18 +9,18 @@ Columns (docs/table.md):
   reconnect is acked again without a second write; none without a chunk;
 * event time: the entry's EventTime or integer seconds (the codec's
   ``times_ns``), None meaning the receive time;
-* ``record``: the entry's record as JSON text (:mod:`appliance.rows.records`;
+* ``record``: the entry's record as JSON text (:mod:`appliance.blocks.records`;
   the codec's fast path may have rendered it already, ``EventsReceived.texts``).
 
 The codec (:mod:`appliance.protocols.forward`) has checked the tag, the chunk
-and the PING's hostname against appliance/protocols/text.py.
+and the PING's hostname against appliance/blocks/text.py.
 """
 
 from __future__ import annotations
 
+from appliance.blocks.block import RowBlock
+from appliance.blocks.records import records_json
 from appliance.protocols.forward import EventsReceived
-from appliance.rows.block import RowBlock
-from appliance.rows.records import records_json
 
 __all__ = ["forward_block"]
 

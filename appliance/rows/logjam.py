@@ -21,10 +21,10 @@ from __future__ import annotations
 
 from typing import Final
 
+from appliance.blocks.block import RowBlock
+from appliance.blocks.records import record_json
+from appliance.blocks.timefmt import ns_in_range
 from appliance.protocols.logjam import DataMessage
-from appliance.rows.block import RowBlock
-from appliance.rows.records import record_json
-from appliance.rows.timefmt import ns_in_range
 
 __all__ = ["message_block"]
 

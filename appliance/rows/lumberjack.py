@@ -25,8 +25,8 @@ window would make the client resend it for ever.
 
 from __future__ import annotations
 
+from appliance.blocks.block import RowBlock
 from appliance.protocols.lumberjack import Window
-from appliance.rows.block import RowBlock
 
 __all__ = ["window_block"]
 

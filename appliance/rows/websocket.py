@@ -16,9 +16,9 @@ from collections.abc import Sequence
 
 import orjson
 
+from appliance.blocks.block import RowBlock
+from appliance.blocks.timefmt import rfc3339_text
 from appliance.protocols.websocket_messages import IngestMessage
-from appliance.rows.block import RowBlock
-from appliance.rows.timefmt import rfc3339_text
 
 __all__ = ["ingest_block", "tail_events_json"]
 

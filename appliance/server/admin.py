@@ -68,6 +68,7 @@ import h11
 import orjson
 import trio
 
+from appliance.blocks.block import RowBlock
 from appliance.config import DEFAULT_ADMIN_BIND, DEFAULT_TAIL_QUEUE_EVENTS, AdminConfig, Config
 from appliance.lake.diskguard import local_path
 from appliance.lake.writer import LakeWriter
@@ -79,7 +80,6 @@ from appliance.protocols.websocket_messages import (
     dropped_json,
     parse_target,
 )
-from appliance.rows.block import RowBlock
 from appliance.rows.websocket import tail_events_json
 from appliance.server.admin_slots import (
     ANSWERING_SLOTS,

@@ -31,7 +31,7 @@ whose peers are lanes). A connection is three parts:
 
 When a batch is durable is one seam, :class:`BatchSink`: ``submit`` takes a
 block and gives a :class:`Durable` whose ``wait()`` returns once the block is
-durable and raises :class:`~appliance.lake.errors.BlockRefused` when it never
+durable and raises :class:`~appliance.blocks.errors.BlockRefused` when it never
 will be. The sink is the :class:`~appliance.lake.writer.LakeWriter`: durable
 = synced in its write-ahead log (``ack = "wal"``), or in a Delta commit.
 
@@ -77,11 +77,11 @@ from typing import Final, Generic, Protocol, TypeAlias, TypeVar
 import trio
 
 from appliance import defaults
-from appliance.lake.errors import BlockRefused
+from appliance.blocks.block import RowBlock
+from appliance.blocks.errors import BlockRefused
+from appliance.blocks.records import oversized_record
 from appliance.logs import StructLogger
 from appliance.protocols.errors import Fault
-from appliance.rows.block import RowBlock
-from appliance.rows.records import oversized_record
 from appliance.server.decode_budget import DecodeBudget, DecodeGrant
 from appliance.server.lifecycle import Lifecycle
 from appliance.server.listener import ConnectionInfo

@@ -17,8 +17,8 @@ from contextlib import contextmanager
 import trio
 from trio_websocket import ConnectionClosed, WebSocketConnection
 
+from appliance.blocks.block import RowBlock
 from appliance.protocols.websocket_messages import TailFilter, dropped_json
-from appliance.rows.block import RowBlock
 from appliance.rows.websocket import tail_events_json
 from appliance.server.lifecycle import Lifecycle
 from appliance.server.transports.websocket import (

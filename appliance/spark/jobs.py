@@ -42,7 +42,7 @@ from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import DeltaError
 from deltalake.fs import DeltaStorageHandler
 
-from appliance.lake.blocks import PLAUSIBLE_FUTURE_NS, PLAUSIBLE_PAST_NS
+from appliance.lake.arrow import PLAUSIBLE_FUTURE_NS, PLAUSIBLE_PAST_NS
 from appliance.lake.errors import LakeError
 from appliance.logs import get_logger
 from appliance.spark.errors import SparkError
@@ -77,7 +77,7 @@ EVENTS_FILE_COLUMNS: Final = (
 )
 
 #: ``event_date`` of ``events`` (docs/table.md, "Partition rule"), as Spark SQL:
-#: the same comparison in epoch nanoseconds as :func:`appliance.lake.blocks.blocks_to_arrow`.
+#: the same comparison in epoch nanoseconds as :func:`appliance.lake.arrow.blocks_to_arrow`.
 EVENT_DATE_SQL: Final = (
     "CASE WHEN event_time_ns BETWEEN "
     f"unix_micros(received_at) * 1000 - {PLAUSIBLE_PAST_NS} AND "

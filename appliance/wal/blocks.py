@@ -6,7 +6,7 @@ The body is one msgpack array::
      tag | [tag, ...], host | nil | [host | nil, ...],
      [time_ns | nil, ...], [record, ...], nbytes]
 
-Every field of :class:`~appliance.rows.block.RowBlock` round-trips exactly:
+Every field of :class:`~appliance.blocks.block.RowBlock` round-trips exactly:
 per-block or per-row ``tag`` and ``host``, ``None`` times, ``batch_id``
 ``None``. Sequences come back as lists, whatever sequence type went in.
 
@@ -21,7 +21,7 @@ body's length (no container or string longer than the bytes that hold it;
 at worst a few tens of Python bytes per body byte), every field's type is
 checked, ``bool`` is not taken for an int, extension types are refused, and
 the strings and times are re-checked by the table's own rules
-(:func:`~appliance.lake.blocks.check_block`). Any failure is a
+(:func:`~appliance.blocks.checks.check_block`). Any failure is a
 :class:`~appliance.wal.errors.RecordDecodeError`.
 """
 
@@ -32,9 +32,9 @@ from typing import Final, cast
 
 import msgpack
 
-from appliance.lake.blocks import check_block
-from appliance.lake.errors import BlockRefused
-from appliance.rows.block import RowBlock
+from appliance.blocks.block import RowBlock
+from appliance.blocks.checks import check_block
+from appliance.blocks.errors import BlockRefused
 from appliance.wal.errors import RecordDecodeError
 
 __all__ = ["BLOCK_FORMAT", "decode_block", "encode_block"]

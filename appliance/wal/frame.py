@@ -47,7 +47,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from appliance import defaults
-from appliance.lake.blocks import DedupeKey
+from appliance.blocks.identity import DedupeKey
 
 __all__ = [
     "HEADER_BYTES",

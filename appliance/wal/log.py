@@ -45,10 +45,9 @@ from pathlib import Path
 
 import trio
 
-from appliance.lake.batch_ids import BatchDigest, batch_digest
-from appliance.lake.blocks import DedupeKey, dedupe_key
+from appliance.blocks.block import RowBlock
+from appliance.blocks.identity import BatchDigest, DedupeKey, batch_digest, dedupe_key
 from appliance.logs import get_logger
-from appliance.rows.block import RowBlock
 from appliance.wal.blocks import encode_block
 from appliance.wal.errors import RecordTooLarge, WalClosed, WalError, WalFull, WalWriteError
 from appliance.wal.frame import KIND_ROW_BLOCK, Frame, encode_key
@@ -731,7 +730,7 @@ def _cache_cost(block: RowBlock) -> int:
     """What one cached record counts against ``cache_bytes``: its block, and the entry.
 
     ``block.nbytes`` is the block's own estimate of its memory (its strings
-    plus a per-row overhead, appliance/rows/block.py), so small records,
+    plus a per-row overhead, appliance/blocks/block.py), so small records,
     whose Python objects outweigh their bytes, count for what they hold.
     The record's encoded body is not kept (the frame is cached without it).
     """

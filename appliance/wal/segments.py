@@ -55,7 +55,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
-from appliance.lake.blocks import DedupeKey
+from appliance.blocks.identity import DedupeKey
 from appliance.logs import get_logger
 from appliance.wal.errors import WalCorrupt, WalWriteError
 from appliance.wal.frame import (

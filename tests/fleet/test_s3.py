@@ -22,7 +22,7 @@ import trio
 from deltalake import DeltaTable
 
 from appliance.lake import maintenance
-from appliance.lake.blocks import blocks_to_arrow
+from appliance.lake.arrow import blocks_to_arrow
 from appliance.lake.errors import CommitError
 from appliance.lake.table import EventsTable
 from appliance.lake.writer import LakeWriter, WriterSettings

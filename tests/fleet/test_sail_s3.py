@@ -14,7 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from appliance.lake.blocks import blocks_to_arrow
+from appliance.lake.arrow import blocks_to_arrow
 from appliance.lake.table import EventsTable
 from tests.s3server import S3Server
 from tests.spark.helpers import CLI_TIMEOUT_SECONDS, block, sail_elsewhere

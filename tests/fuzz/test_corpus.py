@@ -17,9 +17,9 @@ from types import ModuleType
 import pytest
 
 import fuzz.harness as harness
+from appliance.blocks.block import RowBlock
 from appliance.protocols.errors import RemoteProtocolError
 from appliance.protocols.proxy import MAX_V2_PAYLOAD_BYTES, ProxyHeaderReader
-from appliance.rows.block import RowBlock
 from appliance.server.connection import Action, Arrival, Close
 from appliance.server.transports.stream import ByteStreamSession
 

@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 
 import fuzz.harness as harness
+from appliance.blocks.block import RowBlock
 from appliance.protocols.websocket_messages import MessageError, parse_target
-from appliance.rows.block import RowBlock
 
 FUZZ_DIR = Path(__file__).resolve().parents[2] / "fuzz"
 TARGETS = harness.TARGETS

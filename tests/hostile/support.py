@@ -212,7 +212,7 @@ BUG_EVENTS = frozenset({"connection.failed", "message.failed"})
 # -- times every protocol with text times must treat alike --------------------------
 
 #: ``@timestamp`` / ``time`` values that name no instant int64 nanoseconds hold,
-#: or are not ASCII RFC 3339 (appliance/rows/timefmt.py, docs/table.md).
+#: or are not ASCII RFC 3339 (appliance/blocks/timefmt.py, docs/table.md).
 BAD_TIMESTAMPS: list[object] = [
     "2024-01-01T00:00:0\u00b2Z",  # superscript two: str.isdigit() says yes, int() says no
     "2024-01-01T00:00:0\u0663Z",  # Arabic-Indic three

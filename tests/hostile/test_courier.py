@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from appliance.protocols.text import MAX_TAG_BYTES
+from appliance.blocks.text import MAX_TAG_BYTES
 from tests.courier_client import (
     HEADER,
     U32,

@@ -31,7 +31,7 @@ from typing import Any
 import msgpack
 import pytest
 
-from appliance.protocols.text import MAX_BATCH_ID_BYTES, MAX_TAG_BYTES
+from appliance.blocks.text import MAX_BATCH_ID_BYTES, MAX_TAG_BYTES
 from tests.hostile.support import (
     FORWARD_MAX_DECOMPRESSED_BYTES,
     FORWARD_MAX_REQUEST_BYTES,

@@ -30,6 +30,7 @@ from typing import Any
 
 import zmq
 
+from appliance.blocks.text import MAX_HOST_BYTES
 from appliance.protocols.logjam import (
     MAX_APP_ENV_BYTES,
     MAX_MESSAGE_FRAMES,
@@ -37,7 +38,6 @@ from appliance.protocols.logjam import (
     Compression,
     pack_meta,
 )
-from appliance.protocols.text import MAX_HOST_BYTES
 from tests.hostile.support import (
     LOGJAM_MAX_BODY_BYTES,
     LOGJAM_MAX_DECOMPRESSED_BYTES,

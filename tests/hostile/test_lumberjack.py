@@ -27,11 +27,11 @@ import zlib
 from typing import Any
 
 from appliance import defaults
+from appliance.blocks.text import MAX_HOST_BYTES, MAX_TAG_BYTES
 from appliance.protocols.lumberjack import (
     MAX_COMPRESSION_DEPTH,
     MAX_WINDOWS_PER_C_FRAME,
 )
-from appliance.protocols.text import MAX_HOST_BYTES, MAX_TAG_BYTES
 from tests.hostile.support import (
     BAD_TIMESTAMPS,
     EXTREME_TIMESTAMPS,

@@ -27,7 +27,7 @@ from typing import Any
 from wsproto.events import CloseConnection
 
 from appliance import defaults
-from appliance.protocols.text import MAX_BATCH_ID_BYTES, MAX_TAG_BYTES
+from appliance.blocks.text import MAX_BATCH_ID_BYTES, MAX_TAG_BYTES
 from tests.hostile.support import (
     BAD_TIMESTAMPS,
     EXTREME_TIMESTAMPS,

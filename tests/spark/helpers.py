@@ -12,9 +12,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from appliance.lake.blocks import blocks_to_arrow
+from appliance.blocks.block import RowBlock
+from appliance.lake.arrow import blocks_to_arrow
 from appliance.lake.table import EventsTable
-from appliance.rows.block import RowBlock
 
 #: Seconds one CLI call may take (a Spark session, a query, a job).
 CLI_TIMEOUT_SECONDS = 180

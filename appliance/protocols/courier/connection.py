@@ -27,22 +27,22 @@ as single bytes, client id), zero-padded to 8. Over 32 bytes is refused.
 
 Events become rows here, one at a time (to bound memory): as soon as
 an event's bytes are complete it is decoded, turned into its JSON record text
-(:func:`appliance.rows.records.record_json`, valid UTF-8), and only that text and
+(:func:`appliance.blocks.records.record_json`, valid UTF-8), and only that text and
 the three fields the rows need are kept; the decoded object is dropped. The
 rules for those fields (docs/decisions.md#strict-strings):
 
 * ``type`` (the tag) and ``host`` (``host.name``, ``beat.hostname`` or
   ``host``) are taken when they are non-empty strings that are valid UTF-8
   (a JSON ``"\ud800"`` escape is not) within
-  :data:`~appliance.protocols.text.MAX_TAG_BYTES` /
-  :data:`~appliance.protocols.text.MAX_HOST_BYTES`. A value that breaks the
+  :data:`~appliance.blocks.text.MAX_TAG_BYTES` /
+  :data:`~appliance.blocks.text.MAX_HOST_BYTES`. A value that breaks the
   rule is not an error for the payload: that field alone falls back (the
   listener's tag, a null host) and is counted in ``invalid_types`` /
   ``invalid_hosts``; the record text keeps the value under the records
   convention (a lone surrogate becomes ``{"$binary": ...}``). Log Courier
   already keeps per-event fallbacks (not-JSON events), so one odd field never
   costs the client its payload, and the client cannot fix it by resending.
-* ``@timestamp`` goes through :func:`appliance.rows.timefmt.rfc3339_ns`: ASCII
+* ``@timestamp`` goes through :func:`appliance.blocks.timefmt.rfc3339_ns`: ASCII
   digits only, int64 nanoseconds only; anything else (``²``, Arabic-Indic
   digits, Go's zero time ``0001-01-01T00:00:00Z``) keeps the event with the
   receive time (docs/table.md, "Times").
@@ -98,6 +98,9 @@ import zlib
 from typing import Any, Final, Literal
 
 from appliance import __version__
+from appliance.blocks.fields import HOST_PATHS, first_string
+from appliance.blocks.records import record_json
+from appliance.blocks.timefmt import rfc3339_ns
 from appliance.protocols.courier.events import (
     NONCE_BYTES,
     CourierEvent,
@@ -124,9 +127,6 @@ from appliance.protocols.courier.wire import (
     encode_message,
 )
 from appliance.protocols.errors import LocalProtocolError, ProtocolViolation, RemoteProtocolError
-from appliance.rows.fields import HOST_PATHS, first_string
-from appliance.rows.records import record_json
-from appliance.rows.timefmt import rfc3339_ns
 
 __all__ = ["CourierServerConnection"]
 

@@ -5,15 +5,16 @@ from __future__ import annotations
 import sys
 from typing import Final, Literal
 
+from appliance.blocks.errors import InvalidText
+from appliance.blocks.text import MAX_HOST_BYTES, MAX_TAG_BYTES, check_text
 from appliance.protocols.courier.events import PayloadReceived
-from appliance.protocols.text import MAX_HOST_BYTES, MAX_TAG_BYTES, InvalidText, check_text
 
 __all__ = ["EVENT_OVERHEAD_BYTES"]
 
 #: Memory counted per kept event besides its record text, in bytes: four list
 #: slots (text, type, host, time; 8 bytes each, plus list growth slack) and an
 #: int of epoch nanoseconds (36 bytes). The codec's own count of Python
-#: memory, not the writer's per-row bytes (appliance/rows/block.py).
+#: memory, not the writer's per-row bytes (appliance/blocks/block.py).
 EVENT_OVERHEAD_BYTES: Final = 80
 #: Memory counted for a tag/host string kept once per payload besides the
 #: string itself, in bytes: its slot in the payload's string table (a dict).

@@ -24,7 +24,7 @@ Invariants this module keeps (the h11 way):
   (docs/decisions.md#acknowledge-only-what-is-durable). A request the codec cannot read
   whole is a violation, so it is never acked.
 
-Strict strings (appliance/protocols/text.py; a violation for the request,
+Strict strings (appliance/blocks/text.py; a violation for the request,
 which is then not acked):
 
 * ``tag``: valid UTF-8 (a msgpack str that is not, or a JSON ``"\\ud800"``,
@@ -102,6 +102,9 @@ from typing import Any, Final, Literal
 import msgpack
 
 from appliance import defaults
+from appliance.blocks.errors import InvalidText
+from appliance.blocks.records import records_json
+from appliance.blocks.text import MAX_BATCH_ID_BYTES, MAX_TAG_BYTES, check_text
 from appliance.protocols.decode_gate import Admit, DecodeGate, always
 from appliance.protocols.errors import (
     Fault,
@@ -161,8 +164,6 @@ from appliance.protocols.forward.head import (
 )
 from appliance.protocols.forward.json_framer import _JSON_FIRST_BYTES, _JsonFramer
 from appliance.protocols.forward.state import _BEFORE_PONG, _TRANSITIONS, ForwardState
-from appliance.protocols.text import MAX_BATCH_ID_BYTES, MAX_TAG_BYTES, InvalidText, check_text
-from appliance.rows.records import records_json
 
 __all__ = [
     "FAST_PATH_PAUSE_REQUESTS",

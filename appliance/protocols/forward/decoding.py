@@ -15,8 +15,8 @@ from typing import Any, Final
 
 import msgpack
 
+from appliance.blocks.timefmt import ns_in_range
 from appliance.protocols.forward.events import _NS_PER_SECOND, DecodeLimits, EventTime
-from appliance.rows.timefmt import ns_in_range
 
 __all__ = ["DECODE_MEMORY_FACTOR"]
 

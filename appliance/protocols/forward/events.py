@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
 from appliance import defaults
+from appliance.blocks.text import MAX_BATCH_ID_BYTES
 from appliance.protocols.errors import ProtocolViolation
 from appliance.protocols.forward.handshake import Ping
 from appliance.protocols.limits import require_at_least_one
-from appliance.protocols.text import MAX_BATCH_ID_BYTES
 
 __all__ = [
     "MAX_BINARY_CHUNK_BYTES",

@@ -17,7 +17,7 @@ call per entry:
 2. the EventTimes of all entries in one :mod:`struct` unpack: all must be
    ext type 0 with 8 bytes and nanoseconds under 10**9;
 3. the records' JSON text in one pass
-   (:func:`~appliance.rows.records.plain_records_json`): text keys, no
+   (:func:`~appliance.blocks.records.plain_records_json`): text keys, no
    bytes, no datetimes (msgspec's reading of the msgpack timestamp
    extension), no integer beyond 64 bits.
 
@@ -25,7 +25,7 @@ Any miss returns None and the general path reads the stream from the
 start, as it would have anyway: so the events, the records, their texts and
 every drop and violation are the general path's own. For the shape above
 the two give equal ``(times, records)`` and the texts equal
-:func:`~appliance.rows.records.records_json` of them (a differential
+:func:`~appliance.blocks.records.records_json` of them (a differential
 hypothesis test, tests/appliance/protocols/test_forward_fast.py, and the
 ``forward_fast`` fuzz target). Measured on 1,000-event chunks of 100-byte
 records: 0.63 µs an event against 1.30 µs (bench/codec_micro.py).
@@ -69,7 +69,7 @@ from typing import Any, Final, Protocol
 import msgspec
 
 from appliance import defaults
-from appliance.rows.records import oversized_record, plain_records_json
+from appliance.blocks.records import oversized_record, plain_records_json
 
 __all__ = [
     "FAST_PREFIX",

@@ -14,7 +14,7 @@ short digest simply fails to match. A failed PING is answered with
 connection closes.
 
 Strings of a PING that reach a column or a log are strict
-(appliance/protocols/text.py): ``client_hostname`` becomes the events'
+(appliance/blocks/text.py): ``client_hostname`` becomes the events'
 ``host`` column, so it must be valid UTF-8 of at most ``MAX_HOST_BYTES``
 (empty means no host); ``username`` (the events' ``source`` once
 authenticated, and the audit log's user otherwise) must be valid UTF-8 of at
@@ -34,7 +34,8 @@ from typing import Any, Final
 
 import msgpack
 
-from appliance.protocols.text import MAX_HOST_BYTES, InvalidText, decode_text
+from appliance.blocks.errors import InvalidText
+from appliance.blocks.text import MAX_HOST_BYTES, decode_text
 
 __all__ = [
     "AUTH_SALT_BYTES",
@@ -61,7 +62,7 @@ AUTH_SALT_BYTES: Final = 16
 
 #: Longest username taken from a PING, in bytes: an authenticated username
 #: becomes the events' ``source``, whose column limit this is
-#: (``appliance.lake.blocks.MAX_SOURCE_BYTES``).
+#: (``appliance.blocks.checks.MAX_SOURCE_BYTES``).
 MAX_USERNAME_BYTES: Final = 1024
 
 REASON_INVALID_PING: Final = "invalid ping message"

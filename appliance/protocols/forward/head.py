@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Final
 
+from appliance.blocks.text import MAX_TAG_BYTES
 from appliance.protocols.compression import GZIP_MAGIC, ZSTD_MAGIC
-from appliance.protocols.text import MAX_TAG_BYTES
 
 __all__ = ["REQUEST_HEAD_BYTES", "packed_request_min_bytes", "request_kind"]
 

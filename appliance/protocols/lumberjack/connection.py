@@ -44,23 +44,23 @@ needs from it, so a window holds little more than its bytes:
 
 * ``tag``: the first non-empty string at one of ``tag_fields`` (dotted
   paths, default ``@metadata.beat`` then ``type``); ``host``: the first at
-  :data:`appliance.rows.fields.HOST_PATHS`. Each must be valid UTF-8 of at most
-  :data:`~appliance.protocols.text.MAX_TAG_BYTES` /
-  :data:`~appliance.protocols.text.MAX_HOST_BYTES`; one that is not is
+  :data:`appliance.blocks.fields.HOST_PATHS`. Each must be valid UTF-8 of at most
+  :data:`~appliance.blocks.text.MAX_TAG_BYTES` /
+  :data:`~appliance.blocks.text.MAX_HOST_BYTES`; one that is not is
   *not* a protocol error (the record itself is fine and is kept whole): the
   event gets None there, which the session turns into the listener's ``tag``
   / a null host, and the window counts it (``invalid_tags``,
   ``invalid_hosts``) for the session to log.
-* the event time: ``@timestamp`` through :func:`appliance.rows.timefmt.rfc3339_ns`
+* the event time: ``@timestamp`` through :func:`appliance.blocks.timefmt.rfc3339_ns`
   (ASCII digits, int64 nanoseconds); anything else, a non-string included,
   is None = the receive time.
 * the JSON text: a ``J`` frame's JSON as sent (orjson validates it: strict
   UTF-8, no lone surrogate escapes, so it is always storable); a ``D``
-  frame's pairs rendered by :func:`appliance.rows.records.record_json`. ``D``
+  frame's pairs rendered by :func:`appliance.blocks.records.record_json`. ``D``
   keys and values are bytes on the wire: one that is valid UTF-8 is text,
   a value that is not becomes ``{"$binary": "<base64>"}`` and a key that is
   not is written with backslash escapes, the convention of
-  :mod:`appliance.rows.records` for msgpack binaries. Nothing is lost and the
+  :mod:`appliance.blocks.records` for msgpack binaries. Nothing is lost and the
   text is valid UTF-8; such a value is not a string, so it never becomes
   the tag, host or time. (logstash-forwarder ships file lines as they are,
   Latin-1 included: refusing them would stall that client for good.)
@@ -118,6 +118,11 @@ from typing import Any, Final
 import orjson
 
 from appliance import defaults
+from appliance.blocks.errors import InvalidText
+from appliance.blocks.fields import HOST_PATHS, first_string, paths
+from appliance.blocks.records import record_json
+from appliance.blocks.text import MAX_HOST_BYTES, MAX_TAG_BYTES, check_text
+from appliance.blocks.timefmt import rfc3339_ns
 from appliance.protocols.errors import LocalProtocolError, ProtocolViolation, RemoteProtocolError
 from appliance.protocols.lumberjack.budget import (
     C_FRAME_BASE_ITEMS,
@@ -149,10 +154,6 @@ from appliance.protocols.lumberjack.frames import (
     _frame_min_bytes,
 )
 from appliance.protocols.lumberjack.state import _TRANSITIONS, LumberjackState
-from appliance.protocols.text import MAX_HOST_BYTES, MAX_TAG_BYTES, InvalidText, check_text
-from appliance.rows.fields import HOST_PATHS, first_string, paths
-from appliance.rows.records import record_json
-from appliance.rows.timefmt import rfc3339_ns
 
 __all__ = ["LumberjackServerConnection"]
 

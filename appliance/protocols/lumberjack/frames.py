@@ -31,7 +31,7 @@ _V2: Final = ord("2")
 
 
 def _d_key(raw: memoryview) -> str:
-    """A ``D`` key: its text, or backslash escapes when it is not UTF-8 (appliance.rows.records)."""
+    """A ``D`` key: its text, or backslash escapes when not UTF-8 (appliance.blocks.records)."""
     try:
         return str(raw, "utf-8")
     except UnicodeDecodeError:

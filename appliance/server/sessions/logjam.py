@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Final, Literal
 
-from appliance.lake.errors import BlockRefused
+from appliance.blocks.errors import BlockRefused
 from appliance.logs import get_logger
 from appliance.metrics import ListenerMetrics
 from appliance.protocols.logjam import (

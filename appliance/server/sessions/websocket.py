@@ -20,8 +20,8 @@ from __future__ import annotations
 from functools import partial
 from typing import TYPE_CHECKING
 
+from appliance.blocks.errors import BlockRefused
 from appliance.config import WebSocketListenerConfig, settings_from
-from appliance.lake.errors import BlockRefused
 from appliance.logs import get_logger
 from appliance.protocols.websocket_messages import (
     MessageError,

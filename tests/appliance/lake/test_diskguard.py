@@ -12,13 +12,13 @@ import pytest
 import trio
 from deltalake import DeltaTable
 
+from appliance.blocks.block import RowBlock
+from appliance.blocks.errors import BlockRefused
 from appliance.config import ConfigError, LakeConfig, parse_config, settings_from
 from appliance.lake import diskguard
 from appliance.lake.diskguard import DiskGuard, DiskSpace
-from appliance.lake.errors import BlockRefused
 from appliance.lake.table import EventsTable
 from appliance.lake.writer import LakeWriter, WriterSettings
-from appliance.rows.block import RowBlock
 from tests.appliance.lake.logcapture import logged
 
 MIB = 1024**2

@@ -25,19 +25,14 @@ import pytest
 import trio
 from deltalake import DeltaTable
 
-from appliance.lake.batch_ids import (
-    COMMIT_INFO_KEY,
-    batch_digest,
-    commit_metadata,
-    read_commit_info,
-)
-from appliance.lake.blocks import dedupe_key
+from appliance.blocks.block import RowBlock
+from appliance.blocks.identity import batch_digest, dedupe_key
+from appliance.lake.commit_info import COMMIT_INFO_KEY, commit_metadata, read_commit_info
 from appliance.lake.committer import TableCommitter
 from appliance.lake.schema import EVENTS_SCHEMA
 from appliance.lake.settings import WriterSettings
 from appliance.lake.table import EventsTable, TableChanges
 from appliance.lake.writer import LakeWriter
-from appliance.rows.block import RowBlock
 from appliance.wal.log import WriteAheadLog
 from appliance.wal.settings import WalSettings
 from tests.s3server import S3Server

@@ -12,7 +12,8 @@ from collections.abc import Sequence
 import pytest
 import trio
 
-from appliance.lake.batch_ids import BatchDigest, CommitBatches
+from appliance.blocks.identity import BatchDigest
+from appliance.lake.commit_info import CommitBatches
 from appliance.lake.dedupe import StoredBatches
 from appliance.lake.errors import AppIdInUse, CommitConflict, CommitError, LakeError
 from appliance.lake.exactly_once import FREE_CONFLICTS, ExactlyOnce

@@ -19,13 +19,13 @@ import pytest
 import trio
 from deltalake import DeltaTable
 
+from appliance.blocks.block import RowBlock
 from appliance.config import Config, ConfigError, MaintenanceConfig, SparkConfig, parse_config
 from appliance.lake import maintenance, operations, schedule
-from appliance.lake.blocks import blocks_to_arrow
+from appliance.lake.arrow import blocks_to_arrow
 from appliance.lake.errors import LakeError
 from appliance.lake.table import EventsTable
 from appliance.lake.writer import LakeWriter, WriterSettings
-from appliance.rows.block import RowBlock
 from tests.appliance.lake.logcapture import logged
 
 FAST = WriterSettings(

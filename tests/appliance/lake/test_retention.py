@@ -27,6 +27,7 @@ import pytest
 import trio
 from deltalake import DeltaTable
 
+from appliance.blocks.block import RowBlock
 from appliance.commands.progress import ProgressReporter
 from appliance.config import (
     Config,
@@ -38,11 +39,10 @@ from appliance.config import (
 )
 from appliance.lake import operations, retention, schedule, table_requests
 from appliance.lake import usage as lake_usage
-from appliance.lake.blocks import blocks_to_arrow
+from appliance.lake.arrow import blocks_to_arrow
 from appliance.lake.errors import LakeError
 from appliance.lake.table import EventsTable
 from appliance.lake.writer import LakeWriter, WriterSettings
-from appliance.rows.block import RowBlock
 from appliance.state_lock import StateLock
 from tests.appliance.lake.logcapture import logged
 

@@ -13,10 +13,10 @@ import pytest
 import trio
 from deltalake import DeltaTable
 
+from appliance.blocks.block import RowBlock
 from appliance.lake.schema import EVENTS_SCHEMA
 from appliance.lake.table import EventsTable
 from appliance.lake.writer import LakeWriter, WriterSettings
-from appliance.rows.block import RowBlock
 from tests.faults import read_only_dir
 
 FAST = WriterSettings(
@@ -165,7 +165,7 @@ async def test_every_commit_carries_an_app_transaction(tmp_path: Path) -> None:
 
 
 def test_commit_retried_with_same_version_is_not_applied_twice(tmp_path: Path) -> None:
-    from appliance.lake.blocks import blocks_to_arrow
+    from appliance.lake.arrow import blocks_to_arrow
 
     table = EventsTable(str(tmp_path / "events"))
     table.open_or_create()
@@ -268,7 +268,7 @@ async def test_a_block_that_cannot_be_stored_is_refused_alone(
     tmp_path: Path, changes: dict[str, object]
 ) -> None:
     """A bad block fails its own submit; the good blocks of the same moment commit."""
-    from appliance.lake.errors import BlockRefused
+    from appliance.blocks.errors import BlockRefused
 
     path = tmp_path / "events"
     async with trio.open_nursery() as nursery:
@@ -290,8 +290,8 @@ async def test_a_group_that_fails_to_convert_refuses_only_the_bad_block(
     """Defence in depth: should a block pass the check and still break Arrow, it fails alone."""
     import pyarrow as pa
 
+    from appliance.blocks.errors import BlockRefused
     from appliance.lake import committer as committer_module
-    from appliance.lake.errors import BlockRefused
 
     real = committer_module.blocks_to_arrow
 
@@ -343,7 +343,7 @@ async def test_anonymous_peers_do_not_share_a_dedupe_scope(tmp_path: Path) -> No
     ],
 )
 def test_dedupe_scope_of_anonymous_peers_is_their_address(peer: str, address: str) -> None:
-    from appliance.lake.blocks import dedupe_scope
+    from appliance.blocks.identity import dedupe_scope
 
     assert dedupe_scope("anonymous", peer) == f"anonymous@{address}"
     assert dedupe_scope("CN=shipper", peer) == "CN=shipper"
@@ -369,7 +369,7 @@ async def test_a_writer_never_takes_another_writers_version_for_its_own(tmp_path
     """Should a duplicate get past the lease, the first writer stops acking."""
     import time as clock
 
-    from appliance.lake.blocks import blocks_to_arrow
+    from appliance.lake.arrow import blocks_to_arrow
     from appliance.lake.errors import AppIdInUse
 
     path = tmp_path / "events"

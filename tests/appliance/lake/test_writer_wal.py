@@ -24,7 +24,7 @@ import pytest
 import trio
 from deltalake import DeltaTable
 
-from appliance.lake.errors import BlockRefused
+from appliance.blocks.errors import BlockRefused
 from appliance.lake.table import EventsTable
 from appliance.lake.writer import LakeWriter, LoggedTicket, WriterSettings, wal_app_id
 from appliance.metrics import Metrics
@@ -382,7 +382,7 @@ def test_a_large_group_is_converted_in_slices_to_the_same_table(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from appliance.lake import committer as committer_module
-    from appliance.lake.blocks import blocks_to_arrow
+    from appliance.lake.arrow import blocks_to_arrow
 
     monkeypatch.setattr(committer_module, "ARROW_SLICE_ROWS", 7)
     blocks = [block(f"s-{i}", rows=1 + i % 4) for i in range(11)]

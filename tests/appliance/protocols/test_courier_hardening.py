@@ -25,6 +25,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from appliance import defaults
+from appliance.blocks.text import MAX_HOST_BYTES, MAX_TAG_BYTES
 from appliance.protocols.courier import (
     EVENT_OVERHEAD_BYTES,
     MAX_HELLO_BYTES,
@@ -39,7 +40,6 @@ from appliance.protocols.courier import (
 )
 from appliance.protocols.courier import connection as courier_module
 from appliance.protocols.errors import LocalProtocolError
-from appliance.protocols.text import MAX_HOST_BYTES, MAX_TAG_BYTES
 from tests.appliance.protocols.support import feed_reads, refused, violation
 
 FAST = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -22,6 +22,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from appliance.blocks.records import record_json
 from appliance.protocols.errors import LocalProtocolError, ProtocolViolation, RemoteProtocolError
 from appliance.protocols.forward import (
     Chunk,
@@ -34,7 +35,6 @@ from appliance.protocols.forward import (
     gunzip_members,
     packed_request_min_bytes,
 )
-from appliance.rows.records import record_json
 from tests.appliance.protocols import support
 
 T0 = 1_700_000_000

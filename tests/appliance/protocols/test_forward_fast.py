@@ -19,6 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from appliance.blocks.records import plain_records_json, records_json
 from appliance.protocols.errors import ProtocolViolation
 from appliance.protocols.forward import (
     FAST_PATH_PAUSE_REQUESTS,
@@ -27,7 +28,6 @@ from appliance.protocols.forward import (
 )
 from appliance.protocols.forward.fast import fast_entries, fast_path_size
 from appliance.rows.forward import forward_block
-from appliance.rows.records import plain_records_json, records_json
 from fuzz.fuzz_forward_fast import COUNT_VALUES, SLICED_LIMITS, check_stream, run_one
 
 NOW = 1_700_000_000

@@ -5,6 +5,7 @@ from __future__ import annotations
 import msgpack
 import pytest
 
+from appliance.blocks.text import MAX_HOST_BYTES
 from appliance.protocols.errors import LocalProtocolError, ProtocolViolation
 from appliance.protocols.forward import (
     MAX_PING_BYTES,
@@ -27,7 +28,6 @@ from appliance.protocols.forward.handshake import (
     pong_bytes,
     verify_ping,
 )
-from appliance.protocols.text import MAX_HOST_BYTES
 from tests.appliance.protocols import support
 from tests.appliance.protocols.support import violation
 

@@ -21,7 +21,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from appliance.lake.blocks import blocks_to_arrow, check_block
+from appliance.blocks.checks import check_block
+from appliance.blocks.text import MAX_BATCH_ID_BYTES, MAX_TAG_BYTES
+from appliance.lake.arrow import blocks_to_arrow
 from appliance.protocols import forward
 from appliance.protocols.errors import LocalProtocolError, ProtocolViolation
 from appliance.protocols.forward import (
@@ -36,7 +38,6 @@ from appliance.protocols.forward import (
     Heartbeat,
     json_framer,
 )
-from appliance.protocols.text import MAX_BATCH_ID_BYTES, MAX_TAG_BYTES
 from appliance.rows.forward import forward_block
 from appliance.server.listener import ConnectionInfo
 from tests.appliance.protocols.support import feed_reads as feed_reads_until_violation

@@ -31,6 +31,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from appliance import defaults
+from appliance.blocks.records import records_json
 from appliance.protocols.decode_gate import Admission, Admit
 from appliance.protocols.errors import LocalProtocolError, ProtocolViolation
 from appliance.protocols.forward import (
@@ -43,7 +44,6 @@ from appliance.protocols.forward import (
 )
 from appliance.protocols.forward.fast import decodes_whole
 from appliance.protocols.forward.handshake import Helo, Verdict
-from appliance.rows.records import records_json
 from tests.appliance.protocols.support import violation
 
 NOW = 1_700_000_000

@@ -19,6 +19,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from appliance.blocks.text import MAX_BATCH_ID_BYTES, MAX_HOST_BYTES, is_utf8_text
 from appliance.protocols.logjam import (
     DEFLATE_MAX_RATIO,
     MAX_APP_ENV_BYTES,
@@ -32,7 +33,6 @@ from appliance.protocols.logjam import (
     Route,
     pack_meta,
 )
-from appliance.protocols.text import MAX_BATCH_ID_BYTES, MAX_HOST_BYTES, is_utf8_text
 
 ID = b"\x00\x80\x00\x00\x29"
 APP_ENV = b"shop-production"

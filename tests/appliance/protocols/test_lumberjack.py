@@ -296,7 +296,7 @@ def test_d_frame_with_several_pairs() -> None:
     (window,) = feed(w(1, 1) + frame)
     assert window.records == [
         # A value that is not UTF-8 is kept whole as {"$binary": base64}
-        # (the appliance.rows.records convention), no longer replaced by U+FFFD.
+        # (the appliance.blocks.records convention), no longer replaced by U+FFFD.
         {"line": "héllo wörld", "host": "web-01", "empty": "", "ключ": "значение",
          "bad": {"$binary": "//4gb2s="}},
     ]  # fmt: skip

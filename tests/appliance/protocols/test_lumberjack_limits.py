@@ -21,6 +21,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from appliance import defaults
+from appliance.blocks.text import MAX_HOST_BYTES, MAX_TAG_BYTES, check_text, is_utf8_text
+from appliance.blocks.timefmt import MAX_TIME_NS, MIN_TIME_NS
 from appliance.protocols.errors import ProtocolViolation
 from appliance.protocols.lumberjack import (
     C_FRAME_BASE_ITEMS,
@@ -36,8 +38,6 @@ from appliance.protocols.lumberjack import (
     LumberjackState,
     Window,
 )
-from appliance.protocols.text import MAX_HOST_BYTES, MAX_TAG_BYTES, check_text, is_utf8_text
-from appliance.rows.timefmt import MAX_TIME_NS, MIN_TIME_NS
 from tests.appliance.protocols.support import feed_reads, violation
 
 FAST = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -14,9 +14,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from appliance import defaults
-from appliance.lake.blocks import check_block
+from appliance.blocks.block import RowBlock
+from appliance.blocks.checks import check_block
+from appliance.blocks.text import MAX_BATCH_ID_BYTES, MAX_TAG_BYTES
 from appliance.protocols import websocket_messages
-from appliance.protocols.text import MAX_BATCH_ID_BYTES, MAX_TAG_BYTES
 from appliance.protocols.websocket_messages import (
     MessageError,
     MessageLimits,
@@ -30,7 +31,6 @@ from appliance.protocols.websocket_messages import (
     parse_ingest,
     parse_target,
 )
-from appliance.rows.block import RowBlock
 from appliance.rows.websocket import ingest_block
 
 LIMITS = MessageLimits(max_message_bytes=10_000, max_events_per_message=3)

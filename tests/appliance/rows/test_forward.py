@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 
-from appliance.lake.blocks import check_block
+from appliance.blocks.block import ROW_OVERHEAD_BYTES
+from appliance.blocks.checks import check_block
 from appliance.protocols.forward import Chunk, EventsReceived
-from appliance.rows.block import ROW_OVERHEAD_BYTES
 from appliance.rows.forward import forward_block
 
 SOURCE = "anonymous"

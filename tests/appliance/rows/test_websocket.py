@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
+from appliance.blocks.block import RowBlock
 from appliance.protocols.websocket_messages import MessageLimits, parse_ingest
-from appliance.rows.block import RowBlock
 from appliance.rows.websocket import ingest_block, tail_events_json
 
 MESSAGE = json.dumps(

@@ -14,10 +14,10 @@ from typing import Any
 import trio
 import trio.testing
 
-from appliance.lake.blocks import check_block
-from appliance.lake.errors import BlockRefused
+from appliance.blocks.block import RowBlock
+from appliance.blocks.checks import check_block
+from appliance.blocks.errors import BlockRefused
 from appliance.lake.writer import CommitTicket
-from appliance.rows.block import RowBlock
 from appliance.server.connection import Arrival
 from appliance.server.context import ServiceContext
 from appliance.server.lifecycle import Lifecycle

@@ -31,9 +31,9 @@ import pytest
 import trio
 import trio.testing
 
+from appliance.blocks.block import RowBlock
 from appliance.config import AdminConfig, Config, ForwardListenerConfig
 from appliance.metrics import Metrics
-from appliance.rows.block import RowBlock
 from appliance.server import admin
 from appliance.server.admin_slots import TAIL_SUBSCRIBERS, Pool, Seat
 from appliance.server.lifecycle import Lifecycle

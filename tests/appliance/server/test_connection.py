@@ -29,10 +29,10 @@ import trio
 import trio.testing
 
 from appliance import defaults
-from appliance.lake.errors import BlockRefused
+from appliance.blocks.block import RowBlock
+from appliance.blocks.errors import BlockRefused
 from appliance.logs import get_logger
 from appliance.metrics import Metrics
-from appliance.rows.block import RowBlock
 from appliance.server.connection import (
     Action,
     Arrival,

@@ -30,8 +30,10 @@ import trio
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
+from appliance.blocks.block import RowBlock
+from appliance.blocks.errors import BlockRefused
+from appliance.blocks.text import MAX_BATCH_ID_BYTES
 from appliance.config import ConfigError, LogjamListenerConfig, parse_config, settings_from
-from appliance.lake.errors import BlockRefused
 from appliance.lake.table import EventsTable
 from appliance.lake.writer import CommitTicket, LakeWriter, WriterSettings
 from appliance.metrics import Metrics
@@ -41,8 +43,6 @@ from appliance.protocols.logjam import (
     LogjamLimits,
     pack_meta,
 )
-from appliance.protocols.text import MAX_BATCH_ID_BYTES
-from appliance.rows.block import RowBlock
 from appliance.server.context import ServiceContext
 from appliance.server.lifecycle import Lifecycle
 from appliance.server.logjam_listener import LogjamPorts, serve_logjam

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from appliance.blocks.block import RowBlock
 from appliance.protocols.websocket_messages import TailFilter
-from appliance.rows.block import RowBlock
 from appliance.server.tail import TailHub, TailSubscription
 
 

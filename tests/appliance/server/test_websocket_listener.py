@@ -20,9 +20,9 @@ from trio_websocket import (
     wrap_client_stream,
 )
 
+from appliance.blocks.block import RowBlock
+from appliance.blocks.errors import BlockRefused
 from appliance.config import WebSocketListenerConfig
-from appliance.lake.errors import BlockRefused
-from appliance.rows.block import RowBlock
 from appliance.server.context import ServiceContext
 from appliance.server.lifecycle import Lifecycle
 from appliance.server.listener import ConnectionInfo

@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from appliance.lake.blocks import check_block
-from appliance.rows.block import RowBlock
-from appliance.rows.timefmt import MAX_TIME_NS, MIN_TIME_NS
+from appliance.blocks.block import RowBlock
+from appliance.blocks.checks import check_block
+from appliance.blocks.timefmt import MAX_TIME_NS, MIN_TIME_NS
 from appliance.wal.blocks import BLOCK_FORMAT, decode_block, encode_block
 from appliance.wal.errors import RecordDecodeError
 

@@ -15,8 +15,7 @@ import pytest
 import trio
 import trio.testing
 
-from appliance.lake.batch_ids import batch_digest
-from appliance.lake.blocks import dedupe_key
+from appliance.blocks.identity import batch_digest, dedupe_key
 from appliance.wal.blocks import decode_block
 from appliance.wal.errors import RecordTooLarge, WalClosed, WalFull, WalWriteError
 from appliance.wal.log import WriteAheadLog, _cache_cost, open_wal

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from appliance.lake.blocks import DedupeKey
-from appliance.rows.block import RowBlock
+from appliance.blocks.block import RowBlock
+from appliance.blocks.identity import DedupeKey
 from appliance.wal.blocks import encode_block
 from appliance.wal.frame import KIND_ROW_BLOCK, encode_key, frame_header
 from appliance.wal.segments import SEGMENT_SUFFIX

@@ -18,9 +18,10 @@ import trio.testing
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from appliance.blocks.checks import check_block
+from appliance.blocks.text import MAX_HOST_BYTES, MAX_TAG_BYTES
 from appliance.config import CourierListenerConfig
-from appliance.lake.blocks import blocks_to_arrow, check_block
-from appliance.protocols.text import MAX_HOST_BYTES, MAX_TAG_BYTES
+from appliance.lake.arrow import blocks_to_arrow
 from appliance.server.connection import Close, Reply, Submit
 from appliance.server.listener import ConnectionInfo
 from appliance.server.sessions.courier import CourierSession, courier_handler

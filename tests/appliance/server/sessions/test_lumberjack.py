@@ -22,11 +22,11 @@ import trio.testing
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from appliance.blocks.block import RowBlock
+from appliance.blocks.checks import check_block
+from appliance.blocks.text import MAX_HOST_BYTES, MAX_TAG_BYTES
+from appliance.blocks.timefmt import MAX_TIME_NS
 from appliance.config import LumberjackListenerConfig
-from appliance.lake.blocks import check_block
-from appliance.protocols.text import MAX_HOST_BYTES, MAX_TAG_BYTES
-from appliance.rows.block import RowBlock
-from appliance.rows.timefmt import MAX_TIME_NS
 from appliance.server.connection import Close, Submit
 from appliance.server.listener import ConnectionInfo
 from appliance.server.sessions.lumberjack import LumberjackSession, lumberjack_handler

@@ -1,4 +1,4 @@
-"""RowBlock's byte accounting (appliance/rows/block.py): one count, in its constructor."""
+"""RowBlock's byte accounting (appliance/blocks/block.py): one count, in its constructor."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from appliance.lake.blocks import check_block
-from appliance.rows.block import ROW_OVERHEAD_BYTES, RowBlock
+from appliance.blocks.block import ROW_OVERHEAD_BYTES, RowBlock
+from appliance.blocks.checks import check_block
 
 
 def expected_bytes(block: RowBlock) -> int:

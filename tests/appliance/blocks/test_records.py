@@ -1,4 +1,4 @@
-"""Record -> JSON text, under the convention of appliance/rows/records.py (docs/table.md)."""
+"""Record -> JSON text, under the convention of appliance/blocks/records.py (docs/table.md)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from appliance.blocks.records import MAX_DEPTH, record_json, records_json
 from appliance.protocols.forward import EventTime, ForwardServerConnection
-from appliance.rows.records import MAX_DEPTH, record_json, records_json
 
 FAST = settings(max_examples=200, deadline=None)
 

@@ -4,8 +4,9 @@ A :class:`RowBlock` holds the events of one protocol batch (a Fluentd
 request, a Lumberjack window, ...): values shared by the batch once, per-row
 values as lists. Its constructor is the only place that counts the bytes a
 block holds (:attr:`RowBlock.nbytes`), so every protocol is measured alike.
-What the lake does with a block (checks, dedupe identity, Arrow) is
-:mod:`appliance.lake.blocks`.
+Whether a block can be stored is :mod:`appliance.blocks.checks`, its
+identity :mod:`appliance.blocks.identity`; its Arrow form is the lake's
+(:mod:`appliance.lake.arrow`).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ __all__ = ["ROW_OVERHEAD_BYTES", "RowBlock"]
 #: Bytes a row costs in the writer beyond its strings (Arrow offsets, the
 #: fixed-width columns, list slots); the writer's byte limit
 #: (``commit_max_bytes``) counts it. 96 is what the writer's own count
-#: (``check_block``, appliance/lake/blocks.py) used, so commit groups keep
+#: (``check_block``, appliance/blocks/checks.py) used, so commit groups keep
 #: their size and the limits' tests hold. The per-protocol counts this
 #: replaces, which the writer never read, left the strings out (Lumberjack,
 #: Logjam, WebSocket: 96 per row), measured Python memory (Courier), or

@@ -7,12 +7,11 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from appliance.lake.batch_ids import (
+from appliance.blocks.identity import DIGEST_BYTES, batch_digest
+from appliance.lake.commit_info import (
     COMMIT_APP_ID_KEY,
     COMMIT_INFO_KEY,
     COMMIT_SEQUENCE_KEY,
-    DIGEST_BYTES,
-    batch_digest,
     commit_metadata,
     read_commit_info,
 )

@@ -1,4 +1,4 @@
-"""check_block's per-row rules on both of its paths (appliance/lake/blocks.py).
+"""check_block's per-row rules on both of its paths (appliance/blocks/checks.py).
 
 The times and records of a block are checked in C when they can be (no
 receive-time None among the times; every record ASCII) and row by row
@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import pytest
 
-from appliance.lake.blocks import MAX_TIME_NS, MIN_TIME_NS, check_block
-from appliance.lake.errors import BlockRefused
-from appliance.rows.block import RowBlock
+from appliance.blocks.block import RowBlock
+from appliance.blocks.checks import check_block
+from appliance.blocks.errors import BlockRefused
+from appliance.blocks.timefmt import MAX_TIME_NS, MIN_TIME_NS
 
 NOW = 1_767_225_600 * 1_000_000_000
 

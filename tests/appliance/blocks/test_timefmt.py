@@ -1,4 +1,4 @@
-"""RFC 3339 text and epoch nanoseconds (appliance/rows/timefmt.py), both ways."""
+"""RFC 3339 text and epoch nanoseconds (appliance/blocks/timefmt.py), both ways."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from appliance.rows.timefmt import MAX_TIME_NS, MIN_TIME_NS, rfc3339_ns, rfc3339_text
+from appliance.blocks.timefmt import MAX_TIME_NS, MIN_TIME_NS, rfc3339_ns, rfc3339_text
 
 
 @pytest.mark.parametrize(

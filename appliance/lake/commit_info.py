@@ -1,17 +1,12 @@
-"""Batch identities as they are written into the table's commits.
+"""What a data commit's ``commitInfo`` says about the batches it added, written and read.
 
 Every data commit the appliance makes names the batches it adds, as 16-byte
-digests of their dedupe keys (:func:`batch_digest`) in its ``commitInfo``
-(:data:`COMMIT_INFO_KEY`). Another writer of the same table reads those
-digests from the commits it has not seen yet, never from the data files, and
-so knows which batches are stored without scanning the table
+digests of their dedupe keys (:func:`~appliance.blocks.identity.batch_digest`)
+in its ``commitInfo`` (:data:`COMMIT_INFO_KEY`), with the writer's app id and
+commit sequence. Another writer of the same table reads those digests from
+the commits it has not seen yet, never from the data files, and so knows
+which batches are stored without scanning the table
 (docs/fleet.md, "Exactly once across writers").
-
-Digests, not the keys themselves: a Fluentd chunk id is short, but a batch
-id may be up to ``MAX_BATCH_ID_BYTES`` long and its scope a certificate
-subject, and a commit's JSON is read by every other writer. 128 bits keep a
-false match (which would drop a batch) out of reach: with a million
-remembered ids and a million new ones the chance is about 2^-88.
 
 Pure code: no I/O, no trio, no deltalake.
 """
@@ -20,27 +15,20 @@ from __future__ import annotations
 
 import base64
 import binascii
-import hashlib
 from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
-from appliance.lake.blocks import DedupeKey
+from appliance.blocks.identity import DIGEST_BYTES, BatchDigest
 
 __all__ = [
     "COMMIT_APP_ID_KEY",
     "COMMIT_INFO_KEY",
     "COMMIT_SEQUENCE_KEY",
-    "DIGEST_BYTES",
     "MAX_COMMIT_BATCH_IDS",
-    "BatchDigest",
     "CommitBatches",
-    "batch_digest",
     "commit_metadata",
     "read_commit_info",
 ]
-
-#: Bytes of a batch digest (blake2b).
-DIGEST_BYTES: Final = 16
 
 #: Most batch ids one commit names. A group with more is committed in
 #: several commits, so no commit's JSON (read by every other writer) grows
@@ -53,21 +41,6 @@ COMMIT_INFO_KEY: Final = "appliance.batchDigests"
 #: ``commitInfo`` keys naming the writer (its app id) and its commit sequence.
 COMMIT_APP_ID_KEY: Final = "appliance.appId"
 COMMIT_SEQUENCE_KEY: Final = "appliance.commit"
-
-BatchDigest = bytes
-
-
-def batch_digest(key: DedupeKey) -> BatchDigest:
-    """The 16-byte digest of a batch's dedupe key ``(protocol, scope, batch id)``.
-
-    The parts are length-prefixed, so no two keys encode alike.
-    """
-    h = hashlib.blake2b(digest_size=DIGEST_BYTES, person=b"appliance.batch")
-    for part in key:
-        raw = part.encode("utf-8", "surrogatepass")
-        h.update(len(raw).to_bytes(4, "big"))
-        h.update(raw)
-    return h.digest()
 
 
 def commit_metadata(digests: Iterable[BatchDigest], app_id: str, sequence: int) -> dict[str, Any]:

@@ -33,7 +33,7 @@ from typing import Any, Final
 import msgpack
 import orjson
 
-from appliance.protocols.text import is_utf8_text
+from appliance.blocks.text import is_utf8_text
 
 __all__ = ["MAX_DEPTH", "oversized_record", "plain_records_json", "record_json", "records_json"]
 
@@ -142,7 +142,7 @@ def plain_records_json(records: Sequence[dict[Any, Any]]) -> list[str] | None:
     convention rewrites. For such records any msgpack decoder (msgpack or
     msgspec) builds the same objects, so the text is the same whichever
     decoded them: the PackedForward fast path
-    (:mod:`appliance.protocols.forward_fast`) relies on it, and takes its
+    (:mod:`appliance.protocols.forward.fast`) relies on it, and takes its
     slow path on None.
     """
     return _orjson_texts(records, _PLAIN_OPTIONS)

@@ -6,8 +6,9 @@ carries lone surrogates (what ``surrogateescape`` makes of bytes that are not
 UTF-8, or a JSON ``"\\ud800"`` escape), and one very long tag copied onto every
 row of a request multiplies the bytes a peer sent (docs/security.md). So the
 codecs check each such string where they decode it, with these helpers, and a
-violation is the peer's fault: a :class:`RemoteProtocolError` for that
-request, or a counted per-event drop where the protocol keeps per-event drops.
+violation (:class:`~appliance.blocks.errors.InvalidText`) is the peer's fault:
+the codec turns it into a protocol violation for that request, or a counted
+per-event drop where the protocol keeps per-event drops.
 
 The limits are in bytes of UTF-8 and are documented in docs/limits.md.
 """
@@ -16,17 +17,15 @@ from __future__ import annotations
 
 from typing import Final
 
-from appliance.protocols.errors import RemoteProtocolError
+from appliance.blocks.errors import InvalidText
 
 __all__ = [
     "MAX_BATCH_ID_BYTES",
     "MAX_HOST_BYTES",
     "MAX_TAG_BYTES",
-    "InvalidText",
     "check_text",
     "decode_text",
     "is_utf8_text",
-    "text_or_error",
 ]
 
 #: Longest tag (Fluentd tag, Logjam topic, Lumberjack/Courier type), in bytes.
@@ -37,14 +36,6 @@ MAX_HOST_BYTES: Final = 255
 #: Longest batch id (Fluentd chunk, Courier nonce, Logjam id, WebSocket id), in bytes.
 #: Real ids are 16-byte binaries, UUIDs or short digests.
 MAX_BATCH_ID_BYTES: Final = 256
-
-
-class InvalidText(ValueError):
-    """A string bound for a column is not valid UTF-8 or is too long."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
 
 
 def is_utf8_text(value: str) -> bool:
@@ -92,11 +83,3 @@ def decode_text(raw: bytes | bytearray | memoryview, what: str, limit: int) -> s
         return bytes(raw).decode("utf-8")
     except UnicodeDecodeError:
         raise InvalidText(f"{what} is not valid UTF-8") from None
-
-
-def text_or_error(value: str, what: str, limit: int) -> str:
-    """:func:`check_text`, raising the peer's :class:`RemoteProtocolError` instead."""
-    try:
-        return check_text(value, what, limit)
-    except InvalidText as exc:
-        raise RemoteProtocolError(exc.reason) from None
