@@ -29,13 +29,10 @@ and the one place that knows the table's columns.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Final, cast
-
-import pyarrow as pa
-import pyarrow.compute as pc
+from typing import TYPE_CHECKING, Final, cast
 
 from appliance.lake.errors import BlockRefused
-from appliance.lake.schema import EVENTS_SCHEMA
+from appliance.lake.schema import events_schema
 from appliance.protocols.text import (
     MAX_BATCH_ID_BYTES,
     MAX_HOST_BYTES,
@@ -46,6 +43,11 @@ from appliance.protocols.text import (
 )
 from appliance.rows.block import RowBlock
 from appliance.rows.timefmt import MAX_TIME_NS, MIN_TIME_NS
+
+if TYPE_CHECKING:
+    # pyarrow loads at the first conversion, not with the checks and the dedupe
+    # identity that the write-ahead log imports (docs/performance.md#idle-memory).
+    import pyarrow as pa
 
 __all__ = [
     "MAX_PEER_BYTES",
@@ -185,11 +187,15 @@ def check_block(block: RowBlock) -> int:
 
 
 def _per_block(values: list[object], typ: pa.DataType, index: pa.Array) -> pa.Array:
+    import pyarrow as pa
+
     return pa.array(values, type=typ).take(index)
 
 
 def _per_row(blocks: Sequence[RowBlock], attr: str, index: pa.Array) -> pa.Array:
     """A column that is either constant per block or given per row."""
+    import pyarrow as pa
+
     values = [getattr(b, attr) for b in blocks]
     if all(v is None or isinstance(v, str) for v in values):
         return _per_block(values, pa.string(), index)
@@ -209,6 +215,9 @@ def block_to_arrow(block: RowBlock) -> pa.Table:
 
 def blocks_to_arrow(blocks: Sequence[RowBlock]) -> pa.Table:
     """One Arrow table, in the ``events`` schema, holding every row of ``blocks``."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
     index_list: list[int] = []
     times: list[int | None] = []
     records: list[str] = []
@@ -221,7 +230,8 @@ def blocks_to_arrow(blocks: Sequence[RowBlock]) -> pa.Table:
     event_ns = pa.array(times, type=pa.int64())
     if event_ns.null_count:
         event_ns = pc.coalesce(event_ns, received_ns)
-    utc_us = EVENTS_SCHEMA.field("event_time").type
+    schema = events_schema()
+    utc_us = schema.field("event_time").type
     event_time = pc.divide(event_ns, 1000).cast(pa.int64()).cast(utc_us)
     received_at = pc.divide(received_ns, 1000).cast(pa.int64()).cast(utc_us)
     plausible = pc.and_(
@@ -242,4 +252,4 @@ def blocks_to_arrow(blocks: Sequence[RowBlock]) -> pa.Table:
         "record": pa.array(records, type=pa.string()),
         "batch_id": _per_block([b.batch_id for b in blocks], pa.string(), index),
     }
-    return pa.Table.from_arrays(list(columns.values()), schema=EVENTS_SCHEMA)
+    return pa.Table.from_arrays(list(columns.values()), schema=schema)
