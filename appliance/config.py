@@ -57,12 +57,14 @@ __all__ = [
     "TlsConfig",
     "WalConfig",
     "WebSocketListenerConfig",
+    "available_cores",
     "default_config",
     "is_bind",
     "load_config",
     "load_config_sources",
     "parse_config",
     "parse_config_sources",
+    "resolve_workers",
     "settings_from",
 ]
 
@@ -87,6 +89,29 @@ DEFAULT_SHUTDOWN_TIMEOUT_SECONDS: Final = 30.0
 
 class ConfigError(Exception):
     """The configuration is invalid; ``str()`` names the key and line."""
+
+
+def available_cores() -> int:
+    """The cores this process may run on: its CPU affinity, at least 1.
+
+    The affinity, not the machine's count: systemd's ``CPUAffinity=``, a
+    container's cpuset or ``taskset`` narrow it (a CPU quota such as
+    ``CPUQuota=`` does not; docs/configuration.md#top-level).
+    """
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return max(1, os.cpu_count() or 1)
+
+
+def resolve_workers(workers: int | Literal["auto"]) -> int:
+    """The number of processes ``workers`` asks for: ``"auto"`` is one per available core.
+
+    At most :data:`~appliance.defaults.MAX_WORKERS`; a one-core machine runs
+    one process, with no supervisor (docs/decisions.md#processes-and-idle-memory).
+    """
+    if workers == "auto":
+        return min(available_cores(), defaults.MAX_WORKERS)
+    return workers
 
 
 @dataclass(frozen=True, slots=True)
@@ -698,10 +723,11 @@ class Config:
     #: Bytes of memory the requests being decoded may claim together, each at its
     #: worst case, in the whole process; a request that does not fit waits (docs/limits.md).
     decode_budget_bytes: int = defaults.DECODE_BUDGET_BYTES
-    #: Appliance processes to run, one per core (docs/performance.md): 1 runs the
-    #: service in this process; more make it a supervisor of that many workers,
-    #: which share the listeners' ports, the table, the PKI and the auth database.
-    workers: int = 1
+    #: Appliance processes to run (docs/performance.md): ``"auto"``, one per
+    #: available core (:func:`resolve_workers`), or a number. 1 runs the service
+    #: in this process; more make it a supervisor of that many workers, which
+    #: share the listeners' ports, the table, the PKI and the auth database.
+    workers: int | Literal["auto"] = "auto"
     log: LogConfig = field(default_factory=LogConfig)
     tls: TlsConfig = field(default_factory=TlsConfig)
     lake: LakeConfig = field(default_factory=LakeConfig)
@@ -721,8 +747,8 @@ class Config:
     worker: int | None = None
 
     def __post_init__(self) -> None:
-        if not 1 <= self.workers <= defaults.MAX_WORKERS:
-            raise ValueError(f"workers must be within 1..{defaults.MAX_WORKERS}")
+        if self.workers != "auto" and not 1 <= self.workers <= defaults.MAX_WORKERS:
+            raise ValueError(f'workers must be "auto" or within 1..{defaults.MAX_WORKERS}')
         for listener in self.listeners:
             if isinstance(listener, ForwardListenerConfig):
                 # Every request within a listener's limits must fit the budget.
@@ -732,6 +758,11 @@ class Config:
                     listener.max_decompressed_bytes,
                     listener.max_events_per_request,
                 )
+
+    @property
+    def worker_count(self) -> int:
+        """How many appliance processes serve: ``workers`` with ``"auto"`` resolved."""
+        return resolve_workers(self.workers)
 
     def worker_state_dir(self, index: int) -> Path:
         """The state directory of worker ``index`` (its node id and write-ahead log)."""
@@ -852,6 +883,12 @@ def parse_config_sources(
     )
     if "worker" in data:
         raise ConfigError(f"{source}: worker is set by the supervisor (workers = N), not in a file")
+    workers = data.get("workers")
+    if isinstance(workers, int) and not 1 <= workers <= defaults.MAX_WORKERS:
+        # At its line, not only the file's (Config refuses it too, at no line).
+        raise ConfigError(
+            binder.where(("workers",), f'must be "auto" or within 1..{defaults.MAX_WORKERS}')
+        )
     try:
         config: Config = binder.build(Config, data)
     except BindError as exc:

@@ -74,8 +74,8 @@ def worker_config(config: Config, index: int) -> Config:
     Raises:
         ValueError: ``index`` is not a worker of this configuration.
     """
-    if not 0 <= index < config.workers:
-        raise ValueError(f"worker {index} of {config.workers}")
+    if not 0 <= index < config.worker_count:
+        raise ValueError(f"worker {index} of {config.worker_count}")
     pki = config.pki_dir
     tls = replace(
         config.tls,
@@ -172,10 +172,11 @@ def left_log_dirs(config: Config) -> list[Path]:
     of them for a single process): what they hold was acknowledged.
     """
     found: list[Path] = []
-    if config.workers > 1 and (config.state_dir / "wal").is_dir():
+    if config.worker_count > 1 and (config.state_dir / "wal").is_dir():
         found.append(config.state_dir)
     workers_dir = config.state_dir / "workers"
-    running = config.workers if config.workers > 1 else 0  # a single process runs no worker
+    count = config.worker_count
+    running = count if count > 1 else 0  # a single process runs no worker
     if workers_dir.is_dir():
         for entry in sorted(workers_dir.iterdir(), key=lambda p: p.name):
             beyond = entry.name.isdigit() and int(entry.name) >= running

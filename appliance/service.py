@@ -406,9 +406,10 @@ async def _serve_locked(
     tls = TlsManager(config)
     ca_file = tls.prepare()
     if config.worker is None:
-        # Logs left by workers of an earlier ``workers = N`` run: acked, so committed first.
-
-        await drain_left_logs(config)
+        # Logs left by workers of an earlier ``workers = N`` run: acked, so committed
+        # first. This process runs alone, whatever ``workers`` resolves to here (a
+        # test's or an embedding's serve): every worker's log is left, its own is not.
+        await drain_left_logs(dataclasses.replace(config, workers=1))
     # Counted only when the admin listener can serve them (docs/observability.md).
     metrics = Metrics(enabled=config.admin.enabled)
     log_wal = config.lake.ack == "wal"

@@ -159,7 +159,7 @@ async def _prepare(config: Config) -> tuple[TlsManager, Path | None]:
 
 async def _supervise(config: Config, state_lock: StateLock, signals: AsyncIterator[int]) -> None:
     tls, ca_file = await _prepare(config)
-    workers = [_Worker(index) for index in range(config.workers)]
+    workers = [_Worker(index) for index in range(config.worker_count)]
     stopping = trio.Event()
     notifier = Notifier()
     reloads = trio.Lock()
@@ -395,7 +395,7 @@ async def _reload(config: Config, workers: Sequence[_Worker], generation: int) -
     restart: set[str] = set()
     if config.source is not None:
         try:
-            if load_config(config.source).workers != config.workers:
+            if load_config(config.source).worker_count != config.worker_count:
                 restart.add("workers")
         except ConfigError:
             pass  # each worker reports the broken file itself

@@ -1,7 +1,7 @@
 """Builds frozen dataclasses from parsed TOML, checking every key, with errors at the file's line.
 
 Generic: it knows dataclass fields and their type hints (bool, int, float,
-str, Path, Literal, ``X | None``, list, ``dict[str, str]`` and nested
+str, Path, Literal, ``X | None``, ``int | Literal[...]``, list, ``dict[str, str]`` and nested
 dataclasses), not what they mean. What is particular to one file comes in as
 arguments: :class:`Tagged` picks the subclass of a table by one of its keys
 (``[[listeners]]`` by ``protocol``), and ``checks`` validates strings by key
@@ -174,6 +174,8 @@ class Binder:
         args = typing.get_args(hint)
         if origin in (types.UnionType, typing.Union):
             non_none = [a for a in args if a is not type(None)]
+            if len(non_none) > 1:
+                return self._either(non_none, value, path)
             return self._value(non_none[0], value, path)
         if origin is Literal:
             if value not in args:
@@ -191,6 +193,24 @@ class Binder:
         if dataclasses.is_dataclass(hint):
             return self.build(hint, value, path)  # type: ignore[arg-type]
         return self._scalar(hint, value, path)
+
+    def _either(self, hints: list[Any], value: Any, path: KeyPath) -> Any:
+        """A value of ``int | Literal["auto"]`` and the like: a string goes to the text choice.
+
+        A string is bound by the hint that takes text (a Literal of strings,
+        str, Path), anything else by the others; should that fail, the error
+        names every choice for a string (``workers = "many"``), else the
+        chosen hint's own (``workers = 0``: must be greater than 0).
+        """
+        text = isinstance(value, str)
+        chosen = [hint for hint in hints if _takes_text(hint) == text]
+        try:
+            return self._value(chosen[0] if chosen else hints[0], value, path)
+        except BindError:
+            if not text:
+                raise
+            choices = " or ".join(_describe(hint) for hint in hints)
+            raise self.error(path, f"must be {choices}, not {value!r}") from None
 
     def _scalar(self, hint: Any, value: Any, path: KeyPath) -> Any:
         if hint is bool:
@@ -218,3 +238,18 @@ class Binder:
                 raise self.error(path, "must be a path")
             return Path(value)
         raise self.error(path, f"unsupported setting type {hint}")
+
+
+def _takes_text(hint: Any) -> bool:
+    """Whether a TOML string is a value of ``hint``."""
+    if typing.get_origin(hint) is Literal:
+        return all(isinstance(arg, str) for arg in typing.get_args(hint))
+    return hint is str or hint is Path
+
+
+def _describe(hint: Any) -> str:
+    """``hint`` in an error message: ``'auto'``, ``a whole number``."""
+    if typing.get_origin(hint) is Literal:
+        return " or ".join(repr(arg) for arg in typing.get_args(hint))
+    names = {int: "a whole number", float: "a number", bool: "true or false", str: "a string"}
+    return names.get(hint, "a path" if hint is Path else str(hint))

@@ -112,7 +112,10 @@ def start_appliance(
 
     delay = unless_given("commit_max_delay_seconds", "commit_max_delay_seconds = 0.1")
     ack = unless_given("ack", 'ack = "commit"')
-    parts = [f'state_dir = "{state}"', extra, "[lake]", delay, ack, lake]
+    # One process unless the test asks for workers: the ports, logs and state
+    # directory below are a single service's (workers = "auto" is the default).
+    workers = unless_given_in(extra, "workers", "workers = 1")
+    parts = [f'state_dir = "{state}"', workers, extra, "[lake]", delay, ack, lake]
     for name, body in listeners.items():
         bind = unless_given_in(body, "bind", 'bind = "127.0.0.1:0"')
         parts += ["[[listeners]]", f'name = "{name}"', bind, body]

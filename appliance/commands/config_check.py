@@ -102,7 +102,9 @@ def _config_check(args: argparse.Namespace) -> int:
     if report.errors:
         return 1
     names = ", ".join(f"{listener.name} ({listener.bind})" for listener in config.listeners)
-    print(f"{chosen}: ok; listeners: {names}; table: {config.table_uri}")
+    # The resolved count, and what it was resolved from (docs/configuration.md#top-level).
+    workers = f"{config.worker_count}" + (" (auto)" if config.workers == "auto" else "")
+    print(f"{chosen}: ok; listeners: {names}; table: {config.table_uri}; workers: {workers}")
     # Where substituted values came from: the references, never the values.
     for key, source in sources:
         print(f"  {key}: from {source.kind} {source.reference}")

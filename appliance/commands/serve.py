@@ -62,9 +62,10 @@ def _serve(args: argparse.Namespace) -> int:
     supervisor: int | None = None
     if args.worker is not None:
         # Started by the supervisor (workers = N): run as its worker ``args.worker``.
-        if not 0 <= args.worker < config.workers:
+        if not 0 <= args.worker < config.worker_count:
+            auto = " (auto)" if config.workers == "auto" else ""
             print(f"appliance: --worker {args.worker}: the config has workers = "
-                  f"{config.workers}", file=sys.stderr)  # fmt: skip
+                  f"{config.worker_count}{auto}", file=sys.stderr)  # fmt: skip
             return 2
         if args.supervisor is None:
             print("appliance: --worker needs --supervisor PID (the supervisor starts workers)",
@@ -76,7 +77,7 @@ def _serve(args: argparse.Namespace) -> int:
     gc_policy.tune()
     failures: list[str] = []
     try:
-        if config.workers > 1:
+        if config.worker_count > 1:
             from appliance.supervisor import supervise
 
             trio.run(supervise, config)

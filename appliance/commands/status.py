@@ -443,7 +443,7 @@ def expected_state_dir(config: Config) -> Path:
     With ``workers = N`` the configured address is worker 0's, which keeps
     its own state directory (:func:`~appliance.node.worker_config`).
     """
-    state_dir = config.worker_state_dir(0) if config.workers > 1 else config.state_dir
+    state_dir = config.worker_state_dir(0) if config.worker_count > 1 else config.state_dir
     return state_dir.resolve()
 
 

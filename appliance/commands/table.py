@@ -312,8 +312,8 @@ def _delete_events(
     running = holder_pid(config.state_dir)
     if running is not None:
         why = (
-            f"its {config.workers} workers hand table requests to no one"
-            if config.workers > 1
+            f"its {config.worker_count} workers hand table requests to no one"
+            if config.worker_count > 1
             else "[maintenance] enabled = false"
         )
         print(

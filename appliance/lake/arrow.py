@@ -17,13 +17,15 @@ partitions. ``event_time`` itself always keeps what the client sent.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Final
-
-import pyarrow as pa
-import pyarrow.compute as pc
+from typing import TYPE_CHECKING, Final
 
 from appliance.blocks.block import RowBlock
-from appliance.lake.schema import EVENTS_SCHEMA
+from appliance.lake.schema import events_schema
+
+if TYPE_CHECKING:
+    # pyarrow loads at the first conversion, not when the writer is imported
+    # at start (docs/performance.md#idle-memory).
+    import pyarrow as pa
 
 __all__ = [
     "PLAUSIBLE_FUTURE_NS",
@@ -40,11 +42,15 @@ PLAUSIBLE_FUTURE_NS: Final = 1 * _NS_PER_DAY
 
 
 def _per_block(values: list[object], typ: pa.DataType, index: pa.Array) -> pa.Array:
+    import pyarrow as pa
+
     return pa.array(values, type=typ).take(index)
 
 
 def _per_row(blocks: Sequence[RowBlock], attr: str, index: pa.Array) -> pa.Array:
     """A column that is either constant per block or given per row."""
+    import pyarrow as pa
+
     values = [getattr(b, attr) for b in blocks]
     if all(v is None or isinstance(v, str) for v in values):
         return _per_block(values, pa.string(), index)
@@ -64,6 +70,9 @@ def block_to_arrow(block: RowBlock) -> pa.Table:
 
 def blocks_to_arrow(blocks: Sequence[RowBlock]) -> pa.Table:
     """One Arrow table, in the ``events`` schema, holding every row of ``blocks``."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
     index_list: list[int] = []
     times: list[int | None] = []
     records: list[str] = []
@@ -76,7 +85,8 @@ def blocks_to_arrow(blocks: Sequence[RowBlock]) -> pa.Table:
     event_ns = pa.array(times, type=pa.int64())
     if event_ns.null_count:
         event_ns = pc.coalesce(event_ns, received_ns)
-    utc_us = EVENTS_SCHEMA.field("event_time").type
+    schema = events_schema()
+    utc_us = schema.field("event_time").type
     event_time = pc.divide(event_ns, 1000).cast(pa.int64()).cast(utc_us)
     received_at = pc.divide(received_ns, 1000).cast(pa.int64()).cast(utc_us)
     plausible = pc.and_(
@@ -97,4 +107,4 @@ def blocks_to_arrow(blocks: Sequence[RowBlock]) -> pa.Table:
         "record": pa.array(records, type=pa.string()),
         "batch_id": _per_block([b.batch_id for b in blocks], pa.string(), index),
     }
-    return pa.Table.from_arrays(list(columns.values()), schema=EVENTS_SCHEMA)
+    return pa.Table.from_arrays(list(columns.values()), schema=schema)

@@ -11,7 +11,7 @@ jittered exponential backoff until they succeed (no ack meanwhile), and
 keeps the app id's lease while no data commits.
 
 Data cannot stop it: should a group still fail to convert or write for a
-reason in its data (:data:`DATA_ERRORS`), its blocks are stored one by one
+reason in its data (:func:`data_errors`), its blocks are stored one by one
 and only those that fail are refused.
 
 One worker thread at a time touches the table (one committer per table per
@@ -23,12 +23,12 @@ holds the same one-token limiter, which table maintenance shares through
 from __future__ import annotations
 
 import random
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Final, TypeVar, TypeVarTuple, Unpack
+from typing import TYPE_CHECKING, Final, TypeVar, TypeVarTuple, Unpack
 
-import pyarrow as pa
 import trio
 
 from appliance.blocks.block import RowBlock
@@ -40,11 +40,15 @@ from appliance.lake.dedupe import StoredBatches
 from appliance.lake.errors import AppIdInUse, CommitConflict, CommitError, LakeError
 from appliance.lake.exactly_once import ExactlyOnce, Outcome
 from appliance.lake.retry import Backoff, describe
-from appliance.lake.schema import EVENTS_SCHEMA
+from appliance.lake.schema import events_schema
 from appliance.lake.settings import WriterSettings
 from appliance.lake.table import EventsTable, TableChanges
 from appliance.logs import get_logger
 from appliance.metrics import NULL_METRICS, Metrics
+
+if TYPE_CHECKING:
+    # pyarrow loads at the first conversion (docs/performance.md#idle-memory).
+    import pyarrow as pa
 
 __all__ = [
     "ARROW_SLICE_ROWS",
@@ -52,6 +56,7 @@ __all__ = [
     "Stored",
     "TableCommitter",
     "block_digest",
+    "data_errors",
     "to_arrow",
     "wal_app_id",
 ]
@@ -63,7 +68,22 @@ _Args = TypeVarTuple("_Args")
 
 #: Errors that a block's data, not the table's storage, causes while a group
 #: is converted to Arrow or written: the blocks are then tried one by one.
-DATA_ERRORS: Final = (pa.ArrowException, ValueError, TypeError, OverflowError, UnicodeError)
+#: With pyarrow's ``ArrowException`` (:func:`data_errors`).
+DATA_ERRORS: Final = (ValueError, TypeError, OverflowError, UnicodeError)
+
+
+def data_errors() -> tuple[type[Exception], ...]:
+    """:data:`DATA_ERRORS` and pyarrow's ``ArrowException`` once pyarrow is loaded.
+
+    Before that no Arrow error can have been raised; pyarrow loads at the
+    first conversion, not at import (docs/performance.md#idle-memory).
+    """
+    pyarrow = sys.modules.get("pyarrow")
+    if pyarrow is None:
+        return DATA_ERRORS
+    arrow_exception: type[Exception] = pyarrow.ArrowException
+    return (arrow_exception, *DATA_ERRORS)
+
 
 #: A writer that lost several races in a row waits a random time below
 #: ``CONFLICT_BACKOFF_BASE_SECONDS * 2**n`` (n: its extra losses), capped at
@@ -98,6 +118,8 @@ def block_digest(block: RowBlock) -> BatchDigest | None:
 
 def to_arrow(blocks: Sequence[RowBlock]) -> pa.Table:
     """:func:`blocks_to_arrow` of ``blocks``, converted a slice of blocks at a time."""
+    import pyarrow as pa
+
     parts: list[pa.Table] = []
     start = rows = 0
     for end, block in enumerate(blocks, 1):
@@ -108,6 +130,13 @@ def to_arrow(blocks: Sequence[RowBlock]) -> pa.Table:
     if len(parts) == 1:
         return parts[0]
     return pa.concat_tables(parts) if parts else blocks_to_arrow(blocks)
+
+
+def _empty_table() -> pa.Table:
+    """An ``events`` table of no rows (``Schema.empty_table`` would import pandas)."""
+    import pyarrow as pa
+
+    return pa.Table.from_batches([], schema=events_schema())
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,7 +191,7 @@ class _GroupStorage:
             data = (
                 await trio.to_thread.run_sync(to_arrow, blocks, limiter=self._c.limiter)
                 if blocks
-                else EVENTS_SCHEMA.empty_table()
+                else _empty_table()
             )
             self._converted = (wanted, data)
         return self._converted[1]
@@ -336,7 +365,7 @@ class TableCommitter:
 
         Raises:
             AppIdInUse: another writer committed under this app id.
-            A :data:`DATA_ERRORS` error: a block's data cannot be converted.
+            A :func:`data_errors` error: a block's data cannot be converted.
         """
         if digests is None:
             digests = [block_digest(block) for block in blocks]
@@ -371,7 +400,7 @@ class TableCommitter:
         rows = sum(block.rows for block in blocks)
         try:
             outcome = await self.commit_group(blocks, position, digests=digests)
-        except DATA_ERRORS as exc:
+        except data_errors() as exc:
             # check_block lets nothing through that Arrow refuses; should a
             # block still fail, it fails alone and the rest commit.
             log.error("commit.data_error", rows=rows, error=type(exc).__name__)
@@ -385,7 +414,7 @@ class TableCommitter:
                 one = await self.commit_group(
                     [block], None if ends is None else ends[i], digests=[digests[i]]
                 )
-            except DATA_ERRORS as exc:
+            except data_errors() as exc:
                 refused[i] = BlockRefused(f"cannot be stored: {type(exc).__name__}")
                 continue
             if one.stored_elsewhere:

@@ -18,14 +18,18 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Final, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal
 
-import pyarrow as pa
 from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError
 
 from appliance.lake.errors import LakeError
 from appliance.lake.retry import Backoff
+
+if TYPE_CHECKING:
+    # pyarrow loads at the first maintenance run that reads the file list, not
+    # at the service's start (docs/performance.md#idle-memory).
+    import pyarrow as pa
 
 __all__ = [
     "SQL_TABLE",
@@ -224,6 +228,8 @@ def open_table(uri: str, storage_options: dict[str, str] | None) -> DeltaTable:
 
 def add_actions(table: DeltaTable) -> pa.Table:
     """The live files of the table's current version, one row each (flattened add actions)."""
+    import pyarrow as pa
+
     return pa.table(table.get_add_actions(flatten=True))
 
 

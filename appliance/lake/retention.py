@@ -43,7 +43,6 @@ import datetime as dt
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
-import pyarrow as pa
 from deltalake import DeltaTable, QueryBuilder
 from deltalake.exceptions import CommitFailedError
 
@@ -64,6 +63,10 @@ from appliance.lake.operations import (
 from appliance.logs import get_logger
 
 if TYPE_CHECKING:
+    # pyarrow loads at the first retention run, not at the service's start
+    # (docs/performance.md#idle-memory).
+    import pyarrow as pa
+
     from appliance.config import RetentionConfig
 
 __all__ = [
@@ -216,6 +219,8 @@ def _count(table: DeltaTable, predicate: str) -> int:
     # The predicate is the one the delete runs: built from quoted values, or an
     # admin's --where, which delta-rs's parser reads anyway. One statement only.
     sql = f"SELECT count(*) AS n FROM {SQL_TABLE} WHERE ({predicate})"  # noqa: S608
+    import pyarrow as pa
+
     try:
         result = pa.table(query.execute(sql).read_all())
     except Exception as exc:  # DataFusion raises plain Exceptions for SQL errors

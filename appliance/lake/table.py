@@ -25,14 +25,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Collection, Mapping, Sequence
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-import pyarrow as pa
-import pyarrow.compute as pc
+from arro3.core import RecordBatchReader
 from deltalake import (
     CommitProperties,
     DeltaTable,
     PostCommitHookProperties,
+    QueryBuilder,
     Transaction,
     write_deltalake,
 )
@@ -48,12 +48,18 @@ from appliance.lake.errors import (
     TableSchemaError,
 )
 from appliance.lake.schema import (
-    EVENTS_SCHEMA,
+    EVENTS_ARRO3_SCHEMA,
     PARTITION_COLUMNS,
     READER_VERSION,
     TABLE_CONFIGURATION,
     WRITER_VERSION,
+    events_schema,
 )
+
+if TYPE_CHECKING:
+    # Opening, claiming, renewing and the start-up scan need no pyarrow: it
+    # loads at the first data commit (docs/performance.md#idle-memory).
+    import pyarrow as pa
 
 __all__ = [
     "EventsTable",
@@ -85,6 +91,11 @@ def shared_with_others(mode: Literal["auto", "on", "off"], uri: str) -> bool:
 def lease_app_ids(app_id: str) -> tuple[str, str]:
     """The app transaction ids that hold ``app_id``'s writer token and lease time."""
     return f"{app_id}#writer", f"{app_id}#lease"
+
+
+def _no_rows() -> RecordBatchReader:
+    """An ``events`` stream of no rows: a commit of app transactions only, without pyarrow."""
+    return RecordBatchReader.from_batches(EVENTS_ARRO3_SCHEMA, [])
 
 
 class Lease:
@@ -154,7 +165,7 @@ class EventsTable:
             else:
                 self._table = DeltaTable.create(
                     self.uri,
-                    EVENTS_SCHEMA,
+                    EVENTS_ARRO3_SCHEMA,
                     mode="ignore",
                     partition_by=PARTITION_COLUMNS,
                     name="events",
@@ -175,8 +186,8 @@ class EventsTable:
                 f"writer {protocol.min_writer_version}; the appliance writes reader "
                 f"{READER_VERSION} / writer {WRITER_VERSION}"
             )
-        names = set(pa.schema(self._dt.schema()).names)
-        missing = set(EVENTS_SCHEMA.names) - names
+        names = {field.name for field in self._dt.schema().fields}
+        missing = set(EVENTS_ARRO3_SCHEMA.names) - names
         if missing:
             raise TableSchemaError(f"events table lacks columns: {', '.join(sorted(missing))}")
 
@@ -230,11 +241,10 @@ class EventsTable:
                     "Every node needs its own node_id: a cloned machine keeps the "
                     "<state_dir>/node-id of its image (docs/table.md, 'One writer per app id')"
                 )
-        empty = EVENTS_SCHEMA.empty_table()
         try:
             write_deltalake(
                 self._dt,
-                empty,
+                _no_rows(),
                 mode="append",
                 partition_by=PARTITION_COLUMNS,
                 commit_properties=CommitProperties(
@@ -263,7 +273,7 @@ class EventsTable:
             self._check_writer(app_id, token)
             write_deltalake(
                 self._dt,
-                EVENTS_SCHEMA.empty_table(),
+                _no_rows(),
                 mode="append",
                 partition_by=PARTITION_COLUMNS,
                 commit_properties=CommitProperties(
@@ -413,22 +423,29 @@ class EventsTable:
         Seeds the writer's dedupe cache at start-up, so a chunk committed just
         before a restart and resent just after is not written twice.
         """
+        # delta-rs's own query engine (DataFusion), not a pyarrow dataset: the
+        # same columns, filter and file skipping on ``received_at`` statistics,
+        # read into arro3 arrays, so a service starts without pyarrow
+        # (docs/performance.md#idle-memory). ``since_ns`` is an int: the SQL
+        # holds no text from outside.
+        cutoff_us = int(since_ns) // 1000
+        query = (
+            "SELECT DISTINCT protocol, source, peer, batch_id FROM events"  # noqa: S608 -- an int only
+            " WHERE received_at >= arrow_cast("
+            f"{cutoff_us}, 'Timestamp(Microsecond, Some(\"UTC\"))')"
+            " AND batch_id IS NOT NULL"
+        )
+        keys: set[DedupeKey] = set()
         try:
             self._dt.update_incremental()
-            dataset = self._dt.to_pyarrow_dataset()
-            cutoff = pa.scalar(since_ns // 1000, type=pa.int64()).cast(
-                EVENTS_SCHEMA.field("received_at").type
-            )
-            table = dataset.to_table(
-                columns=["protocol", "source", "peer", "batch_id"],
-                filter=(pc.field("received_at") >= cutoff) & pc.field("batch_id").is_valid(),
-            )
+            batches = QueryBuilder().register("events", self._dt).execute(query)
+            for batch in batches:
+                columns = [batch.column(i).to_pylist() for i in range(4)]
+                for protocol, source, peer, batch_id in zip(*columns, strict=True):
+                    keys.add((protocol, dedupe_scope(source, peer), batch_id))
         except (DeltaError, OSError) as exc:
             raise LakeError(f"cannot read recent batch ids: {exc}") from exc
-        rows: list[dict[str, Any]] = (
-            table.group_by(["protocol", "source", "peer", "batch_id"]).aggregate([]).to_pylist()
-        )
-        return {(r["protocol"], dedupe_scope(r["source"], r["peer"]), r["batch_id"]) for r in rows}
+        return keys
 
     def batch_keys_present(self, keys: Collection[DedupeKey], since_ns: int) -> set[DedupeKey]:
         """Which of ``keys`` the table already holds in rows received at or after ``since_ns``.
@@ -441,10 +458,13 @@ class EventsTable:
         ids = sorted({key[2] for key in keys})
         if not ids:
             return set()
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
         try:
             self._dt.update_incremental()
             cutoff = pa.scalar(since_ns // 1000, type=pa.int64()).cast(
-                EVENTS_SCHEMA.field("received_at").type
+                events_schema().field("received_at").type
             )
             table = self._dt.to_pyarrow_dataset().to_table(
                 columns=["protocol", "source", "peer", "batch_id"],

@@ -4,17 +4,22 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import trio
 
-from appliance.lake.writer import LakeWriter
 from appliance.metrics import NULL_METRICS, Metrics
 from appliance.server.decode_budget import DecodeBudget
 from appliance.server.lifecycle import Lifecycle
 from appliance.server.revocation import OpenConnections
 from auth.policy import CredentialStore
 from auth.ratelimit import CountStore, FailureLimiter, MemoryCounts
+
+if TYPE_CHECKING:
+    # A type only: the listener registry imports this module, and the
+    # supervisor the registry; the lake loads in the service alone
+    # (docs/performance.md#idle-memory).
+    from appliance.lake.writer import LakeWriter
 
 __all__ = ["AUTH_THREADS", "ServiceContext"]
 

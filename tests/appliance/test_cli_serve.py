@@ -28,7 +28,8 @@ def test_port_in_use_exits_1_with_the_reason(tmp_path: Path) -> None:
         port = taken.getsockname()[1]
         config = tmp_path / "c.toml"
         config.write_text(
-            f'state_dir = "{tmp_path / "state"}"\n[[listeners]]\nbind = "127.0.0.1:{port}"\n'
+            f'state_dir = "{tmp_path / "state"}"\nworkers = 1\n'
+            f'[[listeners]]\nbind = "127.0.0.1:{port}"\n'
         )
         result = serve(config)
     assert result.returncode == 1
@@ -44,7 +45,7 @@ def test_configured_auth_database_behind_the_schema_is_refused(tmp_path: Path) -
     db = tmp_path / "auth.db"
     config = tmp_path / "c.toml"
     config.write_text(
-        f'state_dir = "{tmp_path / "state"}"\n[auth]\ndatabase_url = "sqlite:///{db}"\n'
+        f'state_dir = "{tmp_path / "state"}"\nworkers = 1\n[auth]\ndatabase_url = "sqlite:///{db}"\n'
         f'[[listeners]]\nbind = "127.0.0.1:{free_port()}"\nsecurity = "users"\n'
     )
     result = serve(config)

@@ -54,7 +54,7 @@ def test_a_second_serve_on_one_state_directory_exits_naming_the_first(tmp_path: 
     try:
         second_config = tmp_path / "second.toml"
         second_config.write_text(
-            f'state_dir = "{first.state_dir}"\n[[listeners]]\nname = "forward"\n'
+            f'state_dir = "{first.state_dir}"\nworkers = 1\n[[listeners]]\nname = "forward"\n'
             f'bind = "127.0.0.1:{free_port()}"\n'
         )
         second = serve_once(second_config)
@@ -92,7 +92,7 @@ def test_two_state_directories_with_one_node_id_on_one_table_refuse_the_second(
         assert send_chunk(first, first.ports["forward"], "before") == {"ack": "before"}
         config = tmp_path / "clone.toml"
         config.write_text(
-            f'state_dir = "{tmp_path / "clone-state"}"\n{extra}[lake]\n{lake}'
+            f'state_dir = "{tmp_path / "clone-state"}"\nworkers = 1\n{extra}[lake]\n{lake}'
             f'[[listeners]]\nname = "forward"\nbind = "127.0.0.1:{free_port()}"\n'
         )
         clone = serve_once(config)

@@ -151,6 +151,11 @@ def test_sigkill_during_a_stream_loses_no_acked_chunk_and_writes_each_once(
     apps.append(app)
     client = StreamingClient(app, "k")
     client.wait_acked(150)
+    # The first commit also loads pyarrow (docs/performance.md#idle-memory):
+    # the stream goes on until one is in the table, and no longer.
+    deadline = time.monotonic() + 60
+    while not batch_counts(app.table_uri) and time.monotonic() < deadline:
+        time.sleep(0.05)
     # Killed mid-stream: chunks are in flight, some acked ones only in the log.
     app.process.send_signal(signal.SIGKILL)
     app.process.wait()

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from deltalake import DeltaTable
 
+from appliance.config import resolve_workers
 from appliance.reload_status import read_status
 from tests.appliance.test_one_writer import send_chunk
 from tests.conftest import ApplianceProcess, free_port, start_appliance
@@ -151,12 +152,14 @@ def test_worker_is_only_for_the_supervisor_s_own_workers(tmp_path: Path) -> None
     import sys
 
     env = {k: v for k, v in os.environ.items() if k != "APPLIANCE_CONFIG"}
+    # The embedded default: workers = "auto", one per core of this machine.
+    beyond = resolve_workers("auto")
     done = subprocess.run(
-        [sys.executable, "-m", "appliance", "serve", "--worker", "1"],
+        [sys.executable, "-m", "appliance", "serve", "--worker", str(beyond)],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     assert done.returncode == 2
-    assert "--worker 1: the config has workers = 1" in done.stderr
+    assert f"--worker {beyond}: the config has workers = {beyond} (auto)" in done.stderr
     assert not (tmp_path / "var").exists()  # nothing was started or written
 
 

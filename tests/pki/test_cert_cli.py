@@ -17,7 +17,7 @@ from pki.authority import CertificateAuthority, PkiPaths
 @pytest.fixture
 def cli(tmp_path: Path):
     config = tmp_path / "appliance.toml"
-    config.write_text(f'state_dir = "{tmp_path / "state"}"\n')
+    config.write_text(f'state_dir = "{tmp_path / "state"}"\nworkers = 1\n')
 
     def run(
         *args: str, stdin: str | None = None, ok: bool = True
@@ -208,7 +208,7 @@ def _names(path: Path) -> set[str]:
 def test_rotate_server_adds_names_and_keeps_the_others(tmp_path: Path) -> None:
     config = tmp_path / "appliance.toml"
     config.write_text(
-        f'state_dir = "{tmp_path / "state"}"\n[tls]\nserver_names = ["from-config"]\n'
+        f'state_dir = "{tmp_path / "state"}"\nworkers = 1\n[tls]\nserver_names = ["from-config"]\n'
     )
 
     def cert(*args: str) -> subprocess.CompletedProcess[str]:
@@ -310,7 +310,7 @@ def test_an_operators_server_certificate_is_the_active_one(cli, tmp_path: Path) 
     config = tmp_path / "appliance.toml"
     own = tmp_path / "own"
     config.write_text(
-        f'state_dir = "{tmp_path / "state"}"\n[tls]\n'
+        f'state_dir = "{tmp_path / "state"}"\nworkers = 1\n[tls]\n'
         f'cert_file = "{own / "ingest.example.net.crt"}"\n'
         f'key_file = "{own / "ingest.example.net.key"}"\n'
     )

@@ -123,7 +123,9 @@ def test_status_table_and_watch(service: ApplianceProcess, tmp_path: Path) -> No
 
 def test_status_of_a_service_that_is_not_there(tmp_path: Path) -> None:
     config = tmp_path / "a.toml"
-    config.write_text(f'state_dir = "{tmp_path}"\n[admin]\nbind = "127.0.0.1:{free_port()}"\n')
+    config.write_text(
+        f'state_dir = "{tmp_path}"\nworkers = 1\n[admin]\nbind = "127.0.0.1:{free_port()}"\n'
+    )
     result = status(config)
     assert result.returncode == 1
     assert "cannot reach the admin listener at http://127.0.0.1:" in result.stderr
@@ -143,7 +145,9 @@ def test_status_asks_for_the_token_it_lacks(tmp_path: Path) -> None:
         # The configured token_file is readable here: it is used.
         assert status(config, "--interval", "0.1").returncode == 0
         other = tmp_path / "other.toml"
-        other.write_text(f'state_dir = "{app.state_dir}"\n[admin]\nbind = "127.0.0.1:{admin}"\n')
+        other.write_text(
+            f'state_dir = "{app.state_dir}"\nworkers = 1\n[admin]\nbind = "127.0.0.1:{admin}"\n'
+        )
         denied = status(other)
         assert denied.returncode == 1
         assert "wants a bearer token" in denied.stderr
@@ -261,7 +265,7 @@ def test_another_appliance_s_admin_listener_is_an_error(
     admin = tomllib_admin_bind(tmp_path / "appliance0.toml")
     elsewhere = tmp_path / "elsewhere"
     config = tmp_path / "elsewhere.toml"
-    config.write_text(f'state_dir = "{elsewhere}"\n[admin]\nbind = "{admin}"\n')
+    config.write_text(f'state_dir = "{elsewhere}"\nworkers = 1\n[admin]\nbind = "{admin}"\n')
     result = status(config, "--interval", "0.1")
     assert result.returncode == 1
     assert result.stdout == ""
@@ -568,7 +572,7 @@ def test_with_workers_the_configured_address_is_worker_0_s(tmp_path: Path) -> No
     from appliance.commands.status import expected_state_dir
     from appliance.config import Config
 
-    assert expected_state_dir(Config(state_dir=tmp_path)) == tmp_path.resolve()
+    assert expected_state_dir(Config(state_dir=tmp_path, workers=1)) == tmp_path.resolve()
     workers = Config(state_dir=tmp_path, workers=2)
     assert expected_state_dir(workers) == (tmp_path / "workers" / "0").resolve()
     # Worker 0's own identity names that directory.

@@ -160,7 +160,7 @@ def test_the_admin_token_is_not_sent_in_clear_off_loopback(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     config = tmp_path / "appliance.toml"
-    config.write_text(f'state_dir = "{tmp_path / "state"}"\n')
+    config.write_text(f'state_dir = "{tmp_path / "state"}"\nworkers = 1\n')
     monkeypatch.setenv("APPLIANCE_ADMIN_TOKEN", TOKEN)
     code = main(["tail", "--config", str(config), "--url", "http://192.0.2.1:9880/tail"])
     assert code == 2
