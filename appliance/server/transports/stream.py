@@ -74,7 +74,8 @@ def _tls_reader(stream: trio.abc.Stream) -> Callable[[int], bytes] | None:
     read of the socket (64 KiB) brought several records: a 121 KB forward
     chunk took eight trips round the answering loop. Its ``_ssl_object`` (the
     object trio's own ``receive_some`` reads,
-    https://github.com/python-trio/trio/blob/v0.35.0/src/trio/_ssl.py) is
+    https://github.com/python-trio/trio/blob/60d0c2f84854ec6ef74995663dcdce3296840485/src/trio/_ssl.py,
+    line 371) is
     private, so this returns None for any other stream, or should trio rename
     it: then each read is one record, as before.
     """
