@@ -86,6 +86,37 @@ def test_round_trip_property(block: RowBlock) -> None:
     assert decode_block(encode_block(block)) == as_lists(block)
 
 
+def _packb_body(block: RowBlock) -> bytes:
+    """The body as ``msgpack.packb`` wrote it before msgspec's encoder did (same layout)."""
+    tag = block.tag if isinstance(block.tag, str) else list(block.tag)
+    host = block.host if block.host is None or isinstance(block.host, str) else list(block.host)
+    fields = [
+        BLOCK_FORMAT, block.protocol, block.source, block.peer, block.received_at_ns,
+        block.batch_id, tag, host, list(block.times_ns), list(block.records), block.nbytes,
+    ]  # fmt: skip
+    return msgpack.packb(fields, use_bin_type=True)
+
+
+@settings(max_examples=300, deadline=None)
+@given(blocks())
+def test_body_is_msgpack_packb_bytes(block: RowBlock) -> None:
+    """Logs written before and after the encoder changed hold the same bytes for a block."""
+    check_block(block)
+    assert encode_block(block) == _packb_body(block)
+
+
+@pytest.mark.parametrize("chars", [0, 31, 32, 255, 256, 65535, 65536])
+@pytest.mark.parametrize("rows", [0, 15, 16, 65535, 65536])
+def test_body_is_msgpack_packb_bytes_at_format_bounds(chars: int, rows: int) -> None:
+    """str and array headers change format at these lengths, ints at these values (msgpack spec)."""
+    ints = [MIN_TIME_NS, -(2**31) - 1, -129, -33, -32, -1, 0, 127, 128, 2**16, 2**32, MAX_TIME_NS]
+    block = RowBlock(
+        protocol="forward", source="s" * chars, peer="p", received_at_ns=MAX_TIME_NS,
+        batch_id=None, tag="t", host=None, times_ns=(ints * rows)[:rows], records=["r"] * rows,
+    )  # fmt: skip
+    assert encode_block(block) == _packb_body(block)
+
+
 def _pack(values: list[object]) -> bytes:
     return msgpack.packb(values, use_bin_type=True)
 
