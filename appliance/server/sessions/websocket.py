@@ -32,6 +32,7 @@ from appliance.protocols.websocket_messages import (
     error_json,
     parse_ingest,
 )
+from appliance.rows.timecache import Rfc3339Cache
 from appliance.rows.websocket import ingest_block
 from appliance.server.connection import Action, Arrival, Reply, SessionDefaults, Submit
 from appliance.server.listener import ConnectionInfo
@@ -70,6 +71,8 @@ class IngestSession(SessionDefaults[str]):
         self._source = source
         self._grant = grant
         self._rate = MessageRate(settings.max_messages_per_second, now)
+        #: The connection's RFC 3339 prefixes (appliance/rows/timecache.py), bounded.
+        self._times = Rfc3339Cache()
 
     def decode_bytes(self, data: str | bytes) -> int:
         """The message's length (messages are at most ``max_message_bytes``)."""
@@ -82,7 +85,7 @@ class IngestSession(SessionDefaults[str]):
             self._info.metrics.protocol_error(reason)
             return [self._refused(MessageError(reason))]
         try:
-            message = parse_ingest(data, self._limits)
+            message = parse_ingest(data, self._limits, self._times)
         except MessageError as exc:
             self._info.metrics.protocol_error(exc.reason)
             return [self._refused(exc)]

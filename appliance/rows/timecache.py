@@ -1,0 +1,76 @@
+"""Many RFC 3339 times at once, as :func:`appliance.rows.timefmt.rfc3339_ns` reads each one.
+
+A Beats window or a WebSocket message holds hundreds of ``@timestamp`` /
+``time`` strings that share their second (``2026-11-22T10:00:07.123Z``):
+:class:`Rfc3339Cache` parses the date and clock of that common UTC shape
+once and adds the fraction, and sends every other value through
+:func:`~appliance.rows.timefmt.rfc3339_ns` itself. The result is always
+``rfc3339_ns(value)`` (tests/appliance/rows/test_timecache.py holds it to
+that with hypothesis), so the rules of docs/table.md, "Times" (ASCII
+digits, int64 nanoseconds) are the same on both paths.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from typing import Final
+
+from appliance.rows.timefmt import MAX_TIME_NS, rfc3339_ns
+
+__all__ = ["CACHED_SECONDS", "Rfc3339Cache"]
+
+#: Distinct date-and-clock prefixes one cache keeps; it starts afresh when full.
+CACHED_SECONDS: Final = 4096
+#: The prefix whose instant is cached: ASCII digits only (``re.ASCII`` and
+#: ``[0-9]``), so both of rfc3339_ns's paths read it alike.
+_PREFIX: Final = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}", re.ASCII)
+
+
+class Rfc3339Cache:
+    """``rfc3339_ns`` of many values, the date and clock of ``YYYY-MM-DDTHH:MM:SS[.f]Z`` cached.
+
+    Not shared between threads: each connection (codec, session) keeps its own.
+    """
+
+    __slots__ = ("_seconds",)
+
+    def __init__(self) -> None:
+        #: Date-and-clock prefix -> its instant in epoch ns (None: not a cacheable one).
+        self._seconds: dict[str, int | None] = {}
+
+    def _prefix_ns(self, prefix: str) -> int | None:
+        # Only a strict ASCII prefix is cached as an instant: for it,
+        # rfc3339_ns(prefix + fraction + "Z") is the prefix's whole seconds
+        # plus the fraction (appliance/rows/timefmt.py, its UTC fast path).
+        ns = rfc3339_ns(prefix + "Z") if _PREFIX.fullmatch(prefix) else None
+        if len(self._seconds) >= CACHED_SECONDS:
+            self._seconds.clear()
+        self._seconds[prefix] = ns
+        return ns
+
+    def times_ns(self, values: Iterable[object]) -> list[int | None]:
+        """``[rfc3339_ns(v) for v in values]``, the common shape without a parse each."""
+        seconds = self._seconds
+        out: list[int | None] = []
+        append = out.append
+        for value in values:
+            if type(value) is str and 20 <= len(value) <= 30 and value[-1] == "Z":
+                n = len(value)
+                fraction = value[20:-1]
+                if (n == 20 or value[19] == ".") and (
+                    not fraction or (fraction.isascii() and fraction.isdigit())
+                ):
+                    prefix = value[:19]
+                    try:
+                        ns = seconds[prefix]
+                    except KeyError:
+                        ns = self._prefix_ns(prefix)
+                    if ns is not None:
+                        if fraction:
+                            ns += int(fraction.ljust(9, "0"))
+                        # ns >= the prefix's instant >= MIN_TIME_NS already.
+                        append(ns if ns <= MAX_TIME_NS else None)
+                        continue
+            append(rfc3339_ns(value))
+        return out
