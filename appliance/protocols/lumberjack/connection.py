@@ -132,6 +132,7 @@ from appliance.protocols.lumberjack.events import (
     LumberjackLimits,
     Window,
 )
+from appliance.protocols.lumberjack.fast import MIN_RUN_FRAMES, JsonRun, json_run, split_paths
 from appliance.protocols.lumberjack.frames import (
     _A,
     _C,
@@ -152,6 +153,7 @@ from appliance.protocols.lumberjack.state import _TRANSITIONS, LumberjackState
 from appliance.protocols.text import MAX_HOST_BYTES, MAX_TAG_BYTES, InvalidText, check_text
 from appliance.rows.fields import HOST_PATHS, first_string, paths
 from appliance.rows.records import record_json
+from appliance.rows.timecache import Rfc3339Cache
 from appliance.rows.timefmt import rfc3339_ns
 
 __all__ = ["LumberjackServerConnection"]
@@ -159,6 +161,8 @@ __all__ = ["LumberjackServerConnection"]
 
 #: Distinct tag and host strings a connection keeps to share between events.
 _MAX_SHARED_STRINGS: Final = 256
+#: HOST_PATHS as :func:`~appliance.protocols.lumberjack.fast.json_run` walks them.
+_FAST_HOST_PATHS: Final = split_paths(HOST_PATHS)
 
 
 class _Incomplete(Exception):
@@ -181,6 +185,9 @@ class LumberjackServerConnection:
     ) -> None:
         self.limits = limits or LumberjackLimits()
         self._tag_paths = paths(tag_fields)
+        self._fast_tag_paths = split_paths(self._tag_paths)
+        #: This connection's RFC 3339 prefixes (appliance/rows/timecache.py), bounded.
+        self._times = Rfc3339Cache()
         self._state = LumberjackState.IDLE
         self._buffer = bytearray()
         self.version: int | None = None
@@ -312,7 +319,7 @@ class LumberjackServerConnection:
     def _json_frames(
         self, view: memoryview, offset: int, windows: list[Window], budget: _Budget | None
     ) -> int:
-        """Take the whole v2 ``J`` frames from ``offset`` on in one loop; where they end.
+        """Take the whole v2 ``J`` frames from ``offset`` on; where they end.
 
         The Beats hot path (a window of J frames, usually inside one C
         frame): the checks of :meth:`_frame` and :meth:`_data_json`, inline.
@@ -321,14 +328,23 @@ class LumberjackServerConnection:
         or over-long frame, a full window or budget), or when the window is
         complete; :meth:`_frame` then reads that frame as always, and fails
         it with the usual reason if it breaks a rule.
+
+        The frames are found first (headers and limits only), then parsed:
+        a run of them a column at a time (:mod:`appliance.protocols.lumberjack.fast`),
+        or, when that misses or the run is short, frame by frame.
         """
         size = len(view)
         # Frames longer than a record may hold values are counted by _data_json.
         max_frame = min(self.limits.max_frame_bytes, defaults.RECORD_MAX_VALUES)
         max_window = self.limits.max_window_bytes
         unpack = _SEQUENCE_AND_LENGTH.unpack_from
-        loads, in_window = orjson.loads, LumberjackState.IN_WINDOW
-        while self._state is in_window and size - offset >= _DATA_HEADER:
+        if self._state is not LumberjackState.IN_WINDOW:
+            return offset
+        wanted = self._window_size - len(self._pending.texts)
+        window_bytes = self._window_bytes
+        sequences: list[int] = []
+        spans: list[tuple[int, int]] = []
+        while len(spans) < wanted and size - offset >= _DATA_HEADER:
             if view[offset] != _V2 or view[offset + 1] != _J:
                 break
             if budget is not None and budget.items < 1:
@@ -337,21 +353,78 @@ class LumberjackServerConnection:
             frame = _DATA_HEADER + length
             if length > max_frame or offset + frame > size:
                 break
-            if self._window_bytes + frame > max_window:
+            if window_bytes + frame > max_window:
                 break
             self.fields_read += 2
             if budget is not None:
                 budget.items -= 1
-            raw = view[offset + _DATA_HEADER : offset + frame]
+            window_bytes += frame
+            sequences.append(sequence)
+            spans.append((offset + _DATA_HEADER, offset + frame))
+            offset += frame
+        if not spans:
+            return offset
+        run = None
+        if len(spans) >= MIN_RUN_FRAMES:
+            run = json_run(view, spans, self._fast_tag_paths, _FAST_HOST_PATHS, self._times)
+        if run is None:
+            self._json_frames_one_by_one(view, sequences, spans, windows)
+        else:
+            self._json_run(sequences, run, window_bytes, windows)
+        return offset
+
+    def _json_frames_one_by_one(
+        self,
+        view: memoryview,
+        sequences: list[int],
+        spans: list[tuple[int, int]],
+        windows: list[Window],
+    ) -> None:
+        """The found J frames, each parsed and mapped on its own; the first bad one fails."""
+        loads = orjson.loads
+        for sequence, (start, end) in zip(sequences, spans, strict=True):
+            raw = view[start:end]
             try:
                 record = loads(raw)
             except orjson.JSONDecodeError as exc:
                 raise self._fail(f"J frame {sequence} is not valid JSON: {exc}") from None
             if type(record) is not dict:
                 raise self._fail(f"J frame {sequence} is not a JSON object")
-            self._event(sequence, record, str(raw, "utf-8"), frame, windows)
-            offset += frame
-        return offset
+            self._event(sequence, record, str(raw, "utf-8"), _DATA_HEADER + end - start, windows)
+
+    def _json_run(
+        self, sequences: list[int], run: JsonRun, window_bytes: int, windows: list[Window]
+    ) -> None:
+        """What :meth:`_event` does for each frame of ``run``, a column at a time."""
+        pending = self._pending
+        pending.sequences.extend(sequences)
+        pending.texts.extend(run.texts)
+        pending.tags.extend(self._shared_texts(run.tags, "tag", MAX_TAG_BYTES))
+        pending.hosts.extend(self._shared_texts(run.hosts, "host", MAX_HOST_BYTES))
+        pending.times_ns.extend(run.times_ns)
+        self._window_bytes = window_bytes
+        if len(pending.texts) == self._window_size:
+            self._complete_window(windows)
+
+    def _shared_texts(self, values: list[str | None], what: str, limit: int) -> list[str | None]:
+        """:meth:`_shared_text` of each of ``values``; counts the ones that cannot be stored."""
+        shared = self._shared
+        out: list[str | None] = []
+        append = out.append
+        invalid = 0
+        for value in values:
+            if value is not None:
+                known = shared.get(value)
+                if known is None:
+                    known, ok = self._shared_text(value, what, limit)
+                    invalid += not ok
+                value = known
+            append(value)
+        if what == "tag":
+            self._invalid_tags += invalid
+        else:
+            self._invalid_hosts += invalid
+        return out
 
     def _need(self, view: memoryview, n: int) -> None:
         if len(view) < n:
@@ -640,20 +713,25 @@ class LumberjackServerConnection:
         self._invalid_hosts += not host_ok
         self._window_bytes += nbytes
         if len(pending.texts) == self._window_size:
-            assert self.version is not None
-            self._flush_empty_windows(windows)
-            windows.append(
-                replace(
-                    pending,
-                    version=self.version,
-                    nbytes=self._window_bytes,
-                    invalid_tags=self._invalid_tags,
-                    invalid_hosts=self._invalid_hosts,
-                )
+            self._complete_window(windows)
+
+    def _complete_window(self, windows: list[Window]) -> None:
+        """The pending window is whole: return it and await the next ``W``."""
+        pending = self._pending
+        assert self.version is not None
+        self._flush_empty_windows(windows)
+        windows.append(
+            replace(
+                pending,
+                version=self.version,
+                nbytes=self._window_bytes,
+                invalid_tags=self._invalid_tags,
+                invalid_hosts=self._invalid_hosts,
             )
-            self._pending = Window(0)
-            self._window_bytes = self._invalid_tags = self._invalid_hosts = 0
-            self._move(LumberjackState.AWAITING_WINDOW)
+        )
+        self._pending = Window(0)
+        self._window_bytes = self._invalid_tags = self._invalid_hosts = 0
+        self._move(LumberjackState.AWAITING_WINDOW)
 
     # -- answers ---------------------------------------------------------------
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -62,3 +63,37 @@ def test_the_cache_is_bounded() -> None:
     limit = timecache.CACHED_SECONDS
     assert cache.times_ns(stamps_ * 2) == [rfc3339_ns(v) for v in stamps_ * 2]
     assert len(cache._seconds) <= limit
+
+
+@st.composite
+def uniform_batches(draw: st.DrawFn) -> list[str]:
+    """Batches of one length (the column checks), now and then a value that breaks the shape."""
+    digits = draw(st.sampled_from([None, 0, 1, 3, 6, 9]))
+    fraction = "" if digits is None else "." + "7" * digits
+    batch = []
+    for _ in range(draw(st.integers(8, 24))):
+        year = draw(st.sampled_from(["2026", "1677", "2262", "1970", "0001"]))
+        day = draw(st.sampled_from(["22", "30", "21", "11"]))
+        month = draw(st.sampled_from(["11", "02", "09", "04"]))
+        clock = draw(st.sampled_from(["10:00:07", "23:47:16", "00:12:43", "24:00:00"]))
+        text = f"{year}-{month}-{day}T{clock}{fraction}Z"
+        if draw(st.integers(0, 9)) == 0:
+            i = draw(st.integers(0, len(text) - 1))
+            text = text[:i] + draw(_ODD | _DIGITS) + text[i + 1 :]
+        batch.append(text)
+    return batch
+
+
+@settings(max_examples=1000)
+@given(uniform_batches())
+def test_batches_of_one_length_are_rfc3339_ns(batch: list[str]) -> None:
+    cache = Rfc3339Cache()
+    expected = [rfc3339_ns(v) for v in batch]
+    assert cache.times_ns(batch) == expected
+    assert cache.times_ns(batch) == expected
+
+
+def test_a_beats_window_is_read_in_columns(monkeypatch: pytest.MonkeyPatch) -> None:
+    batch = [f"2026-11-22T10:00:{s:02d}.{s:03d}Z" for s in range(60)]
+    cache = Rfc3339Cache()
+    assert cache._uniform(batch) == [rfc3339_ns(v) for v in batch]
