@@ -132,7 +132,6 @@ from appliance.protocols.lumberjack.events import (
     LumberjackLimits,
     Window,
 )
-from appliance.protocols.lumberjack.fast import MIN_RUN_FRAMES, JsonRun, json_run, split_paths
 from appliance.protocols.lumberjack.frames import (
     _A,
     _C,
@@ -161,8 +160,18 @@ __all__ = ["LumberjackServerConnection"]
 
 #: Distinct tag and host strings a connection keeps to share between events.
 _MAX_SHARED_STRINGS: Final = 256
-#: HOST_PATHS as :func:`~appliance.protocols.lumberjack.fast.json_run` walks them.
-_FAST_HOST_PATHS: Final = split_paths(HOST_PATHS)
+
+
+def _two_level(
+    paths: Sequence[tuple[str, ...]],
+) -> tuple[tuple[str, str | None], ...] | None:
+    """Key paths of one or two keys as (key, key below or None); None if one is deeper."""
+    if not all(1 <= len(path) <= 2 for path in paths):
+        return None
+    return tuple((path[0], path[1] if len(path) == 2 else None) for path in paths)
+
+
+_HOST_PATHS_2: Final = _two_level(HOST_PATHS) or ()
 
 
 class _Incomplete(Exception):
@@ -185,7 +194,9 @@ class LumberjackServerConnection:
     ) -> None:
         self.limits = limits or LumberjackLimits()
         self._tag_paths = paths(tag_fields)
-        self._fast_tag_paths = split_paths(self._tag_paths)
+        #: The tag paths as (key, key below or None) when none is deeper (the
+        #: inline loop of :meth:`_json_frames`), else None.
+        self._two_level_tag_paths = _two_level(self._tag_paths)
         #: This connection's RFC 3339 prefixes (appliance/rows/timecache.py), bounded.
         self._times = Rfc3339Cache()
         self._state = LumberjackState.IDLE
@@ -319,32 +330,43 @@ class LumberjackServerConnection:
     def _json_frames(
         self, view: memoryview, offset: int, windows: list[Window], budget: _Budget | None
     ) -> int:
-        """Take the whole v2 ``J`` frames from ``offset`` on; where they end.
+        """Take the whole v2 ``J`` frames from ``offset`` on in one loop; where they end.
 
         The Beats hot path (a window of J frames, usually inside one C
-        frame): the checks of :meth:`_frame` and :meth:`_data_json`, inline.
-        It stops, leaving the rest to :meth:`_frame`, at the first frame that
-        is not a whole J frame within every limit (another type, a cut-short
-        or over-long frame, a full window or budget), or when the window is
-        complete; :meth:`_frame` then reads that frame as always, and fails
-        it with the usual reason if it breaks a rule.
-
-        The frames are found first (headers and limits only), then parsed:
-        a run of them a column at a time (:mod:`appliance.protocols.lumberjack.fast`),
-        or, when that misses or the run is short, frame by frame.
+        frame): the checks of :meth:`_frame` and :meth:`_data_json`, and what
+        :meth:`_event` does, inline. It stops, leaving the rest to
+        :meth:`_frame`, at the first frame that is not a whole J frame within
+        every limit (another type, a cut-short or over-long frame, a full
+        window or budget), or when the window is complete; :meth:`_frame`
+        then reads that frame as always, and fails it with the usual reason
+        if it breaks a rule. The run's events join the window at its end, the
+        ``@timestamp`` strings all at once (:class:`~appliance.rows.timecache.Rfc3339Cache`);
+        a frame that is not a JSON object fails the connection as
+        :meth:`_data_json` fails it, which drops the unfinished window anyway.
+        tests/appliance/protocols/test_lumberjack_fast.py holds this loop to
+        :meth:`_frame`'s frame-by-frame path: the same windows and violations.
         """
+        if self._state is not LumberjackState.IN_WINDOW:
+            return offset
         size = len(view)
         # Frames longer than a record may hold values are counted by _data_json.
         max_frame = min(self.limits.max_frame_bytes, defaults.RECORD_MAX_VALUES)
         max_window = self.limits.max_window_bytes
         unpack = _SEQUENCE_AND_LENGTH.unpack_from
-        if self._state is not LumberjackState.IN_WINDOW:
-            return offset
+        loads, decode_error = orjson.loads, orjson.JSONDecodeError
+        tag_paths, shared = self._two_level_tag_paths, self._shared
+        if tag_paths is None:
+            return self._json_frames_by_event(view, offset, windows, budget)
         wanted = self._window_size - len(self._pending.texts)
         window_bytes = self._window_bytes
         sequences: list[int] = []
-        spans: list[tuple[int, int]] = []
-        while len(spans) < wanted and size - offset >= _DATA_HEADER:
+        texts: list[str] = []
+        tags: list[str | None] = []
+        hosts: list[str | None] = []
+        stamps: list[object] = []
+        invalid_tags = invalid_hosts = 0
+        found: Any
+        while wanted and size - offset >= _DATA_HEADER:
             if view[offset] != _V2 or view[offset + 1] != _J:
                 break
             if budget is not None and budget.items < 1:
@@ -358,73 +380,99 @@ class LumberjackServerConnection:
             self.fields_read += 2
             if budget is not None:
                 budget.items -= 1
-            window_bytes += frame
+            raw = view[offset + _DATA_HEADER : offset + frame]
+            try:
+                record = loads(raw)
+            except decode_error as exc:
+                raise self._fail(f"J frame {sequence} is not valid JSON: {exc}") from None
+            if type(record) is not dict:
+                raise self._fail(f"J frame {sequence} is not a JSON object")
+            # orjson validated the bytes as UTF-8; the validated text is the record.
+            texts.append(str(raw, "utf-8"))
             sequences.append(sequence)
-            spans.append((offset + _DATA_HEADER, offset + frame))
+            stamps.append(record.get("@timestamp"))
+            # first_string (appliance/rows/fields.py) over paths of one or two
+            # keys; orjson's dicts are exactly dict, so type() is isinstance().
+            for first, second in tag_paths:
+                found = record.get(first)
+                if second is not None:
+                    found = found.get(second) if type(found) is dict else None
+                if type(found) is str and found:
+                    break
+            else:
+                found = None
+            if found is not None:
+                known = shared.get(found)
+                if known is None:
+                    known, ok = self._shared_text(found, "tag", MAX_TAG_BYTES)
+                    invalid_tags += not ok
+                found = known
+            tags.append(found)
+            for first, second in _HOST_PATHS_2:
+                found = record.get(first)
+                if second is not None:
+                    found = found.get(second) if type(found) is dict else None
+                if type(found) is str and found:
+                    break
+            else:
+                found = None
+            if found is not None:
+                known = shared.get(found)
+                if known is None:
+                    known, ok = self._shared_text(found, "host", MAX_HOST_BYTES)
+                    invalid_hosts += not ok
+                found = known
+            hosts.append(found)
+            window_bytes += frame
             offset += frame
-        if not spans:
-            return offset
-        run = None
-        if len(spans) >= MIN_RUN_FRAMES:
-            run = json_run(view, spans, self._fast_tag_paths, _FAST_HOST_PATHS, self._times)
-        if run is None:
-            self._json_frames_one_by_one(view, sequences, spans, windows)
-        else:
-            self._json_run(sequences, run, window_bytes, windows)
+            wanted -= 1
+        if sequences:
+            pending = self._pending
+            pending.sequences.extend(sequences)
+            pending.texts.extend(texts)
+            pending.tags.extend(tags)
+            pending.hosts.extend(hosts)
+            pending.times_ns.extend(self._times.times_ns(stamps))
+            self._invalid_tags += invalid_tags
+            self._invalid_hosts += invalid_hosts
+            self._window_bytes = window_bytes
+            if not wanted:
+                self._complete_window(windows)
         return offset
 
-    def _json_frames_one_by_one(
-        self,
-        view: memoryview,
-        sequences: list[int],
-        spans: list[tuple[int, int]],
-        windows: list[Window],
-    ) -> None:
-        """The found J frames, each parsed and mapped on its own; the first bad one fails."""
-        loads = orjson.loads
-        for sequence, (start, end) in zip(sequences, spans, strict=True):
-            raw = view[start:end]
+    def _json_frames_by_event(
+        self, view: memoryview, offset: int, windows: list[Window], budget: _Budget | None
+    ) -> int:
+        """:meth:`_json_frames` for tag fields deeper than two keys: :meth:`_event` per frame."""
+        size = len(view)
+        max_frame = min(self.limits.max_frame_bytes, defaults.RECORD_MAX_VALUES)
+        max_window = self.limits.max_window_bytes
+        unpack = _SEQUENCE_AND_LENGTH.unpack_from
+        loads, in_window = orjson.loads, LumberjackState.IN_WINDOW
+        while self._state is in_window and size - offset >= _DATA_HEADER:
+            if view[offset] != _V2 or view[offset + 1] != _J:
+                break
+            if budget is not None and budget.items < 1:
+                break
+            sequence, length = unpack(view, offset + _HEADER)
+            frame = _DATA_HEADER + length
+            if length > max_frame or offset + frame > size:
+                break
+            if self._window_bytes + frame > max_window:
+                break
+            self.fields_read += 2
+            if budget is not None:
+                budget.items -= 1
+            raw = view[offset + _DATA_HEADER : offset + frame]
             try:
                 record = loads(raw)
             except orjson.JSONDecodeError as exc:
                 raise self._fail(f"J frame {sequence} is not valid JSON: {exc}") from None
             if type(record) is not dict:
                 raise self._fail(f"J frame {sequence} is not a JSON object")
-            self._event(sequence, record, str(raw, "utf-8"), _DATA_HEADER + end - start, windows)
-
-    def _json_run(
-        self, sequences: list[int], run: JsonRun, window_bytes: int, windows: list[Window]
-    ) -> None:
-        """What :meth:`_event` does for each frame of ``run``, a column at a time."""
-        pending = self._pending
-        pending.sequences.extend(sequences)
-        pending.texts.extend(run.texts)
-        pending.tags.extend(self._shared_texts(run.tags, "tag", MAX_TAG_BYTES))
-        pending.hosts.extend(self._shared_texts(run.hosts, "host", MAX_HOST_BYTES))
-        pending.times_ns.extend(run.times_ns)
-        self._window_bytes = window_bytes
-        if len(pending.texts) == self._window_size:
-            self._complete_window(windows)
-
-    def _shared_texts(self, values: list[str | None], what: str, limit: int) -> list[str | None]:
-        """:meth:`_shared_text` of each of ``values``; counts the ones that cannot be stored."""
-        shared = self._shared
-        out: list[str | None] = []
-        append = out.append
-        invalid = 0
-        for value in values:
-            if value is not None:
-                known = shared.get(value)
-                if known is None:
-                    known, ok = self._shared_text(value, what, limit)
-                    invalid += not ok
-                value = known
-            append(value)
-        if what == "tag":
-            self._invalid_tags += invalid
-        else:
-            self._invalid_hosts += invalid
-        return out
+            self._event(sequence, record, str(raw, "utf-8"), frame, windows)
+            offset += frame
+        return offset
 
     def _need(self, view: memoryview, n: int) -> None:
         if len(view) < n:

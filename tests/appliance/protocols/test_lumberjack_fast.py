@@ -1,5 +1,5 @@
-"""Lumberjack's column-at-a-time J frames (appliance/protocols/lumberjack/fast.py) against
-the frame-by-frame path: the same windows, events and violations for any input."""
+"""Lumberjack's inline J-frame loop (``_json_frames``) against the frame-by-frame path
+(``_frame`` -> ``_data_json`` -> ``_event``): the same windows, events and violations."""
 
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ from hypothesis import strategies as st
 
 from appliance.protocols.errors import ProtocolViolation
 from appliance.protocols.lumberjack import LumberjackLimits, LumberjackServerConnection, Window
-from appliance.protocols.lumberjack import connection as lumberjack_connection
 from appliance.rows.timefmt import rfc3339_ns
 
 _STAMPS = st.sampled_from(
@@ -110,20 +109,19 @@ _LIMITS = st.sampled_from(
 def test_fast_and_frame_by_frame_agree(data: bytes, cuts: list[int], limits: Any) -> None:
     fast = _outcome(data, cuts, limits)
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(lumberjack_connection, "json_run", lambda *args: None)
+        # Every J frame then goes through _frame and _data_json, one by one.
+        patch.setattr(
+            LumberjackServerConnection, "_json_frames", lambda self, view, offset, *rest: offset
+        )
         slow = _outcome(data, cuts, limits)
     assert fast == slow
 
 
-def test_a_beats_window_takes_the_fast_path(monkeypatch: pytest.MonkeyPatch) -> None:
-    calls: list[int] = []
-    real = lumberjack_connection.json_run
+def test_a_beats_window_is_read_by_the_inline_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_event(*args: object) -> None:
+        raise AssertionError("the frame-by-frame path ran")
 
-    def counted(view: Any, spans: Any, *rest: Any) -> Any:
-        calls.append(len(spans))
-        return real(view, spans, *rest)
-
-    monkeypatch.setattr(lumberjack_connection, "json_run", counted)
+    monkeypatch.setattr(LumberjackServerConnection, "_event", no_event)
     events = [
         {"@timestamp": "2026-11-22T10:00:07.123Z", "@metadata": {"beat": "filebeat"},
          "host": {"name": "web-01"}, "message": "hello"}
@@ -131,8 +129,25 @@ def test_a_beats_window_takes_the_fast_path(monkeypatch: pytest.MonkeyPatch) -> 
     ]  # fmt: skip
     data = b"2W" + struct.pack(">I", 10) + _frames([json.dumps(e).encode() for e in events], 1)
     (window,) = LumberjackServerConnection().receive_data(data)
-    assert calls == [10]
     assert isinstance(window, Window)
     assert window.tags == ["filebeat"] * 10
     assert window.hosts == ["web-01"] * 10
     assert window.times_ns == [rfc3339_ns("2026-11-22T10:00:07.123Z")] * 10
+
+
+@settings(max_examples=200, deadline=None)
+@given(streams(), st.sampled_from([("a.b.c",), ("type", "@metadata.beat"), ("x.y", "a.b.c")]))
+def test_deeper_tag_fields_agree_too(data: bytes, tag_fields: tuple[str, ...]) -> None:
+    def outcome() -> list[Any]:
+        codec = LumberjackServerConnection(tag_fields=tag_fields)
+        return [
+            e.reason if isinstance(e, ProtocolViolation) else (e.texts, e.tags, e.hosts)
+            for e in codec.receive_data(data)
+        ]
+
+    fast = outcome()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(
+            LumberjackServerConnection, "_json_frames", lambda self, view, offset, *rest: offset
+        )
+        assert outcome() == fast
