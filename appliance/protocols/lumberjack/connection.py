@@ -171,7 +171,18 @@ def _two_level(
     return tuple((path[0], path[1] if len(path) == 2 else None) for path in paths)
 
 
-_HOST_PATHS_2: Final = _two_level(HOST_PATHS) or ()
+def _beats_shape(
+    paths: tuple[tuple[str, str | None], ...] | None,
+) -> tuple[str, str, str] | None:
+    """(a, b, c) for the paths ``a.b`` then ``c``, the shape of the default tag fields."""
+    if paths is None or len(paths) != 2:
+        return None
+    (a, b), (c, none) = paths
+    return (a, b, c) if b is not None and none is None else None
+
+
+# The inline loop of _json_frames walks these three paths, unrolled.
+assert HOST_PATHS == (("host", "name"), ("beat", "hostname"), ("host",))
 
 
 class _Incomplete(Exception):
@@ -197,6 +208,8 @@ class LumberjackServerConnection:
         #: The tag paths as (key, key below or None) when none is deeper (the
         #: inline loop of :meth:`_json_frames`), else None.
         self._two_level_tag_paths = _two_level(self._tag_paths)
+        #: (a, b, c) when the tag paths are ``a.b`` then ``c`` (the default's shape).
+        self._beats_tag_keys = _beats_shape(self._two_level_tag_paths)
         #: This connection's RFC 3339 prefixes (appliance/rows/timecache.py), bounded.
         self._times = Rfc3339Cache()
         self._state = LumberjackState.IDLE
@@ -357,6 +370,7 @@ class LumberjackServerConnection:
         tag_paths, shared = self._two_level_tag_paths, self._shared
         if tag_paths is None:
             return self._json_frames_by_event(view, offset, windows, budget)
+        beats_tag = self._beats_tag_keys
         wanted = self._window_size - len(self._pending.texts)
         window_bytes = self._window_bytes
         sequences: list[int] = []
@@ -366,6 +380,7 @@ class LumberjackServerConnection:
         stamps: list[object] = []
         invalid_tags = invalid_hosts = 0
         found: Any
+        host: Any
         while wanted and size - offset >= _DATA_HEADER:
             if view[offset] != _V2 or view[offset + 1] != _J:
                 break
@@ -393,14 +408,23 @@ class LumberjackServerConnection:
             stamps.append(record.get("@timestamp"))
             # first_string (appliance/rows/fields.py) over paths of one or two
             # keys; orjson's dicts are exactly dict, so type() is isinstance().
-            for first, second in tag_paths:
-                found = record.get(first)
-                if second is not None:
-                    found = found.get(second) if type(found) is dict else None
-                if type(found) is str and found:
-                    break
+            if beats_tag is not None:
+                # The default tag fields, "@metadata.beat" then "type", unrolled.
+                found = record.get(beats_tag[0])
+                found = found.get(beats_tag[1]) if type(found) is dict else None
+                if type(found) is not str or not found:
+                    found = record.get(beats_tag[2])
+                    if type(found) is not str or not found:
+                        found = None
             else:
-                found = None
+                for first, second in tag_paths:
+                    found = record.get(first)
+                    if second is not None:
+                        found = found.get(second) if type(found) is dict else None
+                    if type(found) is str and found:
+                        break
+                else:
+                    found = None
             if found is not None:
                 known = shared.get(found)
                 if known is None:
@@ -408,14 +432,14 @@ class LumberjackServerConnection:
                     invalid_tags += not ok
                 found = known
             tags.append(found)
-            for first, second in _HOST_PATHS_2:
-                found = record.get(first)
-                if second is not None:
-                    found = found.get(second) if type(found) is dict else None
-                if type(found) is str and found:
-                    break
-            else:
-                found = None
+            # HOST_PATHS, unrolled: host.name, beat.hostname, a string host.
+            host = record.get("host")
+            found = host.get("name") if type(host) is dict else None
+            if type(found) is not str or not found:
+                found = record.get("beat")
+                found = found.get("hostname") if type(found) is dict else None
+                if type(found) is not str or not found:
+                    found = host if type(host) is str and host else None
             if found is not None:
                 known = shared.get(found)
                 if known is None:

@@ -136,7 +136,12 @@ def test_a_beats_window_is_read_by_the_inline_loop(monkeypatch: pytest.MonkeyPat
 
 
 @settings(max_examples=200, deadline=None)
-@given(streams(), st.sampled_from([("a.b.c",), ("type", "@metadata.beat"), ("x.y", "a.b.c")]))
+@given(
+    streams(),
+    st.sampled_from(
+        [("a.b.c",), ("type", "@metadata.beat"), ("x.y", "a.b.c"), ("host.name", "message")]
+    ),
+)
 def test_deeper_tag_fields_agree_too(data: bytes, tag_fields: tuple[str, ...]) -> None:
     def outcome() -> list[Any]:
         codec = LumberjackServerConnection(tag_fields=tag_fields)
