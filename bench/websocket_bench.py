@@ -219,6 +219,15 @@ def client_frame(payload: bytes) -> bytes:
     return head + bytes(4) + payload
 
 
+def _times_cache() -> Any:
+    """The session's RFC 3339 cache of the tree measured, or None if it has none."""
+    try:
+        from appliance.rows.timecache import Rfc3339Cache
+    except ImportError:
+        return None
+    return Rfc3339Cache()
+
+
 def measure_ceilings(
     workload: IngestWorkload, seconds: float, core: int | None, with_commit: bool
 ) -> dict[str, float]:
@@ -231,8 +240,14 @@ def measure_ceilings(
         texts = [workload.message(f"m-{i}").decode() for i in range(group)]
         limits = MessageLimits()
 
+        # One connection's cache of RFC 3339 prefixes, as the server's session
+        # keeps (appliance/rows/timecache.py); a tree without it takes two arguments.
+        times = _times_cache()
+
         def messages() -> list[IngestMessage]:
-            return [parse_ingest(text, limits) for text in texts]
+            if times is None:
+                return [parse_ingest(text, limits) for text in texts]
+            return [parse_ingest(text, limits, times) for text in texts]  # type: ignore[call-arg,unused-ignore]
 
         return harness.block_ceilings(
             messages,

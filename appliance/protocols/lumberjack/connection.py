@@ -158,6 +158,9 @@ from appliance.rows.timefmt import rfc3339_ns
 __all__ = ["LumberjackServerConnection"]
 
 
+#: The longest ``@timestamp`` text that can be a time: rfc3339_ns reads at most
+#: 64 characters (appliance/rows/timefmt.py); longer ones are not kept for it.
+_MAX_STAMP_CHARS: Final = 64
 #: Distinct tag and host strings a connection keeps to share between events.
 _MAX_SHARED_STRINGS: Final = 256
 
@@ -381,6 +384,7 @@ class LumberjackServerConnection:
         invalid_tags = invalid_hosts = 0
         found: Any
         host: Any
+        stamp: Any
         while wanted and size - offset >= _DATA_HEADER:
             if view[offset] != _V2 or view[offset + 1] != _J:
                 break
@@ -405,7 +409,10 @@ class LumberjackServerConnection:
             # orjson validated the bytes as UTF-8; the validated text is the record.
             texts.append(str(raw, "utf-8"))
             sequences.append(sequence)
-            stamps.append(record.get("@timestamp"))
+            # Only a short str can be a time (rfc3339_ns: None for anything
+            # else); nothing else of the record outlives this frame's parse.
+            stamp = record.get("@timestamp")
+            stamps.append(stamp if type(stamp) is str and len(stamp) <= _MAX_STAMP_CHARS else None)
             # first_string (appliance/rows/fields.py) over paths of one or two
             # keys; orjson's dicts are exactly dict, so type() is isinstance().
             if beats_tag is not None:
