@@ -11,8 +11,9 @@ keep requests in flight (:func:`pipelined`) over a measured window
 ``courier_bench`` are each a :class:`SizedBench` that :func:`run_bench` runs.
 ``fairness_bench`` uses the server, the clients' framing and ``/proc``;
 ``logjam_bench`` runs its own server process (:func:`bench_module`) with the
-``/proc`` readers and the table check; ``websocket_bench`` and
-``metrics_overhead`` run the service in-process on requests built here;
+``/proc`` readers and the table check; ``websocket_bench`` is a
+:class:`SizedBench` for ``/ingest`` and then runs the service in-process for
+its tail cases, as ``metrics_overhead`` does, on requests built here;
 ``codec_micro`` times with :func:`best_rate`. Each benchmark keeps its own
 workload and report.
 """

@@ -25,6 +25,8 @@ window would make the client resend it for ever.
 
 from __future__ import annotations
 
+from typing import Any
+
 from appliance.blocks.block import RowBlock
 from appliance.protocols.lumberjack import Window
 
@@ -41,8 +43,27 @@ def window_block(
         peer=peer,
         received_at_ns=received_at_ns,
         batch_id=None,
-        tag=[tag if event_tag is None else event_tag for event_tag in window.tags],
-        host=window.hosts,
+        tag=_shared_or_each(window.tags, tag),
+        host=_shared_or_each(window.hosts, None),
         times_ns=window.times_ns,
         records=window.texts,
     )
+
+
+def _shared_or_each(values: list[str | None], default: str | None) -> Any:
+    """One value for every row when the window's events agree, else one per row.
+
+    ``None`` in ``values`` means ``default``. A block's ``tag`` / ``host`` may
+    be either (appliance/blocks/block.py); the rows are the same, but one value
+    is checked once and becomes the Arrow column without a Python string per
+    row (appliance/lake/arrow.py, ``_per_row``). Beats send one host per
+    connection and, with the default tag fields, one tag.
+    """
+    if values:
+        first = values[0]
+        # count() runs in C; strings shared by the codec compare by identity first.
+        if values.count(first) == len(values):
+            return default if first is None else first
+    if default is None:
+        return values
+    return [default if value is None else value for value in values]

@@ -122,6 +122,7 @@ from appliance.blocks.errors import InvalidText
 from appliance.blocks.fields import HOST_PATHS, first_string, paths
 from appliance.blocks.records import record_json
 from appliance.blocks.text import MAX_HOST_BYTES, MAX_TAG_BYTES, check_text
+from appliance.blocks.timecache import Rfc3339Cache
 from appliance.blocks.timefmt import rfc3339_ns
 from appliance.protocols.errors import LocalProtocolError, ProtocolViolation, RemoteProtocolError
 from appliance.protocols.lumberjack.budget import (
@@ -158,8 +159,34 @@ from appliance.protocols.lumberjack.state import _TRANSITIONS, LumberjackState
 __all__ = ["LumberjackServerConnection"]
 
 
+#: The longest ``@timestamp`` text that can be a time: rfc3339_ns reads at most
+#: 64 characters (appliance/blocks/timefmt.py); longer ones are not kept for it.
+_MAX_STAMP_CHARS: Final = 64
 #: Distinct tag and host strings a connection keeps to share between events.
 _MAX_SHARED_STRINGS: Final = 256
+
+
+def _two_level(
+    paths: Sequence[tuple[str, ...]],
+) -> tuple[tuple[str, str | None], ...] | None:
+    """Key paths of one or two keys as (key, key below or None); None if one is deeper."""
+    if not all(1 <= len(path) <= 2 for path in paths):
+        return None
+    return tuple((path[0], path[1] if len(path) == 2 else None) for path in paths)
+
+
+def _beats_shape(
+    paths: tuple[tuple[str, str | None], ...] | None,
+) -> tuple[str, str, str] | None:
+    """(a, b, c) for the paths ``a.b`` then ``c``, the shape of the default tag fields."""
+    if paths is None or len(paths) != 2:
+        return None
+    (a, b), (c, none) = paths
+    return (a, b, c) if b is not None and none is None else None
+
+
+# The inline loop of _json_frames walks these three paths, unrolled.
+assert HOST_PATHS == (("host", "name"), ("beat", "hostname"), ("host",))
 
 
 class _Incomplete(Exception):
@@ -182,6 +209,13 @@ class LumberjackServerConnection:
     ) -> None:
         self.limits = limits or LumberjackLimits()
         self._tag_paths = paths(tag_fields)
+        #: The tag paths as (key, key below or None) when none is deeper (the
+        #: inline loop of :meth:`_json_frames`), else None.
+        self._two_level_tag_paths = _two_level(self._tag_paths)
+        #: (a, b, c) when the tag paths are ``a.b`` then ``c`` (the default's shape).
+        self._beats_tag_keys = _beats_shape(self._two_level_tag_paths)
+        #: This connection's RFC 3339 prefixes (appliance/blocks/timecache.py), bounded.
+        self._times = Rfc3339Cache()
         self._state = LumberjackState.IDLE
         self._buffer = bytearray()
         self.version: int | None = None
@@ -316,15 +350,133 @@ class LumberjackServerConnection:
         """Take the whole v2 ``J`` frames from ``offset`` on in one loop; where they end.
 
         The Beats hot path (a window of J frames, usually inside one C
-        frame): the checks of :meth:`_frame` and :meth:`_data_json`, inline.
-        It stops, leaving the rest to :meth:`_frame`, at the first frame that
-        is not a whole J frame within every limit (another type, a cut-short
-        or over-long frame, a full window or budget), or when the window is
-        complete; :meth:`_frame` then reads that frame as always, and fails
-        it with the usual reason if it breaks a rule.
+        frame): the checks of :meth:`_frame` and :meth:`_data_json`, and what
+        :meth:`_event` does, inline. It stops, leaving the rest to
+        :meth:`_frame`, at the first frame that is not a whole J frame within
+        every limit (another type, a cut-short or over-long frame, a full
+        window or budget), or when the window is complete; :meth:`_frame`
+        then reads that frame as always, and fails it with the usual reason
+        if it breaks a rule. The run's events join the window at its end, the
+        ``@timestamp`` strings all at once (:class:`~appliance.blocks.timecache.Rfc3339Cache`);
+        a frame that is not a JSON object fails the connection as
+        :meth:`_data_json` fails it, which drops the unfinished window anyway.
+        tests/appliance/protocols/test_lumberjack_fast.py holds this loop to
+        :meth:`_frame`'s frame-by-frame path: the same windows and violations.
         """
+        if self._state is not LumberjackState.IN_WINDOW:
+            return offset
         size = len(view)
         # Frames longer than a record may hold values are counted by _data_json.
+        max_frame = min(self.limits.max_frame_bytes, defaults.RECORD_MAX_VALUES)
+        max_window = self.limits.max_window_bytes
+        unpack = _SEQUENCE_AND_LENGTH.unpack_from
+        loads, decode_error = orjson.loads, orjson.JSONDecodeError
+        tag_paths, shared = self._two_level_tag_paths, self._shared
+        if tag_paths is None:
+            return self._json_frames_by_event(view, offset, windows, budget)
+        beats_tag = self._beats_tag_keys
+        wanted = self._window_size - len(self._pending.texts)
+        window_bytes = self._window_bytes
+        sequences: list[int] = []
+        texts: list[str] = []
+        tags: list[str | None] = []
+        hosts: list[str | None] = []
+        stamps: list[object] = []
+        invalid_tags = invalid_hosts = 0
+        found: Any
+        host: Any
+        stamp: Any
+        while wanted and size - offset >= _DATA_HEADER:
+            if view[offset] != _V2 or view[offset + 1] != _J:
+                break
+            if budget is not None and budget.items < 1:
+                break
+            sequence, length = unpack(view, offset + _HEADER)
+            frame = _DATA_HEADER + length
+            if length > max_frame or offset + frame > size:
+                break
+            if window_bytes + frame > max_window:
+                break
+            self.fields_read += 2
+            if budget is not None:
+                budget.items -= 1
+            raw = view[offset + _DATA_HEADER : offset + frame]
+            try:
+                record = loads(raw)
+            except decode_error as exc:
+                raise self._fail(f"J frame {sequence} is not valid JSON: {exc}") from None
+            if type(record) is not dict:
+                raise self._fail(f"J frame {sequence} is not a JSON object")
+            # orjson validated the bytes as UTF-8; the validated text is the record.
+            texts.append(str(raw, "utf-8"))
+            sequences.append(sequence)
+            # Only a short str can be a time (rfc3339_ns: None for anything
+            # else); nothing else of the record outlives this frame's parse.
+            stamp = record.get("@timestamp")
+            stamps.append(stamp if type(stamp) is str and len(stamp) <= _MAX_STAMP_CHARS else None)
+            # first_string (appliance/blocks/fields.py) over paths of one or two
+            # keys; orjson's dicts are exactly dict, so type() is isinstance().
+            if beats_tag is not None:
+                # The default tag fields, "@metadata.beat" then "type", unrolled.
+                found = record.get(beats_tag[0])
+                found = found.get(beats_tag[1]) if type(found) is dict else None
+                if type(found) is not str or not found:
+                    found = record.get(beats_tag[2])
+                    if type(found) is not str or not found:
+                        found = None
+            else:
+                for first, second in tag_paths:
+                    found = record.get(first)
+                    if second is not None:
+                        found = found.get(second) if type(found) is dict else None
+                    if type(found) is str and found:
+                        break
+                else:
+                    found = None
+            if found is not None:
+                known = shared.get(found)
+                if known is None:
+                    known, ok = self._shared_text(found, "tag", MAX_TAG_BYTES)
+                    invalid_tags += not ok
+                found = known
+            tags.append(found)
+            # HOST_PATHS, unrolled: host.name, beat.hostname, a string host.
+            host = record.get("host")
+            found = host.get("name") if type(host) is dict else None
+            if type(found) is not str or not found:
+                found = record.get("beat")
+                found = found.get("hostname") if type(found) is dict else None
+                if type(found) is not str or not found:
+                    found = host if type(host) is str and host else None
+            if found is not None:
+                known = shared.get(found)
+                if known is None:
+                    known, ok = self._shared_text(found, "host", MAX_HOST_BYTES)
+                    invalid_hosts += not ok
+                found = known
+            hosts.append(found)
+            window_bytes += frame
+            offset += frame
+            wanted -= 1
+        if sequences:
+            pending = self._pending
+            pending.sequences.extend(sequences)
+            pending.texts.extend(texts)
+            pending.tags.extend(tags)
+            pending.hosts.extend(hosts)
+            pending.times_ns.extend(self._times.times_ns(stamps))
+            self._invalid_tags += invalid_tags
+            self._invalid_hosts += invalid_hosts
+            self._window_bytes = window_bytes
+            if not wanted:
+                self._complete_window(windows)
+        return offset
+
+    def _json_frames_by_event(
+        self, view: memoryview, offset: int, windows: list[Window], budget: _Budget | None
+    ) -> int:
+        """:meth:`_json_frames` for tag fields deeper than two keys: :meth:`_event` per frame."""
+        size = len(view)
         max_frame = min(self.limits.max_frame_bytes, defaults.RECORD_MAX_VALUES)
         max_window = self.limits.max_window_bytes
         unpack = _SEQUENCE_AND_LENGTH.unpack_from
@@ -641,20 +793,25 @@ class LumberjackServerConnection:
         self._invalid_hosts += not host_ok
         self._window_bytes += nbytes
         if len(pending.texts) == self._window_size:
-            assert self.version is not None
-            self._flush_empty_windows(windows)
-            windows.append(
-                replace(
-                    pending,
-                    version=self.version,
-                    nbytes=self._window_bytes,
-                    invalid_tags=self._invalid_tags,
-                    invalid_hosts=self._invalid_hosts,
-                )
+            self._complete_window(windows)
+
+    def _complete_window(self, windows: list[Window]) -> None:
+        """The pending window is whole: return it and await the next ``W``."""
+        pending = self._pending
+        assert self.version is not None
+        self._flush_empty_windows(windows)
+        windows.append(
+            replace(
+                pending,
+                version=self.version,
+                nbytes=self._window_bytes,
+                invalid_tags=self._invalid_tags,
+                invalid_hosts=self._invalid_hosts,
             )
-            self._pending = Window(0)
-            self._window_bytes = self._invalid_tags = self._invalid_hosts = 0
-            self._move(LumberjackState.AWAITING_WINDOW)
+        )
+        self._pending = Window(0)
+        self._window_bytes = self._invalid_tags = self._invalid_hosts = 0
+        self._move(LumberjackState.AWAITING_WINDOW)
 
     # -- answers ---------------------------------------------------------------
 

@@ -21,6 +21,7 @@ from functools import partial
 from typing import TYPE_CHECKING
 
 from appliance.blocks.errors import BlockRefused
+from appliance.blocks.timecache import Rfc3339Cache
 from appliance.config import WebSocketListenerConfig, settings_from
 from appliance.logs import get_logger
 from appliance.protocols.websocket_messages import (
@@ -70,6 +71,8 @@ class IngestSession(SessionDefaults[str]):
         self._source = source
         self._grant = grant
         self._rate = MessageRate(settings.max_messages_per_second, now)
+        #: The connection's RFC 3339 prefixes (appliance/blocks/timecache.py), bounded.
+        self._times = Rfc3339Cache()
 
     def decode_bytes(self, data: str | bytes) -> int:
         """The message's length (messages are at most ``max_message_bytes``)."""
@@ -82,7 +85,7 @@ class IngestSession(SessionDefaults[str]):
             self._info.metrics.protocol_error(reason)
             return [self._refused(MessageError(reason))]
         try:
-            message = parse_ingest(data, self._limits)
+            message = parse_ingest(data, self._limits, self._times)
         except MessageError as exc:
             self._info.metrics.protocol_error(exc.reason)
             return [self._refused(exc)]

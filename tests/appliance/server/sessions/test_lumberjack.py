@@ -13,6 +13,7 @@ import json
 import logging
 import struct
 import zlib
+from collections.abc import Sequence
 from functools import partial
 from typing import Any
 
@@ -42,6 +43,14 @@ from tests.appliance.server.support import (
 INFO = ConnectionInfo(
     listener="beats", address="192.0.2.7", port=41000, tls=True, source="CN=shipper"
 )
+
+
+def per_row(values: str | Sequence[str | None] | None, rows: int) -> list[str | None]:
+    """A block's tag or host column row by row: one shared value or one per row
+    (appliance/blocks/block.py)."""
+    if values is None or isinstance(values, str):
+        return [values] * rows
+    return list(values)
 
 
 def u32(n: int) -> bytes:
@@ -229,7 +238,7 @@ async def test_tag_is_the_beat_then_type_then_the_listener_tag(
         ),
         tag="beats-default",
     )
-    assert list(block.tag) == [
+    assert per_row(block.tag, block.rows) == [
         "filebeat", "syslog", "beats-default", "empty beat", "beat not a string", "beats-default",
     ]  # fmt: skip
 
@@ -242,7 +251,7 @@ async def test_tag_fields_are_configurable_dotted_paths(
         jwindow({"fields": {"app": "billing"}, "type": "log"}, {"type": "log"}),
         tag_fields=["fields.app"],
     )
-    assert list(block.tag) == ["billing", "lumberjack"]
+    assert per_row(block.tag, block.rows) == ["billing", "lumberjack"]
 
 
 @pytest.mark.trio
@@ -259,7 +268,14 @@ async def test_host_is_host_name_then_beat_hostname_then_a_host_string(
             {"message": "no host at all"},
         )
     )
-    assert list(block.host) == ["web-01", "beats-5", "forwarder-1", "fallback", None, None]
+    assert per_row(block.host, block.rows) == [
+        "web-01",
+        "beats-5",
+        "forwarder-1",
+        "fallback",
+        None,
+        None,
+    ]
 
 
 @pytest.mark.trio
@@ -289,8 +305,8 @@ async def test_v1_pairs_map_type_host_and_timestamp(
         + d(1, {"line": "hi", "type": "nodelog", "host": "lj-1",
                 "@timestamp": "2026-11-22T10:00:07.123Z"})
     )  # fmt: skip
-    assert list(block.tag) == ["nodelog"]
-    assert list(block.host) == ["lj-1"]
+    assert per_row(block.tag, block.rows) == ["nodelog"]
+    assert per_row(block.host, block.rows) == ["lj-1"]
     assert list(block.times_ns) == [1795341607_123_000_000]
     assert json.loads(block.records[0])["line"] == "hi"
 
@@ -321,8 +337,8 @@ async def test_tag_or_host_too_long_falls_back_to_the_defaults_and_is_logged(
         assert await receive_within(client, 1) == ack(3)
         await client.aclose()
     (block,) = writer.blocks
-    assert list(block.tag) == ["ok", "beats-default", "ok"]
-    assert list(block.host) == ["web-01", "web-02", None]
+    assert per_row(block.tag, block.rows) == ["ok", "beats-default", "ok"]
+    assert per_row(block.host, block.rows) == ["web-01", "web-02", None]
     assert json.loads(block.records[1])["type"] == "t" * (MAX_TAG_BYTES + 1)  # kept whole
     (logged,) = fields_invalid(caplog)
     assert (logged["tags"], logged["hosts"], logged["peer"]) == (1, 1, INFO.peer)
@@ -361,8 +377,10 @@ async def test_d_values_that_are_not_utf8_are_stored_as_binary(
     assert json.loads(block.records[0]) == {
         "line": {"$binary": "Y2Fm6Q=="}, "type": {"$binary": "/w=="}, "host": "lj-1",
     }  # fmt: skip
-    assert list(block.tag) == ["lumberjack"]  # a binary value is not a string: no tag
-    assert list(block.host) == ["lj-1"]
+    assert per_row(block.tag, block.rows) == [
+        "lumberjack"
+    ]  # a binary value is not a string: no tag
+    assert per_row(block.host, block.rows) == ["lj-1"]
 
 
 @pytest.mark.trio
@@ -415,7 +433,7 @@ def test_session_counts_invalid_fields() -> None:
     (action,) = lumberjack.receive(stream, arrival(0))
     assert (lumberjack.invalid_tags, lumberjack.invalid_hosts) == (1, 1)
     assert isinstance(action, Submit)
-    assert list(action.block.tag) == ["lumberjack", "lumberjack"]
+    assert per_row(action.block.tag, action.block.rows) == ["lumberjack", "lumberjack"]
 
 
 def test_session_ack_keeps_no_window_alive() -> None:
