@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from appliance.blocks import timecache
 from appliance.blocks.timecache import Rfc3339Cache
 from appliance.blocks.timefmt import rfc3339_ns
-from appliance.rows import timecache
 
 _DIGITS = st.sampled_from("0123456789")
 _ODD = st.sampled_from(["²", "٣", " ", "-", ":", "T", "t", "Z", "z", ".", "+", "x", "0", "9"])
