@@ -78,7 +78,7 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
     Not moto's in-process ThreadedMotoServer: deltalake calls that hold the GIL
     while they wait for S3 (``DeltaTable.is_deltatable``) would starve it.
     """
-    from tests.conftest import free_port
+    from tests.support.ports import free_port
 
     port = free_port()
     log = tmp_path_factory.mktemp("moto") / "moto.log"

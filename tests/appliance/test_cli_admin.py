@@ -7,27 +7,11 @@ prints and its exit code.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-
-def appliance(
-    *args: str, cwd: Path, env: dict[str, str] | None = None, stdin: str | None = None
-) -> subprocess.CompletedProcess[str]:
-    environment = {k: v for k, v in os.environ.items() if k != "APPLIANCE_CONFIG"}
-    return subprocess.run(
-        [sys.executable, "-m", "appliance", *args],
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        env={**environment, **(env or {})},
-        input=stdin,
-        timeout=120,
-    )
+from tests.support.cli import run_cli
 
 
 def files_under(directory: Path) -> list[Path]:
@@ -56,7 +40,7 @@ def files_under(directory: Path) -> list[Path]:
     ],
 )
 def test_an_empty_directory_gets_no_state(command: list[str], tmp_path: Path) -> None:
-    result = appliance(*command, cwd=tmp_path, stdin="pw-pw-pw-pw\n")
+    result = run_cli(*command, cwd=tmp_path, stdin="pw-pw-pw-pw\n")
     assert result.returncode == 1, result
     state = tmp_path / "var"
     lines = result.stderr.splitlines()
@@ -71,20 +55,20 @@ def test_an_empty_directory_gets_no_state(command: list[str], tmp_path: Path) ->
 
 def test_reading_commands_do_not_create_the_auth_database(tmp_path: Path) -> None:
     (tmp_path / "var").mkdir()  # a state directory, without an auth database yet
-    listed = appliance("user", "list", cwd=tmp_path)
+    listed = run_cli("user", "list", cwd=tmp_path)
     assert listed.returncode == 1
     database = tmp_path / "var" / "auth" / "auth.db"
     assert f"no auth database at {database}" in listed.stderr
     assert "'appliance db upgrade' creates it now" in listed.stderr
-    current = appliance("db", "current", cwd=tmp_path)
+    current = run_cli("db", "current", cwd=tmp_path)
     assert current.returncode == 0, current.stderr
     assert "no database file yet" in current.stdout
     assert files_under(tmp_path) == [tmp_path / "var"]
     # Adding is what creates it, inside the existing state directory.
-    added = appliance("user", "add", "alice", "--password-stdin", cwd=tmp_path, stdin="pw-1234\n")
+    added = run_cli("user", "add", "alice", "--password-stdin", cwd=tmp_path, stdin="pw-1234\n")
     assert added.returncode == 0, added.stderr
     assert database.exists()
-    assert appliance("user", "list", cwd=tmp_path).returncode == 0
+    assert run_cli("user", "list", cwd=tmp_path).returncode == 0
 
 
 def test_every_admin_command_names_its_state_and_masks_passwords(tmp_path: Path) -> None:
@@ -93,7 +77,7 @@ def test_every_admin_command_names_its_state_and_masks_passwords(tmp_path: Path)
         f'state_dir = "{tmp_path / "state"}"\n[auth]\n'
         'database_url = "postgresql+psycopg://ingest:hunter2@db.example:5432/auth"\n'
     )
-    result = appliance("db", "upgrade", "--sql", "--config", str(config), cwd=tmp_path)
+    result = run_cli("db", "upgrade", "--sql", "--config", str(config), cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert result.stderr.splitlines()[0] == (
         f"appliance: state {tmp_path / 'state'} (config {config}), "
@@ -106,13 +90,13 @@ def test_config_before_the_subcommand_and_from_the_environment(tmp_path: Path) -
     config = tmp_path / "appliance.toml"
     config.write_text(f'state_dir = "{tmp_path / "state"}"\n')
     (tmp_path / "state").mkdir()
-    before = appliance("--config", str(config), "user", "add", "bob", "--password-stdin",
+    before = run_cli("--config", str(config), "user", "add", "bob", "--password-stdin",
                        cwd=tmp_path, stdin="pw-1234\n")  # fmt: skip
     assert before.returncode == 0, before.stderr
     assert f"state {tmp_path / 'state'} (config {config})" in before.stderr
-    listed = appliance("--config", str(config), "user", "list", cwd=tmp_path)
+    listed = run_cli("--config", str(config), "user", "list", cwd=tmp_path)
     assert "bob" in listed.stdout
-    from_env = appliance("user", "list", cwd=tmp_path, env={"APPLIANCE_CONFIG": str(config)})
+    from_env = run_cli("user", "list", cwd=tmp_path, env={"APPLIANCE_CONFIG": str(config)})
     assert "bob" in from_env.stdout
     assert f"(config {config} ($APPLIANCE_CONFIG))" in from_env.stderr
     assert not (tmp_path / "var").exists()
@@ -127,10 +111,10 @@ def test_config_check_takes_the_file_from_config_or_the_environment(tmp_path: Pa
         (["config", "check", "--config", str(good)], None),
         (["config", "check"], {"APPLIANCE_CONFIG": str(good)}),
     ]:
-        result = appliance(*args, cwd=tmp_path, env=env)
+        result = run_cli(*args, cwd=tmp_path, env=env)
         assert result.returncode == 0, (args, result.stderr)
         assert result.stdout.startswith(f"{good}: ok; listeners: forward (127.0.0.1:24224)")
-    missing = appliance("config", "check", cwd=tmp_path)
+    missing = run_cli("config", "check", cwd=tmp_path)
     assert missing.returncode == 2
     assert "which file? give FILE, --config FILE or $APPLIANCE_CONFIG" in missing.stderr
 
@@ -147,7 +131,7 @@ def test_config_check_names_each_missing_file(tmp_path: Path) -> None:
         f'client_ca_file = "{tmp_path / "clients-ca.pem"}"\ncrl_file = "{tmp_path}"\n'
         f'[auth]\nsecret_key_file = "{tmp_path / "secret.key"}"\n'
     )
-    result = appliance("config", "check", str(config), cwd=tmp_path)
+    result = run_cli("config", "check", str(config), cwd=tmp_path)
     assert result.returncode == 1
     assert f"appliance: {config}: tls.key_file: no such file: {tmp_path / 'server.key'}" in (
         result.stderr
@@ -165,7 +149,7 @@ def test_config_check_names_each_missing_file(tmp_path: Path) -> None:
 def test_config_check_relative_paths_and_half_a_pair(tmp_path: Path) -> None:
     config = tmp_path / "appliance.toml"
     config.write_text('[tls]\ncert_file = "certs/server.pem"\n')
-    result = appliance("config", "check", str(config), cwd=tmp_path)
+    result = run_cli("config", "check", str(config), cwd=tmp_path)
     assert result.returncode == 1
     assert "tls.cert_file and tls.key_file go together" in result.stderr
     assert (
@@ -177,7 +161,7 @@ def test_config_check_relative_paths_and_half_a_pair(tmp_path: Path) -> None:
 def test_config_check_warns_about_a_missing_sqlite_database(tmp_path: Path) -> None:
     config = tmp_path / "appliance.toml"
     config.write_text(f'[auth]\ndatabase_url = "sqlite:///{tmp_path / "auth.db"}"\n')
-    result = appliance("config", "check", str(config), cwd=tmp_path)
+    result = run_cli("config", "check", str(config), cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert f"no SQLite database at {tmp_path / 'auth.db'}" in result.stderr
     assert not (tmp_path / "auth.db").exists()
@@ -226,7 +210,7 @@ def test_duplicate_binds_name_both_listeners_at_the_second_line(
 ) -> None:
     config = tmp_path / "appliance.toml"
     config.write_text(body)
-    result = appliance("config", "check", str(config), cwd=tmp_path)
+    result = run_cli("config", "check", str(config), cwd=tmp_path)
     assert result.returncode == 1
     assert f"appliance: config error: {config}:{line}: " in result.stderr
     assert message in result.stderr
@@ -239,5 +223,5 @@ def test_different_addresses_on_one_port_are_fine(tmp_path: Path) -> None:
         '[[listeners]]\nname = "b"\nbind = "127.0.0.2:24224"\n'
         '[[listeners]]\nname = "c"\nbind = "[::1]:24224"\n'
     )
-    result = appliance("config", "check", str(config), cwd=tmp_path)
+    result = run_cli("config", "check", str(config), cwd=tmp_path)
     assert result.returncode == 0, result.stderr

@@ -4,21 +4,14 @@ from __future__ import annotations
 
 import socket
 import subprocess
-import sys
 from pathlib import Path
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+from tests.support.cli import run_cli
+from tests.support.service import ANY_ADMIN_PORT
 
 
 def serve(config: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "appliance", "serve", "--config", str(config)],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+    return run_cli("serve", config=config)
 
 
 def test_port_in_use_exits_1_with_the_reason(tmp_path: Path) -> None:
@@ -28,7 +21,7 @@ def test_port_in_use_exits_1_with_the_reason(tmp_path: Path) -> None:
         port = taken.getsockname()[1]
         config = tmp_path / "c.toml"
         config.write_text(
-            f'state_dir = "{tmp_path / "state"}"\nworkers = 1\n'
+            f'state_dir = "{tmp_path / "state"}"\nworkers = 1\n{ANY_ADMIN_PORT}'
             f'[[listeners]]\nbind = "127.0.0.1:{port}"\n'
         )
         result = serve(config)
@@ -45,8 +38,9 @@ def test_configured_auth_database_behind_the_schema_is_refused(tmp_path: Path) -
     db = tmp_path / "auth.db"
     config = tmp_path / "c.toml"
     config.write_text(
-        f'state_dir = "{tmp_path / "state"}"\nworkers = 1\n[auth]\ndatabase_url = "sqlite:///{db}"\n'
-        f'[[listeners]]\nbind = "127.0.0.1:{free_port()}"\nsecurity = "users"\n'
+        f'state_dir = "{tmp_path / "state"}"\nworkers = 1\n{ANY_ADMIN_PORT}[auth]\n'
+        f'database_url = "sqlite:///{db}"\n'
+        f'[[listeners]]\nbind = "127.0.0.1:0"\nsecurity = "users"\n'
     )
     result = serve(config)
     assert result.returncode == 1

@@ -10,13 +10,12 @@ asserted: it depends on the machine.
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.support.cli import run_cli
 
 #: Top-level modules no admin command below may load: the table, Spark and
 #: serving stacks. Each costs tens to hundreds of milliseconds of CPU at import
@@ -79,21 +78,9 @@ def config_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     config = root / "appliance.toml"
     config.write_text(f'state_dir = "{root / "state"}"\n', encoding="utf-8")
     for setup in (["db", "upgrade"], ["cert", "init"]):
-        done = _appliance(setup, config)
+        done = run_cli(*setup, cwd=root, env={"APPLIANCE_CONFIG": str(config)})
         assert done.returncode == 0, done.stderr
     return config
-
-
-def _appliance(args: list[str], config: Path, *options: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, *options, "-m", "appliance", *args],
-        capture_output=True,
-        text=True,
-        cwd=config.parent,
-        env={**os.environ, "APPLIANCE_CONFIG": str(config)},
-        timeout=120,
-        check=False,
-    )
 
 
 #: The commands checked; those that open no database must not load its libraries either.
@@ -116,7 +103,12 @@ def test_admin_commands_load_no_heavy_module(
     command: list[str], forbidden: tuple[str, ...], config_file: Path
 ) -> None:
     args = [str(config_file) if arg == "FILE" else arg for arg in command]
-    done = _appliance(args, config_file, "-X", "importtime")
+    done = run_cli(
+        *args,
+        cwd=config_file.parent,
+        env={"APPLIANCE_CONFIG": str(config_file)},
+        python_options=["-X", "importtime"],
+    )
     assert done.returncode == 0, done.stderr
     modules, total_ms = _imports(done.stderr)
     names = [name for _, name in modules]

@@ -26,6 +26,7 @@ from appliance.protocols.forward import ForwardLimits
 from appliance.protocols.logjam import LogjamLimits
 from appliance.protocols.lumberjack import LumberjackLimits
 from appliance.protocols.websocket_messages import MessageLimits
+from tests.support.cli import run_cli
 
 
 def test_embedded_default_is_one_tls_forward_listener_on_loopback() -> None:
@@ -179,11 +180,10 @@ def test_config_check_command_reports_the_line(tmp_path: Path) -> None:
     good.write_text('[[listeners]]\nbind = "127.0.0.1:24224"\n')
     bad = tmp_path / "bad.toml"
     bad.write_text('[lake]\ncommit_max_delay_seconds = "soon"\n')
-    run = [sys.executable, "-m", "appliance", "config", "check"]
-    ok = subprocess.run([*run, str(good)], capture_output=True, text=True)
+    ok = run_cli("config", "check", str(good))
     assert ok.returncode == 0, ok.stderr
     assert "ok" in ok.stdout
-    failed = subprocess.run([*run, str(bad)], capture_output=True, text=True)
+    failed = run_cli("config", "check", str(bad))
     assert failed.returncode == 1
     assert f"{bad}:2: lake.commit_max_delay_seconds: must be a number" in failed.stderr
 
@@ -191,9 +191,7 @@ def test_config_check_command_reports_the_line(tmp_path: Path) -> None:
 def test_version_command() -> None:
     from appliance import __version__
 
-    result = subprocess.run(
-        [sys.executable, "-m", "appliance", "--version"], capture_output=True, text=True
-    )
+    result = run_cli("--version")
     assert result.stdout.strip() == f"appliance {__version__}"
 
 

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -12,8 +10,10 @@ from sqlalchemy import make_url
 
 from appliance.config import ConfigError, parse_config, parse_config_sources
 from appliance.config_env import MAX_FILE_BYTES, SubstitutionError, expand, read_limited
-from tests.conftest import appliance_cli, free_port, start_appliance
 from tests.postgres import PostgresServer
+from tests.support.cli import run_cli
+from tests.support.ports import free_port
+from tests.support.service import start_appliance
 
 
 def expanded(value: str, env: dict[str, str] | None = None) -> str:
@@ -121,21 +121,20 @@ def test_a_bind_and_the_database_password_from_outside_the_file(
     port = free_port()
     monkeypatch.setenv("FWD_BIND", f"127.0.0.1:{port}")
     auth = f'[auth]\ndatabase_url = "{templated}"\nsecret_key_file = "{tmp_path / "k"}"\n'
-    app = start_appliance(tmp_path, {"forward": 'bind = "${FWD_BIND}"'}, extra=auth)
+    # `appliance status` finds the admin listener by the config: at a port it names.
+    admin = f'[admin]\nbind = "127.0.0.1:{free_port()}"\n'
+    app = start_appliance(tmp_path, {"forward": 'bind = "${FWD_BIND}"'}, extra=auth + admin)
     try:
         config = tmp_path / "appliance0.toml"
         assert str(secret) not in password  # the reference is not the secret
-        check = subprocess.run(
-            [sys.executable, "-m", "appliance", "config", "check", str(config)],
-            capture_output=True, text=True, timeout=120,
-        )  # fmt: skip
+        check = run_cli("config", "check", str(config))
         assert check.returncode == 0, check.stderr
         assert f"forward (127.0.0.1:{port})" in check.stdout
         assert "auth.database_url: from file ${file:" + str(secret) + "}" in check.stdout
         assert "listeners[0].bind: from environment ${FWD_BIND}" in check.stdout
-        upgraded = appliance_cli(config, "db", "current")
+        upgraded = run_cli("db", "current", config=config, check=True).stdout
         assert app.ports["forward"] == port
-        status = appliance_cli(config, "status", "--json")
+        status = run_cli("status", "--json", config=config, check=True).stdout
         json.loads(status)
         for text in (check.stdout, check.stderr, upgraded, status, app.log()):
             assert password not in text

@@ -6,8 +6,6 @@ docs/configuration.md#top-level, docs/decisions.md#processes-and-idle-memory.
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -23,6 +21,7 @@ from appliance.config import (
     resolve_workers,
 )
 from appliance.node import left_log_dirs, worker_config
+from tests.support.cli import run_cli
 
 
 def cores(monkeypatch: pytest.MonkeyPatch, count: int) -> None:
@@ -92,15 +91,9 @@ def test_bad_values_are_refused_at_their_line(tmp_path: Path, value: str, messag
 def test_config_check_prints_the_resolved_count(tmp_path: Path) -> None:
     path = tmp_path / "appliance.toml"
     path.write_text(f'state_dir = "{tmp_path}"\nworkers = "auto"\n')
-    result = subprocess.run(
-        [sys.executable, "-m", "appliance", "config", "check", str(path)],
-        capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
+    result = run_cli("config", "check", str(path))
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines()[0].endswith(f"; workers: {available_cores()} (auto)")
     path.write_text(f'state_dir = "{tmp_path}"\nworkers = 3\n')
-    result = subprocess.run(
-        [sys.executable, "-m", "appliance", "config", "check", str(path)],
-        capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
+    result = run_cli("config", "check", str(path))
     assert result.stdout.splitlines()[0].endswith("; workers: 3")

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import signal
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -21,7 +20,9 @@ from typing import Final
 import pytest
 
 from appliance.config import resolve_workers
-from tests.conftest import STARTUP_TIMEOUT_SECONDS, free_port
+from tests.support.cli import cli_argv, cli_env
+from tests.support.ports import free_port, free_port_run
+from tests.support.service import STARTUP_TIMEOUT_SECONDS
 
 #: The bound of docs/decisions.md#processes-and-idle-memory, per process.
 MAX_IDLE_RSS_BYTES: Final = 150 * 1024 * 1024
@@ -54,19 +55,23 @@ def ready(admin_port: int) -> bool:
 
 def test_every_idle_process_of_the_embedded_default_stays_under_150_mib(tmp_path: Path) -> None:
     workers = resolve_workers("auto")
-    admin = free_port()
+    # Worker k's admin listener binds the admin port + k: all of them free.
+    admin = free_port_run(workers + 1)
+    listener = free_port()
+    while admin <= listener < admin + workers:
+        listener = free_port()
     config = tmp_path / "appliance.toml"
     # The embedded default, on free ports: only the addresses differ.
     config.write_text(
         f'state_dir = "{tmp_path / "var"}"\nworkers = "auto"\n'
         f'[admin]\nbind = "127.0.0.1:{admin}"\n'
-        f'[[listeners]]\nbind = "127.0.0.1:{free_port()}"\n'
+        f'[[listeners]]\nbind = "127.0.0.1:{listener}"\n'
     )
     log = tmp_path / "serve.log"
     with log.open("w") as stderr:
         process = subprocess.Popen(
-            [sys.executable, "-m", "appliance", "serve", "--config", str(config)],
-            stdout=subprocess.DEVNULL, stderr=stderr, cwd=tmp_path,
+            cli_argv(["serve"], config), stdout=subprocess.DEVNULL, stderr=stderr,
+            cwd=tmp_path, env=cli_env(),
         )  # fmt: skip
     try:
         # Every worker's admin listener (worker k: the admin port + k) says ready,

@@ -40,7 +40,7 @@ from appliance.metrics import (
 )
 from appliance.service import Running, serve
 from tests.faults import read_only_dir
-from tests.support_service import running, service_config, table_rows
+from tests.support.service import running, service_config, table_rows
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 

@@ -9,15 +9,15 @@ import os
 import signal
 import socket
 import ssl
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import msgpack
 from deltalake import DeltaTable
 
-from tests.conftest import ApplianceProcess, free_port, start_appliance
+from tests.support.cli import run_cli
+from tests.support.ports import free_port
+from tests.support.service import ANY_ADMIN_PORT, ApplianceProcess, start_appliance
 
 
 def send_chunk(app: ApplianceProcess, port: int, chunk: str, events: int = 100) -> object:
@@ -42,22 +42,15 @@ def send_chunk(app: ApplianceProcess, port: int, chunk: str, events: int = 100) 
                 return message
 
 
-def serve_once(config: Path, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "appliance", "serve", "--config", str(config)],
-        capture_output=True, text=True, timeout=timeout,
-    )  # fmt: skip
-
-
 def test_a_second_serve_on_one_state_directory_exits_naming_the_first(tmp_path: Path) -> None:
     first = start_appliance(tmp_path, {"forward": ""})
     try:
         second_config = tmp_path / "second.toml"
         second_config.write_text(
-            f'state_dir = "{first.state_dir}"\nworkers = 1\n[[listeners]]\nname = "forward"\n'
-            f'bind = "127.0.0.1:{free_port()}"\n'
+            f'state_dir = "{first.state_dir}"\nworkers = 1\n{ANY_ADMIN_PORT}[[listeners]]\n'
+            'name = "forward"\nbind = "127.0.0.1:0"\n'
         )
-        second = serve_once(second_config)
+        second = run_cli("serve", config=second_config)
         assert second.returncode == 1
         message = (
             f"state directory {first.state_dir} is in use by process {first.process.pid} "
@@ -92,10 +85,11 @@ def test_two_state_directories_with_one_node_id_on_one_table_refuse_the_second(
         assert send_chunk(first, first.ports["forward"], "before") == {"ack": "before"}
         config = tmp_path / "clone.toml"
         config.write_text(
-            f'state_dir = "{tmp_path / "clone-state"}"\nworkers = 1\n{extra}[lake]\n{lake}'
-            f'[[listeners]]\nname = "forward"\nbind = "127.0.0.1:{free_port()}"\n'
+            f'state_dir = "{tmp_path / "clone-state"}"\nworkers = 1\n'
+            f"{extra}{ANY_ADMIN_PORT}[lake]\n{lake}"
+            '[[listeners]]\nname = "forward"\nbind = "127.0.0.1:0"\n'
         )
-        clone = serve_once(config)
+        clone = run_cli("serve", config=config)
         assert clone.returncode == 1
         assert "app id 'cloned-node' is in use" in clone.stderr
         assert "node_id" in clone.stderr

@@ -16,7 +16,7 @@ from deltalake import DeltaTable
 from appliance.config import Config, ForwardListenerConfig
 from appliance.service import Running, serve
 from tests.faults import read_only_dir
-from tests.support_service import FAST_LAKE, running, service_config, table_rows
+from tests.support.service import FAST_LAKE, running, service_config, table_rows
 
 
 def make_config(tmp_path: Path, **listener: object) -> Config:

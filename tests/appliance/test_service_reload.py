@@ -20,7 +20,7 @@ from appliance.reload_status import read_status
 from appliance.service import Running
 from tests.appliance.test_metrics import http_get, in_thread
 from tests.appliance.test_service import packed, read_ack, tls_client
-from tests.support_service import running
+from tests.support.service import running
 
 
 def config_text(tmp_path: Path, bind: str, max_connections: int = 100) -> str:

@@ -37,9 +37,15 @@ from appliance.config import AdminConfig, Config, ForwardListenerConfig, WalConf
 from tests.appliance.test_metrics import http_get
 from tests.appliance.test_service import packed, read_ack, tls_client
 from tests.appliance.wal.walsupport import logged
-from tests.conftest import ApplianceProcess, start_appliance
 from tests.faults import read_only_dir, small_tmpfs
-from tests.support_service import FAST_WAL_LAKE, running, service_config, table_rows
+from tests.support.service import (
+    FAST_WAL_LAKE,
+    ApplianceProcess,
+    running,
+    service_config,
+    start_appliance,
+    table_rows,
+)
 
 #: Events per chunk, and chunks a client keeps unacknowledged.
 EVENTS = 20

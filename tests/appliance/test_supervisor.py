@@ -23,7 +23,9 @@ from deltalake import DeltaTable
 from appliance.config import resolve_workers
 from appliance.reload_status import read_status
 from tests.appliance.test_one_writer import send_chunk
-from tests.conftest import ApplianceProcess, free_port, start_appliance
+from tests.support.cli import run_cli
+from tests.support.ports import free_port
+from tests.support.service import ApplianceProcess, start_appliance
 
 CHUNKS = 40
 EVENTS = 10
@@ -148,16 +150,9 @@ def test_a_worker_that_cannot_start_fails_the_start_and_leaves_nothing_running(
 
 
 def test_worker_is_only_for_the_supervisor_s_own_workers(tmp_path: Path) -> None:
-    import subprocess
-    import sys
-
-    env = {k: v for k, v in os.environ.items() if k != "APPLIANCE_CONFIG"}
     # The embedded default: workers = "auto", one per core of this machine.
     beyond = resolve_workers("auto")
-    done = subprocess.run(
-        [sys.executable, "-m", "appliance", "serve", "--worker", str(beyond)],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
+    done = run_cli("serve", "--worker", str(beyond), cwd=tmp_path)  # no config: the defaults
     assert done.returncode == 2
     assert f"--worker {beyond}: the config has workers = {beyond} (auto)" in done.stderr
     assert not (tmp_path / "var").exists()  # nothing was started or written

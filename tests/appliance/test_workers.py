@@ -25,7 +25,8 @@ import pytest
 from deltalake import DeltaTable
 
 from tests.appliance.test_one_writer import send_chunk
-from tests.conftest import ApplianceProcess, free_port, start_appliance
+from tests.support.ports import free_port
+from tests.support.service import ApplianceProcess, start_appliance
 
 #: Connections per round: with two processes, the chance that the kernel hands
 #: every one to the same process is 2 ** -(CONNECTIONS - 1).

@@ -17,6 +17,7 @@ import pytest
 from appliance.cli import main
 from appliance.config import ConfigError, parse_config
 from tests.auth.conftest import credentials
+from tests.support.cli import run_cli
 
 PASSWORD_1 = "correct horse battery"
 PASSWORD_2 = "new horse staple"
@@ -54,14 +55,7 @@ class Cli:
                 code = main(argv)
             result = subprocess.CompletedProcess(argv, code, out.getvalue(), err.getvalue())
         else:
-            result = subprocess.run(
-                [sys.executable, "-m", "appliance", *argv],
-                input=stdin,
-                capture_output=True,
-                text=True,
-                cwd=self.cwd,
-                timeout=120,
-            )
+            result = run_cli(*args, config=self.config, stdin=stdin, cwd=self.cwd)
         self.outputs.append(result.stdout + result.stderr)
         if ok:
             assert result.returncode == 0, result.stderr

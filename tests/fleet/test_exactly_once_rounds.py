@@ -55,12 +55,13 @@ import pytest
 from deltalake import DeltaTable
 
 from tests.appliance.test_supervisor import alive, forward_on, table_chunks, wait_for, worker_pid
-from tests.conftest import ApplianceProcess, free_port, start_appliance
-from tests.conftest import appliance_cli as cli
 from tests.fleet.chunk_client import Link, Streamer, Tally, make_chunks, open_tls
 from tests.fleet.test_three_nodes import LISTENERS, PASSWORD, SHARED_KEY, USER, StreamClient
 from tests.postgres import PostgresServer
 from tests.s3server import S3Server
+from tests.support.cli import run_cli
+from tests.support.ports import free_port
+from tests.support.service import ApplianceProcess, start_appliance
 
 pytestmark = [pytest.mark.interop, pytest.mark.slow]
 
@@ -564,9 +565,19 @@ def fleet_services(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[F
     setup = tmp_path / "setup.toml"
     setup.write_text(f'state_dir = "{tmp_path / "setup"}"\n{auth}')
     try:
-        cli(setup, "db", "upgrade")
-        cli(setup, "key", "add", "fleet", "--secret-stdin", stdin=SHARED_KEY + "\n")
-        cli(setup, "user", "add", USER, "--password-stdin", stdin=PASSWORD + "\n")
+        run_cli("db", "upgrade", config=setup, check=True)
+        run_cli(
+            "key",
+            "add",
+            "fleet",
+            "--secret-stdin",
+            config=setup,
+            stdin=SHARED_KEY + "\n",
+            check=True,
+        )
+        run_cli(
+            "user", "add", USER, "--password-stdin", config=setup, stdin=PASSWORD + "\n", check=True
+        )
         yield FleetServices(s3, auth)
     finally:
         postgres.drop_database(database)

@@ -59,10 +59,10 @@ import msgpack
 import pytest
 from deltalake import DeltaTable
 
-from tests.conftest import ApplianceProcess, start_appliance
 from tests.fleet.faultproxy import Fault, FaultProxy, fault_proxy
 from tests.fleet.test_three_nodes import StreamClient
 from tests.s3server import SECRET_ACCESS_KEY, S3Server
+from tests.support.service import ApplianceProcess, start_appliance
 
 pytestmark = pytest.mark.slow
 

@@ -16,8 +16,8 @@ from pathlib import Path
 
 from appliance.lake.lease import MaintenanceLease, lease_applies
 from appliance.lake.table import EventsTable
-from tests.conftest import start_appliance
 from tests.s3server import S3Server
+from tests.support.service import start_appliance
 
 #: The lease of the process test, in seconds: short, so the takeover comes soon.
 LEASE_SECONDS = 4

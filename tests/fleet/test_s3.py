@@ -26,10 +26,10 @@ from appliance.lake.arrow import blocks_to_arrow
 from appliance.lake.errors import CommitError
 from appliance.lake.table import EventsTable
 from appliance.lake.writer import LakeWriter, WriterSettings
-from tests.conftest import start_appliance
 from tests.interop.test_forward_node import node_send
 from tests.s3server import SECRET_ACCESS_KEY, S3Server
 from tests.spark.helpers import block
+from tests.support.service import start_appliance
 
 #: Blocks each of the racing writers commits, one group each (a commit per block).
 RACING_BLOCKS = 12

@@ -10,14 +10,13 @@ The appliance hands Spark the table's ``s3://`` URI as it is.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 from appliance.lake.arrow import blocks_to_arrow
 from appliance.lake.table import EventsTable
 from tests.s3server import S3Server
 from tests.spark.helpers import CLI_TIMEOUT_SECONDS, block, sail_elsewhere
+from tests.support.cli import run_cli
 
 
 def _s3_events(
@@ -44,11 +43,8 @@ def test_sql_remote_reads_the_s3_table_through_sail(s3_server: S3Server, tmp_pat
     config, aws_env, _ = _s3_events(s3_server, tmp_path, "s3.sail", 7)
     with sail_elsewhere(tmp_path / "sail", aws_env) as url:
         query = "SELECT tag, count(*) AS n FROM events GROUP BY tag"
-        result = subprocess.run(
-            [sys.executable, "-m", "appliance", "sql", query, "--remote", url,
-             "--format", "json", "--config", str(config)],
-            capture_output=True, text=True, timeout=CLI_TIMEOUT_SECONDS,
-        )  # fmt: skip
+        result = run_cli("sql", query, "--remote", url, "--format", "json", config=config,
+                         timeout=CLI_TIMEOUT_SECONDS)  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout) == [{"tag": "s3.sail", "n": 7}]
 
@@ -58,17 +54,11 @@ def test_derived_tables_are_built_on_s3_through_sail(s3_server: S3Server, tmp_pa
     derived = '[spark]\nderived_path = "s3://{bucket}/derived"\n'
     config, aws_env, _ = _s3_events(s3_server, tmp_path, "s3.jobs", 5, derived)
     with sail_elsewhere(tmp_path / "sail", aws_env) as url:
-        run = subprocess.run(
-            [sys.executable, "-m", "appliance", "spark", "run", "all", "--remote", url,
-             "--json", "--config", str(config)],
-            capture_output=True, text=True, timeout=CLI_TIMEOUT_SECONDS,
-        )  # fmt: skip
+        run = run_cli("spark", "run", "all", "--remote", url, "--json", config=config,
+                      timeout=CLI_TIMEOUT_SECONDS)  # fmt: skip
         assert run.returncode == 0, run.stderr
         query = "SELECT sum(events) AS n FROM events_per_minute"
-        result = subprocess.run(
-            [sys.executable, "-m", "appliance", "sql", query, "--remote", url,
-             "--format", "json", "--config", str(config)],
-            capture_output=True, text=True, timeout=CLI_TIMEOUT_SECONDS,
-        )  # fmt: skip
+        result = run_cli("sql", query, "--remote", url, "--format", "json", config=config,
+                         timeout=CLI_TIMEOUT_SECONDS)  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout) == [{"n": 5}]

@@ -44,13 +44,13 @@ import pytest
 from deltalake import DeltaTable
 from pylogbeat import PyLogBeatClient
 
-from tests.conftest import ApplianceProcess, start_appliance
-from tests.conftest import appliance_cli as cli
-from tests.hostile.support import sha512_hex
+from tests.hostile.clients import sha512_hex
 from tests.interop.haproxy import Balancer, HAProxy, ensure_haproxy, start_haproxy
 from tests.interop.test_forward_node import node_send
 from tests.postgres import PostgresServer
 from tests.s3server import S3Server
+from tests.support.cli import run_cli
+from tests.support.service import ApplianceProcess, start_appliance
 
 pytestmark = pytest.mark.interop
 
@@ -173,13 +173,15 @@ def test_three_nodes_one_killed_every_acked_event_once(
     lake += s3_server.toml_options()
     setup = tmp_path / "setup.toml"
     setup.write_text(f'state_dir = "{tmp_path / "setup"}"\n{auth}')
-    cli(setup, "db", "upgrade")
-    cli(setup, "key", "add", "fleet", "--secret-stdin", stdin=SHARED_KEY + "\n")
+    run_cli("db", "upgrade", config=setup, check=True)
+    run_cli(
+        "key", "add", "fleet", "--secret-stdin", config=setup, stdin=SHARED_KEY + "\n", check=True
+    )
     nodes = [start_appliance(tmp_path, LISTENERS, auth, index=i, lake=lake) for i in range(3)]
     try:
         # 1. A user added through node 0's CLI, live, logs in on every node.
-        cli(tmp_path / "appliance0.toml", "user", "add", USER, "--password-stdin",
-            stdin=PASSWORD + "\n")  # fmt: skip
+        run_cli("user", "add", USER, "--password-stdin", config=tmp_path / "appliance0.toml",
+                stdin=PASSWORD + "\n", check=True)  # fmt: skip
         npm_sent: list[dict[str, Any]] = []
         for i, node in enumerate(nodes):
             result = node_send(

@@ -1,4 +1,4 @@
-"""One ``appliance serve`` per test module, with every listener (tests/hostile/support.py)."""
+"""One ``appliance serve`` per test module, with every listener (tests/hostile/service.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.hostile.support import MIB, RSS_GROWTH, RSS_GROWTH_BOUND_BYTES, HostileService
+from tests.hostile.limits import MIB, RSS_GROWTH, RSS_GROWTH_BOUND_BYTES
+from tests.hostile.service import HostileService
 
 
 @pytest.fixture(scope="module")

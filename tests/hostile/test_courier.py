@@ -35,29 +35,24 @@ from tests.courier_client import (
     event_stream,
     helo,
 )
-from tests.hostile.support import (
-    BAD_TIMESTAMPS,
-    CLOSE_EVENTS,
+from tests.hostile.case import Case, expect_connection_refused, hostile_case
+from tests.hostile.clients import (
+    peer_name,
+    read_available,
+    read_until,
+    send_ignoring_close,
+    tls_connect,
+)
+from tests.hostile.inputs import BAD_TIMESTAMPS, EXTREME_TIMESTAMPS
+from tests.hostile.limits import (
     COURIER_MAX_DECOMPRESSED_BYTES,
     COURIER_MAX_EVENTS,
     COURIER_MAX_PAYLOAD_BYTES,
     COURIER_TAG,
-    EXTREME_TIMESTAMPS,
     MAX_CONNECTIONS_PER_ADDRESS,
-    Case,
-    HostileService,
-    expect_connection_refused,
-    has_receive_time,
-    hostile_case,
     next_address,
-    peer_name,
-    read_available,
-    read_until,
-    record,
-    rows_from,
-    send_ignoring_close,
-    tls_connect,
 )
+from tests.hostile.service import CLOSE_EVENTS, HostileService, has_receive_time, record, rows_from
 
 
 def parse_messages(data: bytes) -> list[tuple[bytes, bytes]]:

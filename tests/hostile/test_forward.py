@@ -32,24 +32,22 @@ import msgpack
 import pytest
 
 from appliance.blocks.text import MAX_BATCH_ID_BYTES, MAX_TAG_BYTES
-from tests.hostile.support import (
-    FORWARD_MAX_DECOMPRESSED_BYTES,
-    FORWARD_MAX_REQUEST_BYTES,
-    MAX_CONNECTIONS_PER_ADDRESS,
-    Case,
-    HostileService,
-    expect_connection_refused,
+from tests.hostile.case import Case, expect_connection_refused, hostile_case
+from tests.hostile.clients import (
     forward_login,
-    hostile_case,
-    next_address,
     peer_name,
     read_until,
-    record,
-    rows_from,
     send_ignoring_close,
     sha512_hex,
     tls_connect,
 )
+from tests.hostile.limits import (
+    FORWARD_MAX_DECOMPRESSED_BYTES,
+    FORWARD_MAX_REQUEST_BYTES,
+    MAX_CONNECTIONS_PER_ADDRESS,
+    next_address,
+)
+from tests.hostile.service import HostileService, record, rows_from
 
 # -- msgpack by hand (a str that is not UTF-8 cannot be packed from Python) ---------
 

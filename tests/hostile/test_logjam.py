@@ -38,21 +38,16 @@ from appliance.protocols.logjam import (
     Compression,
     pack_meta,
 )
-from tests.hostile.support import (
-    LOGJAM_MAX_BODY_BYTES,
-    LOGJAM_MAX_DECOMPRESSED_BYTES,
-    WAIT_SECONDS,
-    Case,
-    HostileService,
-    has_receive_time,
-    hostile_case,
+from tests.hostile.case import Case, hostile_case
+from tests.hostile.clients import (
     logjam_dealer,
     logjam_meta,
     read_available,
     read_until_closed,
-    record,
     send_ignoring_close,
 )
+from tests.hostile.limits import LOGJAM_MAX_BODY_BYTES, LOGJAM_MAX_DECOMPRESSED_BYTES, WAIT_SECONDS
+from tests.hostile.service import HostileService, has_receive_time, record
 
 APP_ENV = b"shop-production"
 TOPIC = b"logs.shop"

@@ -9,7 +9,7 @@ would have killed the service for one of them.
 
 Here a real service with two forward listeners at their default limits gets
 those requests, on their own loopback addresses, while a well-behaved forward
-client (tests/hostile/support.py, ``GoodTraffic``) sends batches and waits for
+client (tests/hostile/case.py, ``GoodTraffic``) sends batches and waits for
 each ack: the gzip bodies (the record's maps in one array, and in arrays of a
 thousand, which no per-array limit stops), then four 15 MB requests at once,
 two on each listener, half of them with ``size`` (the fast path's way in).
@@ -36,23 +36,17 @@ from typing import Any
 import msgpack
 import pytest
 
-from tests.conftest import ApplianceProcess, start_appliance
-from tests.hostile.support import (
-    BUG_EVENTS,
-    MIB,
-    WAIT_SECONDS,
+from tests.hostile.case import GoodTraffic
+from tests.hostile.clients import (
     ForwardGood,
-    GoodTraffic,
-    next_address,
-    parse_logfmt,
-    peak_rss,
     peer_name,
     read_until_closed,
-    reset_peak_rss,
-    rows_from,
     send_ignoring_close,
     tls_connect,
 )
+from tests.hostile.limits import MIB, WAIT_SECONDS, next_address
+from tests.hostile.service import BUG_EVENTS, parse_logfmt, peak_rss, reset_peak_rss, rows_from
+from tests.support.service import ApplianceProcess, start_appliance
 
 #: The packaged unit's MemoryHigh (packaging/appliance.service).
 MEMORY_HIGH_BYTES = 3 * 1024 * MIB

@@ -16,16 +16,10 @@ import socket
 import struct
 import time
 
-from tests.hostile.support import (
-    PROXIED_CLIENT,
-    PROXY_HEADER_TIMEOUT_SECONDS,
-    Case,
-    HostileService,
-    hostile_case,
-    proxy_v2_header,
-    read_until_closed,
-    rows_from,
-)
+from tests.hostile.case import Case, hostile_case
+from tests.hostile.clients import proxy_v2_header, read_until_closed
+from tests.hostile.limits import PROXIED_CLIENT, PROXY_HEADER_TIMEOUT_SECONDS
+from tests.hostile.service import HostileService, rows_from
 
 LISTENER = "forward_proxied"
 #: The 12-byte v2 signature, then version 2 / PROXY and TCP over IPv4 (HAProxy's §2.2).

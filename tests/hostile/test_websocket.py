@@ -28,24 +28,22 @@ from wsproto.events import CloseConnection
 
 from appliance import defaults
 from appliance.blocks.text import MAX_BATCH_ID_BYTES, MAX_TAG_BYTES
-from tests.hostile.support import (
-    BAD_TIMESTAMPS,
-    EXTREME_TIMESTAMPS,
-    MAX_CONNECTIONS_PER_ADDRESS,
-    WEBSOCKET_IDLE_TIMEOUT_SECONDS,
-    WEBSOCKET_MAX_MESSAGE_BYTES,
-    Case,
-    HostileService,
+from tests.hostile.case import Case, expect_connection_refused, hostile_case
+from tests.hostile.clients import (
     WsClient,
-    expect_connection_refused,
-    hostile_case,
     peer_name,
     read_until_closed,
-    record,
     send_ignoring_close,
     tls_connect,
     ws_frame,
 )
+from tests.hostile.inputs import BAD_TIMESTAMPS, EXTREME_TIMESTAMPS
+from tests.hostile.limits import (
+    MAX_CONNECTIONS_PER_ADDRESS,
+    WEBSOCKET_IDLE_TIMEOUT_SECONDS,
+    WEBSOCKET_MAX_MESSAGE_BYTES,
+)
+from tests.hostile.service import HostileService, record
 
 OPCODE_CONTINUATION, OPCODE_TEXT, OPCODE_BINARY = 0, 1, 2
 

@@ -39,7 +39,7 @@ from typing import Final, Literal
 
 import pytest
 
-from tests.conftest import free_port
+from tests.support.ports import free_port
 
 REPO: Final = Path(__file__).resolve().parents[2]
 DEPS_SCRIPT: Final = REPO / "scripts" / "haproxy-deps.sh"

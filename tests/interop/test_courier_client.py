@@ -24,7 +24,7 @@ from appliance.service import Running
 from pki.authority import CertificateAuthority, PkiPaths
 from tests.courier_client import CourierClient, CourierClientError, Pending
 from tests.faults import read_only_dir
-from tests.support_service import running, service_config, table_rows
+from tests.support.service import running, service_config, table_rows
 
 pytestmark = pytest.mark.interop
 

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ApplianceProcess, start_appliance
+from tests.support.service import ApplianceProcess, start_appliance
 
 pytestmark = pytest.mark.interop
 

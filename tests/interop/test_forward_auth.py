@@ -16,13 +16,13 @@ import shutil
 import socket
 import ssl
 import subprocess
-import sys
 from pathlib import Path
 
 import msgpack
 import pytest
 
-from tests.conftest import ApplianceProcess
+from tests.support.cli import run_cli
+from tests.support.service import ApplianceProcess
 
 pytestmark = pytest.mark.interop
 
@@ -31,12 +31,7 @@ SHARED_KEY = "s3cret-shared-key"
 
 
 def cli(config: Path, *args: str, stdin: str | None = None) -> str:
-    result = subprocess.run(
-        [sys.executable, "-m", "appliance", *args, "--config", str(config)],
-        input=stdin, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr
-    return result.stdout
+    return run_cli(*args, config=config, stdin=stdin, check=True).stdout
 
 
 LISTENER = 'security = "users"\nself_hostname = "appliance.test"\n'

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from appliance import defaults
-from tests.conftest import start_appliance
+from tests.support.cli import run_cli
+from tests.support.service import start_appliance
 
 pytestmark = pytest.mark.interop
 
@@ -60,7 +61,7 @@ def node_send(
 @pytest.fixture(scope="module")
 def shared_app(tmp_path_factory):
     """One TLS appliance for all the cases; each case uses its own tag."""
-    from tests.conftest import start_appliance
+    from tests.support.service import start_appliance
 
     app = start_appliance(tmp_path_factory.mktemp("node"), {"forward": ""})
     yield app
@@ -131,14 +132,9 @@ def test_fluent_logger_has_no_forward_mode(shared_app) -> None:
 def test_npm_clients_with_client_certificates(appliance, tmp_path, client: str) -> None:
     """Mutual TLS required: a certificate from `appliance cert issue-client` is accepted
     and names the source; without one the client is refused and nothing is written."""
-    import sys
-
     app = appliance({"forward": 'client_auth = "required"'})
-    subprocess.run(
-        [sys.executable, "-m", "appliance", "cert", "issue-client", f"{client}-host",
-         "--out", str(tmp_path / "certs"), "--config", str(tmp_path / "appliance0.toml")],
-        check=True, capture_output=True,
-    )  # fmt: skip
+    run_cli("cert", "issue-client", f"{client}-host", "--out", str(tmp_path / "certs"),
+            config=tmp_path / "appliance0.toml", check=True)  # fmt: skip
     cert = tmp_path / "certs" / f"{client}-host.crt"
     key = tmp_path / "certs" / f"{client}-host.key"
     accepted = node_send(app, client, "packed", "--cert", str(cert), "--key", str(key), count=5)

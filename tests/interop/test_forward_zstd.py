@@ -37,7 +37,7 @@ import msgpack
 import pytest
 import zstandard
 
-from tests.conftest import ApplianceProcess
+from tests.support.service import ApplianceProcess
 
 pytestmark = pytest.mark.interop
 

@@ -26,10 +26,10 @@ from typing import Any
 import msgpack
 import pytest
 
-from tests.conftest import ApplianceProcess, start_appliance
-from tests.conftest import appliance_cli as cli
-from tests.hostile.support import sha512_hex
+from tests.hostile.clients import sha512_hex
 from tests.interop.haproxy import Balancer, HAProxy, ensure_haproxy, start_haproxy
+from tests.support.cli import run_cli
+from tests.support.service import ApplianceProcess, start_appliance
 
 pytestmark = pytest.mark.interop
 
@@ -62,9 +62,11 @@ def fleet(
     )
     setup = base / "setup.toml"
     setup.write_text(f'state_dir = "{base / "setup"}"\n{auth}')
-    cli(setup, "db", "upgrade")
-    cli(setup, "key", "add", "relayed", "--secret-stdin", stdin=SHARED_KEY + "\n")
-    cli(setup, "client", "add", f"{ALLOWED_CLIENT}/32", "--key", "relayed")
+    run_cli("db", "upgrade", config=setup, check=True)
+    run_cli(
+        "key", "add", "relayed", "--secret-stdin", config=setup, stdin=SHARED_KEY + "\n", check=True
+    )
+    run_cli("client", "add", f"{ALLOWED_CLIENT}/32", "--key", "relayed", config=setup, check=True)
     apps = [start_appliance(base, {"forward": LISTENER}, auth, index=i) for i in range(2)]
     try:
         ports = [app.ports["forward"] for app in apps]

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -12,27 +10,18 @@ import pytest
 import zmq
 
 from appliance.protocols.logjam import Compression, pack_meta
+from tests.support.cli import run_cli
 
 pytestmark = pytest.mark.interop
-
-
-def cli(config: Path, group: str, command: str, *args: str) -> str:
-    # Options first and "--" before the arguments: a Z85 key may begin with "-".
-    result = subprocess.run(
-        [sys.executable, "-m", "appliance", group, command, "--config", str(config)]
-        + (["--", *args] if args else []),
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr
-    return result.stdout
 
 
 def test_dealer_with_a_cli_issued_curve_key_gets_202_and_a_row(appliance, tmp_path: Path) -> None:
     app = appliance({"logjam": 'protocol = "logjam"\ntls = false\npull_bind = "127.0.0.1:0"'})
     config = tmp_path / "appliance0.toml"
-    server_key = cli(config, "curve", "server-key").strip().encode()
+    server_key = run_cli("curve", "server-key", config=config, check=True).stdout.strip().encode()
     public, secret = zmq.curve_keypair()
-    cli(config, "curve", "add", "shop-web", public.decode())
+    # "--" before the key: a Z85 key may begin with "-".
+    run_cli("curve", "add", "--", "shop-web", public.decode(), config=config, check=True)
 
     context = zmq.Context.instance()
     dealer = context.socket(zmq.DEALER)

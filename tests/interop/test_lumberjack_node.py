@@ -21,7 +21,6 @@ import json
 import re
 import shutil
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,7 +28,8 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import ApplianceProcess, start_appliance
+from tests.support.cli import run_cli
+from tests.support.service import ApplianceProcess, start_appliance
 
 pytestmark = pytest.mark.interop
 
@@ -75,11 +75,7 @@ def app(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApplianceProcess]:
 def issue_client(app: ApplianceProcess, name: str) -> tuple[Path, Path]:
     config = app.state_dir.parent / "appliance0.toml"
     out = app.state_dir.parent / "certs"
-    subprocess.run(
-        [sys.executable, "-m", "appliance", "cert", "issue-client", name, "--out", str(out),
-         "--config", str(config)],
-        check=True, capture_output=True,
-    )  # fmt: skip
+    run_cli("cert", "issue-client", name, "--out", str(out), config=config, check=True)
     return out / f"{name}.crt", out / f"{name}.key"
 
 

@@ -7,8 +7,6 @@ it only completes when each ack carries the window's highest sequence.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import threading
 from pathlib import Path
 
@@ -16,16 +14,13 @@ import pytest
 from pylogbeat import PyLogBeatClient
 
 from tests.faults import read_only_dir
+from tests.support.cli import run_cli
 
 pytestmark = pytest.mark.interop
 
 
 def issue_client(config: Path, name: str, out: Path) -> tuple[Path, Path]:
-    subprocess.run(
-        [sys.executable, "-m", "appliance", "cert", "issue-client", name, "--out", str(out),
-         "--config", str(config)],
-        check=True, capture_output=True,
-    )  # fmt: skip
+    run_cli("cert", "issue-client", name, "--out", str(out), config=config, check=True)
     return out / f"{name}.crt", out / f"{name}.key"
 
 

@@ -3,11 +3,10 @@ and npm ``ws``, real TLS, a real Delta table and the real auth database."""
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 import ssl
-import subprocess
-import sys
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -29,11 +28,18 @@ from trio_websocket import (
 
 from appliance import service
 from appliance.commands.tail import format_event, stream_tail
-from appliance.config import Config, ForwardListenerConfig, LakeConfig, WebSocketListenerConfig
+from appliance.config import (
+    AdminConfig,
+    Config,
+    ForwardListenerConfig,
+    LakeConfig,
+    WebSocketListenerConfig,
+)
 from appliance.server import registry
 from appliance.server.websocket_listener import WebSocketHandler
 from auth.database import AuthDatabase, open_database
 from auth.tokens import TokenStore
+from tests.support.cli import run_cli
 
 pytestmark = [pytest.mark.interop]
 
@@ -115,6 +121,7 @@ async def harness(tmp_path: Path, **listener_settings: Any) -> AsyncIterator[Har
     ``admin`` token "ops", both in the service's own auth database."""
     config = Config(
         state_dir=tmp_path / "state",
+        admin=AdminConfig(bind="127.0.0.1:0"),  # not the machine-wide default port
         lake=FAST_LAKE,
         listeners=[
             WebSocketListenerConfig(
@@ -504,12 +511,7 @@ def test_subprocess_cli_token_add_list_revoke(tmp_path: Path) -> None:
     config.write_text(f'state_dir = "{tmp_path / "state"}"\n')
     # Admin commands create no state directory (docs/decisions.md, 16): it exists already.
     (tmp_path / "state").mkdir()
-    cli = [sys.executable, "-m", "appliance"]  # the interpreter running the tests
-
-    def run(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [*cli, *args, "--config", str(config)], capture_output=True, text=True, check=False
-        )
+    run = functools.partial(run_cli, config=config)
 
     added = run("token", "add", "browser", "--scope", "ingest", "--tag-prefix", "web.", "--json")
     assert added.returncode == 0, added.stderr

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -12,6 +12,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives.serialization import pkcs12
 
 from pki.authority import CertificateAuthority, PkiPaths
+from tests.support.cli import run_cli
 
 
 @pytest.fixture
@@ -22,15 +23,7 @@ def cli(tmp_path: Path):
     def run(
         *args: str, stdin: str | None = None, ok: bool = True
     ) -> subprocess.CompletedProcess[str]:
-        result = subprocess.run(
-            [sys.executable, "-m", "appliance", "cert", *args, "--config", str(config)],
-            capture_output=True,
-            text=True,
-            input=stdin,
-        )
-        if ok:
-            assert result.returncode == 0, result.stderr
-        return result
+        return run_cli("cert", *args, config=config, stdin=stdin, check=ok)
 
     return run
 
@@ -133,13 +126,9 @@ def test_revoke_and_rotate_reach_the_running_service_by_sighup(appliance, tmp_pa
 
     app = appliance({"mtls": 'client_auth = "required"'})
     config = tmp_path / "appliance0.toml"
-    run = [sys.executable, "-m", "appliance", "cert"]
 
     def cert(*args: str) -> str:
-        result = subprocess.run([*run, *args, "--config", str(config)], capture_output=True,
-                                text=True)  # fmt: skip
-        assert result.returncode == 0, result.stderr
-        return result.stdout
+        return run_cli("cert", *args, config=config, check=True).stdout
 
     cert("issue-client", "agent-7", "--out", str(tmp_path / "agent"))
 
@@ -184,10 +173,7 @@ def test_revoke_and_rotate_reach_the_running_service_by_sighup(appliance, tmp_pa
     # reachable by the CLI.
     second = tmp_path / "second.toml"
     second.write_text(config.read_text(), encoding="utf-8")
-    failed = subprocess.run(
-        [sys.executable, "-m", "appliance", "serve", "--config", str(second)],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+    failed = run_cli("serve", config=second)
     assert failed.returncode != 0
     assert str(pid) in failed.stderr
 
@@ -211,13 +197,7 @@ def test_rotate_server_adds_names_and_keeps_the_others(tmp_path: Path) -> None:
         f'state_dir = "{tmp_path / "state"}"\nworkers = 1\n[tls]\nserver_names = ["from-config"]\n'
     )
 
-    def cert(*args: str) -> subprocess.CompletedProcess[str]:
-        result = subprocess.run(
-            [sys.executable, "-m", "appliance", "cert", *args, "--config", str(config)],
-            capture_output=True, text=True,
-        )  # fmt: skip
-        assert result.returncode == 0, result.stderr
-        return result
+    cert = functools.partial(run_cli, "cert", config=config, check=True)
 
     cert("init", "--server-name", "first.example")
     server = tmp_path / "state" / "pki" / "server.pem"
@@ -240,13 +220,7 @@ def test_cert_changes_are_in_the_audit_log_and_list_marks_the_active_server_cert
 ) -> None:
     config = tmp_path / "appliance.toml"
 
-    def run(*args: str) -> subprocess.CompletedProcess[str]:
-        result = subprocess.run(
-            [sys.executable, "-m", "appliance", *args, "--config", str(config)],
-            capture_output=True, text=True,
-        )  # fmt: skip
-        assert result.returncode == 0, result.stderr
-        return result
+    run = functools.partial(run_cli, config=config, check=True)
 
     # A fresh install: cert init creates the state, the CA and the auth database.
     assert not (tmp_path / "state").exists()

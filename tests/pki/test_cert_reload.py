@@ -7,6 +7,7 @@ SIGHUP with a reload status as the service does.
 
 from __future__ import annotations
 
+import functools
 import signal
 import subprocess
 import sys
@@ -21,6 +22,7 @@ from appliance.commands.reload import (
     request_reload,
 )
 from appliance.reload_status import ReloadStatus
+from tests.support.cli import run_cli
 
 FAKE_SERVICE = Path(__file__).with_name("fake_service.py")
 STATE = Path("/srv/appliance/var")
@@ -244,13 +246,7 @@ def cli(tmp_path: Path) -> Run:
     config = tmp_path / "appliance.toml"
     config.write_text(f'state_dir = "{tmp_path / "state"}"\n')
 
-    def run(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "appliance", "cert", *args, "--config", str(config)],
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
+    run: Run = functools.partial(run_cli, "cert", config=config)
 
     assert run("init").returncode == 0
     return run

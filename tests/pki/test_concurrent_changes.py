@@ -33,6 +33,7 @@ from cryptography import x509
 
 from pki.authority import CertificateAuthority, PkiPaths
 from pki.inventory import IssuedCert
+from tests.support.cli import run_cli
 
 #: How many times the three commands start together.
 TRIALS: Final = 20
@@ -89,10 +90,7 @@ def crl_serials(ca: CertificateAuthority) -> set[int]:
 def test_two_issuers_and_a_revoker_at_once_lose_nothing(tmp_path: Path) -> None:
     config = tmp_path / "appliance.toml"
     config.write_text(f'state_dir = "{tmp_path / "state"}"\n')
-    init = subprocess.run(
-        [sys.executable, "-m", "appliance", "cert", "init", "--config", str(config)],
-        capture_output=True, text=True, timeout=ROUND_TIMEOUT_SECONDS,
-    )  # fmt: skip
+    init = run_cli("cert", "init", config=config, timeout=ROUND_TIMEOUT_SECONDS)
     assert init.returncode == 0, init.stderr
     pki = tmp_path / "state" / "pki"
     ca = CertificateAuthority(PkiPaths(pki))

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
+import functools
 from pathlib import Path
 
 import pytest
@@ -16,6 +15,7 @@ from pki.names import (
     check_server_name,
     check_server_names,
 )
+from tests.support.cli import run_cli
 
 GOOD_CLIENT_NAMES = ["web-01", "a", "fluent.bit_2", "svc@host", "x" * MAX_COMMON_NAME_CHARS]
 BAD_CLIENT_NAMES = [
@@ -95,11 +95,7 @@ def test_issue_client_writes_only_inside_out(tmp_path: Path) -> None:
     config = tmp_path / "appliance.toml"
     config.write_text(f'state_dir = "{tmp_path / "state"}"\n')
 
-    def cert(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "appliance", "cert", *args, "--config", str(config)],
-            capture_output=True, text=True, timeout=120,
-        )  # fmt: skip
+    cert = functools.partial(run_cli, "cert", config=config)
 
     assert cert("init").returncode == 0
     out = tmp_path / "deep" / "out"

@@ -1,4 +1,7 @@
-"""Helpers of the Spark tests: events like the service writes them, and the real CLI."""
+"""Helpers of the Spark tests: events like the service writes them, a Sail server elsewhere.
+
+The real CLI: tests.support.cli.run_cli, with :data:`CLI_TIMEOUT_SECONDS`.
+"""
 
 from __future__ import annotations
 
@@ -66,20 +69,6 @@ def write_config(directory: Path, body: str = "") -> Path:
     path = directory / "appliance.toml"
     path.write_text(f'state_dir = "{directory / "state"}"\n{body}\n')
     return path
-
-
-def run_cli(
-    args: Sequence[str], config: Path, stdin: str | None = None
-) -> subprocess.CompletedProcess[str]:
-    """Run the real ``appliance`` command."""
-    return subprocess.run(
-        [sys.executable, "-m", "appliance", *args, "--config", str(config)],
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=CLI_TIMEOUT_SECONDS,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
 
 
 #: A Sail server that prints its URL, then runs until its stdin closes.

@@ -12,7 +12,8 @@ from deltalake import DeltaTable
 
 from appliance.lake import maintenance
 from appliance.lake.errors import LakeError
-from tests.spark.helpers import EventsWriter, block, run_cli, write_config
+from tests.spark.helpers import CLI_TIMEOUT_SECONDS, EventsWriter, block, write_config
+from tests.support.cli import run_cli
 
 #: Queries whose results compaction must not change.
 QUERIES = {
@@ -81,7 +82,7 @@ def test_compaction_during_ingest_keeps_every_query_result(
     writer = threading.Thread(target=ingest)
     writer.start()
     try:
-        result = run_cli(["table", "compact", "--json"], config)
+        result = run_cli("table", "compact", "--json", config=config, timeout=CLI_TIMEOUT_SECONDS)
         assert result.returncode == 0, result.stderr
         report = json.loads(result.stdout)
         assert report["after"]["files"] < report["before"]["files"]

@@ -21,7 +21,8 @@ from appliance.spark.jobs import (
     progress,
     run_job,
 )
-from tests.spark.helpers import EventsWriter, block, run_cli, write_config
+from tests.spark.helpers import CLI_TIMEOUT_SECONDS, EventsWriter, block, write_config
+from tests.support.cli import run_cli
 
 MINUTE_NS = 60 * 1_000_000_000
 #: 2026-03-01T10:00:00Z
@@ -275,7 +276,16 @@ def test_spark_run_and_status_commands(sail_url: str, tmp_path: Path) -> None:
     events = EventsWriter(str(state / "lake" / "events"))
     events.commit([*forward_blocks(0), logjam_block(0, 3)])
 
-    run = run_cli(["spark", "run", "all", "--remote", sail_url, "--json"], config)
+    run = run_cli(
+        "spark",
+        "run",
+        "all",
+        "--remote",
+        sail_url,
+        "--json",
+        config=config,
+        timeout=CLI_TIMEOUT_SECONDS,
+    )
     assert run.returncode == 0, run.stderr
     results = {r["job"]: r for r in json.loads(run.stdout)}
     assert results["events_per_minute"]["mode"] == "rebuild"
@@ -283,26 +293,33 @@ def test_spark_run_and_status_commands(sail_url: str, tmp_path: Path) -> None:
     derived = str(state / "lake" / "events_per_minute")
     assert minute_counts(derived) == expected_minute_counts(events.table.uri)
 
-    again = run_cli(["spark", "run", "events_per_minute", "--remote", sail_url], config)
+    again = run_cli(
+        "spark",
+        "run",
+        "events_per_minute",
+        "--remote",
+        sail_url,
+        config=config,
+        timeout=CLI_TIMEOUT_SECONDS,
+    )
     assert again.returncode == 0, again.stderr
     assert "up to date" in again.stdout
 
-    status = run_cli(["spark", "status", "--json"], config)
+    status = run_cli("spark", "status", "--json", config=config, timeout=CLI_TIMEOUT_SECONDS)
     assert status.returncode == 0, status.stderr
     behind = {s["job"]: s["commits_behind"] for s in json.loads(status.stdout)}
     assert behind == {"events_per_minute": 0, "logjam_requests": 0}
 
     # The derived tables are registered by name for appliance sql.
     sql = run_cli(
-        [
-            "sql",
-            "SELECT sum(events) AS n FROM events_per_minute",
-            "--remote",
-            sail_url,
-            "--format",
-            "json",
-        ],
-        config,
+        "sql",
+        "SELECT sum(events) AS n FROM events_per_minute",
+        "--remote",
+        sail_url,
+        "--format",
+        "json",
+        config=config,
+        timeout=CLI_TIMEOUT_SECONDS,
     )
     assert sql.returncode == 0, sql.stderr
     assert json.loads(sql.stdout) == [{"n": events.table.row_count()}]

@@ -14,7 +14,8 @@ from typing import Any
 
 from deltalake import DeltaTable
 
-from tests.spark.helpers import EventsWriter, block, run_cli, write_config
+from tests.spark.helpers import CLI_TIMEOUT_SECONDS, EventsWriter, block, write_config
+from tests.support.cli import run_cli
 
 DAY_NS = 86_400 * 10**9
 #: Ages (days) of the events: one commit per age and source.
@@ -56,7 +57,15 @@ def test_expire_and_erase_as_spark_sees_them(spark: Any, tmp_path: Path) -> None
     before = counts_by_day(spark, table)
     assert sum(before.values()) == len(AGES) * len(SOURCES) * PER_BLOCK
 
-    expire = run_cli(["table", "expire", "--max-age-days", "7", "--json"], config)
+    expire = run_cli(
+        "table",
+        "expire",
+        "--max-age-days",
+        "7",
+        "--json",
+        config=config,
+        timeout=CLI_TIMEOUT_SECONDS,
+    )
     assert expire.returncode == 0, expire.stderr
     report = json.loads(expire.stdout)
     cutoff = dt.date.fromisoformat(report["details"]["cutoff"])
@@ -71,7 +80,15 @@ def test_expire_and_erase_as_spark_sees_them(spark: Any, tmp_path: Path) -> None
     # The version before the expire still reads as it was (until a vacuum).
     assert counts_by_day(spark, f"{table} VERSION AS OF {version - 2}") == before
 
-    erase = run_cli(["table", "erase", "--source", "token:x", "--json"], config)
+    erase = run_cli(
+        "table",
+        "erase",
+        "--source",
+        "token:x",
+        "--json",
+        config=config,
+        timeout=CLI_TIMEOUT_SECONDS,
+    )
     assert erase.returncode == 0, erase.stderr
     erased = json.loads(erase.stdout)["details"]
     assert erased["rows_deleted"] == sum(after.values()) // 2

@@ -10,7 +10,6 @@ import pty
 import select
 import socket
 import ssl
-import subprocess
 import sys
 import time
 from collections import Counter
@@ -24,15 +23,16 @@ import pytest
 from appliance.config import SparkConfig
 from appliance.spark.errors import SparkSetupError
 from appliance.spark.session import build_session, check_reachable
-from tests.conftest import ApplianceProcess, free_port
 from tests.spark.helpers import (
     CLI_TIMEOUT_SECONDS,
     EventsWriter,
     block,
-    run_cli,
     sail_elsewhere,
     write_config,
 )
+from tests.support.cli import cli_argv, cli_env, run_cli
+from tests.support.ports import free_port
+from tests.support.service import ApplianceProcess
 
 ACK_TIMEOUT_SECONDS = 30
 
@@ -66,7 +66,7 @@ def sql(
     config: Path, sail_url: str, query: str | None, *extra: str, stdin: str | None = None
 ) -> Any:
     args = ["sql", *([query] if query is not None else []), "--remote", sail_url, *extra]
-    return run_cli(args, config, stdin=stdin)
+    return run_cli(*args, config=config, stdin=stdin, timeout=CLI_TIMEOUT_SECONDS)
 
 
 @pytest.mark.slow
@@ -145,7 +145,14 @@ def test_sql_errors_and_limits(sail_url: str, tmp_path: Path) -> None:
 def test_sql_says_when_spark_connect_is_unreachable(tmp_path: Path) -> None:
     config = write_config(tmp_path)
     port = free_port()
-    result = run_cli(["sql", "SELECT 1", "--remote", f"sc://127.0.0.1:{port}"], config)
+    result = run_cli(
+        "sql",
+        "SELECT 1",
+        "--remote",
+        f"sc://127.0.0.1:{port}",
+        config=config,
+        timeout=CLI_TIMEOUT_SECONDS,
+    )
     assert result.returncode == 1
     assert f"cannot reach Spark Connect at 127.0.0.1:{port}" in result.stderr
     with pytest.raises(SparkSetupError, match="not a Spark Connect URL"):
@@ -163,7 +170,7 @@ def run_at_terminal(args: list[str], lines: list[str]) -> tuple[str, int]:
     """Run the real command on a pseudo-terminal, type ``lines``, read everything."""
     pid, fd = pty.fork()
     if pid == 0:  # the child becomes the appliance
-        os.execv(sys.executable, [sys.executable, "-m", "appliance", *args])
+        os.execve(sys.executable, cli_argv(args), cli_env())
     output = b""
     deadline = time.monotonic() + CLI_TIMEOUT_SECONDS
     pending = list(lines)
@@ -229,10 +236,9 @@ def test_sql_remote_reads_the_default_relative_table_from_a_server_started_elsew
     config = app_dir / "appliance.toml"
     config.write_text('state_dir = "var"\n')
     with sail_elsewhere(sail_dir) as url:
-        result = subprocess.run(
-            [sys.executable, "-m", "appliance", "sql", "SELECT count(*) AS n FROM events",
-             "--remote", url, "--format", "json", "--config", str(config)],
-            cwd=app_dir, capture_output=True, text=True, timeout=CLI_TIMEOUT_SECONDS,
+        result = run_cli(
+            "sql", "SELECT count(*) AS n FROM events", "--remote", url, "--format", "json",
+            config=config, cwd=app_dir, timeout=CLI_TIMEOUT_SECONDS,
         )  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout) == [{"n": 3}]

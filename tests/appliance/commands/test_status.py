@@ -11,10 +11,8 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 import urllib.request
@@ -37,14 +35,16 @@ from appliance.commands.status import (
 )
 from appliance.metrics import Instance, MetricNames, Metrics, WalSample
 from tests.appliance.test_one_writer import send_chunk
-from tests.conftest import ApplianceProcess, free_port, start_appliance
+from tests.support.cli import run_cli, start_cli
+from tests.support.ports import free_port
+from tests.support.service import ApplianceProcess, start_appliance
+
+#: What ``--watch`` writes before each table (appliance/commands/status.py): home, clear.
+REDRAW = "\x1b[H\x1b[2J"
 
 
-def status(config: Path, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "appliance", "status", "--config", str(config), *args],
-        capture_output=True, text=True, timeout=timeout,
-    )  # fmt: skip
+def status(config: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return run_cli("status", *args, config=config)
 
 
 @pytest.fixture
@@ -103,18 +103,16 @@ def test_status_table_and_watch(service: ApplianceProcess, tmp_path: Path) -> No
     assert "queue: 0/64 batches" in lines  # ack = "commit": the writer's queue, and no log
     assert not any(line.startswith("log") for line in lines)
 
-    watch = subprocess.Popen(
-        [sys.executable, "-m", "appliance", "status", "--config", str(config), "--watch",
-         "--interval", "0.3"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+    # Interrupted once it has drawn three tables: then it is past its imports and in the
+    # loop, where Ctrl-C ends it with 0 (a fixed sleep could interrupt it still importing).
+    watch = start_cli("status", "--watch", "--interval", "0.3", config=config)
     try:
-        time.sleep(3)
+        watch.wait_for_output(lambda out: out.count(REDRAW) >= 3)
     finally:
-        watch.send_signal(signal.SIGINT)
-        out, err = watch.communicate(timeout=30)
-    assert watch.returncode == 0, err
-    frames = out.split("\x1b[H\x1b[2J")[1:]
+        watch.process.send_signal(signal.SIGINT)
+        done = watch.finish(timeout=30)
+    assert done.returncode == 0, done.stderr
+    frames = done.stdout.split(REDRAW)[1:]
     assert len(frames) >= 3
     last = frames[-1].splitlines()
     row = next(line for line in last if line.startswith("forward"))
@@ -151,11 +149,8 @@ def test_status_asks_for_the_token_it_lacks(tmp_path: Path) -> None:
         denied = status(other)
         assert denied.returncode == 1
         assert "wants a bearer token" in denied.stderr
-        env = {**os.environ, "APPLIANCE_ADMIN_TOKEN": "0123456789abcdef0123456789abcdef"}
-        allowed = subprocess.run(
-            [sys.executable, "-m", "appliance", "status", "--config", str(other), "--json"],
-            capture_output=True, text=True, timeout=60, env=env,
-        )  # fmt: skip
+        env = {"APPLIANCE_ADMIN_TOKEN": "0123456789abcdef0123456789abcdef"}
+        allowed = run_cli("status", "--json", config=other, env=env)
         assert allowed.returncode == 0, allowed.stderr
     finally:
         app.stop()

@@ -12,11 +12,9 @@ from __future__ import annotations
 
 import http.server
 import json
-import os
 import socket
 import ssl
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -28,7 +26,9 @@ import pytest
 from appliance.cli import main
 from appliance.commands.tail import stream_admin_tail, tail_url
 from appliance.config import AdminConfig, Config, ForwardListenerConfig, WebSocketListenerConfig
-from tests.conftest import ApplianceProcess, free_port, start_appliance
+from tests.support.cli import run_cli, start_cli
+from tests.support.ports import free_port
+from tests.support.service import ApplianceProcess, start_appliance
 
 TOKEN = "0123456789abcdef0123456789abcdef"
 #: Seconds the test keeps sending events for the tail to print (it subscribes
@@ -72,20 +72,15 @@ def tail_while_sending(
     app: ApplianceProcess, config: Path, *args: str, env: dict[str, str] | None = None
 ) -> tuple[subprocess.CompletedProcess[str], int]:
     """``appliance tail ARGS`` while chunks of ``tail.test`` (and ``other``) go in; and how many."""
-    tail = subprocess.Popen(
-        [sys.executable, "-m", "appliance", "tail", "--config", str(config), *args],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env={**os.environ, **(env or {})},
-    )  # fmt: skip
+    tail = start_cli("tail", *args, config=config, env=env)
     sent = 0
     deadline = time.monotonic() + SEND_FOR_SECONDS
-    while tail.poll() is None and time.monotonic() < deadline:
+    while tail.process.poll() is None and time.monotonic() < deadline:
         assert forward(app, "other", f"o{sent}", 1) == {"ack": f"o{sent}"}
         assert forward(app, "tail.test", f"c{sent}", 2) == {"ack": f"c{sent}"}
         sent += 1
         time.sleep(0.1)
-    out, err = tail.communicate(timeout=30)
-    return subprocess.CompletedProcess(tail.args, tail.returncode, out, err), sent
+    return tail.finish(timeout=30), sent
 
 
 def test_tail_reads_the_admin_listener_of_a_service_without_websocket(
@@ -111,10 +106,7 @@ def test_tail_takes_the_admin_token_as_status_does(tmp_path: Path) -> None:
     try:
         config = tmp_path / "appliance0.toml"
         wrong = {"APPLIANCE_ADMIN_TOKEN": "X" * 32}
-        refused = subprocess.run(
-            [sys.executable, "-m", "appliance", "tail", "--config", str(config), "--count", "1"],
-            capture_output=True, text=True, timeout=60, env={**os.environ, **wrong},
-        )  # fmt: skip
+        refused = run_cli("tail", "--count", "1", config=config, env=wrong)
         assert refused.returncode == 1
         assert "refused (401)" in refused.stderr
         # The configured token_file, which this user may read; the terminal's lines.

@@ -31,7 +31,13 @@ from deltalake import DeltaTable
 from trio_websocket import open_websocket
 
 from appliance import service
-from appliance.config import Config, ForwardListenerConfig, LakeConfig, WebSocketListenerConfig
+from appliance.config import (
+    AdminConfig,
+    Config,
+    ForwardListenerConfig,
+    LakeConfig,
+    WebSocketListenerConfig,
+)
 from appliance.lake import diskguard
 from auth.database import open_database
 from tests.appliance.lake.logcapture import logged
@@ -121,6 +127,7 @@ async def test_a_full_disk_refuses_new_batches_loses_nothing_acked_and_recovers(
     table_uri = str(small_disk / "events")
     config = Config(
         state_dir=tmp_path / "state",
+        admin=AdminConfig(bind="127.0.0.1:0"),  # not the machine-wide default port
         lake=LakeConfig(
             ack="commit",  # the disk guard is the table's: rows are there once acked
             path=table_uri,

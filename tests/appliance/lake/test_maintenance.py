@@ -6,9 +6,8 @@ threads). Nothing asserts a duration: waits are bounded only to fail a hung test
 
 from __future__ import annotations
 
+import functools
 import os
-import subprocess
-import sys
 import threading
 import time
 from dataclasses import replace
@@ -27,6 +26,7 @@ from appliance.lake.errors import LakeError
 from appliance.lake.table import EventsTable
 from appliance.lake.writer import LakeWriter, WriterSettings
 from tests.appliance.lake.logcapture import logged
+from tests.support.cli import run_cli
 
 FAST = WriterSettings(
     commit_max_delay_seconds=0.01, retry_initial_seconds=0.05, retry_max_seconds=0.2
@@ -131,13 +131,7 @@ def test_cli_refuses_while_maintenance_runs_elsewhere(small_files: str, tmp_path
     config = tmp_path / "appliance.toml"
     config.write_text(f'state_dir = "{state}"\n[lake]\npath = "{small_files}"\n')
 
-    def cli(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "appliance", "table", *args, "--config", str(config)],
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
+    cli = functools.partial(run_cli, "table", config=config)
 
     with operations.MaintenanceLock(operations.lock_path(state)):
         busy = cli("compact")

@@ -15,7 +15,6 @@ import io
 import json
 import os
 import subprocess
-import sys
 import threading
 import time
 from dataclasses import dataclass, replace
@@ -45,6 +44,7 @@ from appliance.lake.table import EventsTable
 from appliance.lake.writer import LakeWriter, WriterSettings
 from appliance.state_lock import StateLock
 from tests.appliance.lake.logcapture import logged
+from tests.support.cli import run_cli
 
 FAST = WriterSettings(
     commit_max_delay_seconds=0.01, retry_initial_seconds=0.05, retry_max_seconds=0.2
@@ -632,12 +632,7 @@ async def test_the_service_expires_on_its_schedule(
 
 
 def cli(config: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "appliance", "table", *args, "--config", str(config)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    return run_cli("table", *args, config=config)
 
 
 def test_cli_expire_and_erase(tmp_path: Path) -> None:

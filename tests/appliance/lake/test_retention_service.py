@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import ssl
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -23,8 +22,9 @@ import trio
 from deltalake import DeltaTable
 
 from appliance import service
-from appliance.config import Config, ForwardListenerConfig, LakeConfig
+from appliance.config import AdminConfig, Config, ForwardListenerConfig, LakeConfig
 from appliance.lake import table_requests
+from tests.support.cli import run_cli
 
 WAIT_SECONDS = 30
 DAY_S = 86_400
@@ -52,13 +52,7 @@ async def read_ack(stream: trio.abc.ReceiveStream) -> object | None:
 
 
 def cli(config: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "appliance", "table", *args, "--config", str(config)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={k: v for k, v in os.environ.items() if k != "APPLIANCE_CONFIG"},
-    )
+    return run_cli("table", *args, config=config)
 
 
 @pytest.mark.trio
@@ -68,6 +62,7 @@ async def test_cli_deletes_run_in_the_service_while_a_client_sends(tmp_path: Pat
     config_file.write_text(f'state_dir = "{state}"\n')
     config = Config(
         state_dir=state,
+        admin=AdminConfig(bind="127.0.0.1:0"),  # not the machine-wide default port
         lake=LakeConfig(
             ack="commit",  # the erase must see every acked row in the table
             commit_max_delay_seconds=0.02,
@@ -109,7 +104,7 @@ async def test_cli_deletes_run_in_the_service_while_a_client_sends(tmp_path: Pat
                     acked.append(chunk)
                     n += 1
 
-            async def run_cli() -> tuple[
+            async def run_commands() -> tuple[
                 subprocess.CompletedProcess[str], subprocess.CompletedProcess[str]
             ]:
                 try:
@@ -131,7 +126,7 @@ async def test_cli_deletes_run_in_the_service_while_a_client_sends(tmp_path: Pat
             outcome: list[tuple[Any, Any]] = []
 
             async def cli_task() -> None:
-                outcome.append(await run_cli())
+                outcome.append(await run_commands())
 
             async with trio.open_nursery() as inner:
                 inner.start_soon(keep_sending)
@@ -157,11 +152,6 @@ async def test_cli_deletes_run_in_the_service_while_a_client_sends(tmp_path: Pat
     history = DeltaTable(config.table_uri).history()
     deletes = [h for h in history if h["operation"] == "DELETE"]
     assert len(deletes) == 2
-    audit = subprocess.run(
-        [sys.executable, "-m", "appliance", "audit", "list", "--config", str(config_file)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    audit = run_cli("audit", "list", config=config_file)
     assert "table.erase" in audit.stdout
     assert "predicate=tag = 'gone'" in audit.stdout

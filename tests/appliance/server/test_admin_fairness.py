@@ -277,7 +277,7 @@ async def test_a_quiet_tail_sends_an_empty_line_now_and_then(
 
 
 def make_config(tmp_path: Path, settings: AdminConfig) -> Config:
-    from tests.support_service import service_config
+    from tests.support.service import service_config
 
     return replace(service_config(tmp_path, ForwardListenerConfig), admin=settings)
 
@@ -386,7 +386,7 @@ def probes_under_load(
 async def test_livez_answers_while_one_address_holds_hostile_connections(
     tmp_path: Path, trickle: bool
 ) -> None:
-    from tests.support_service import running
+    from tests.support.service import running
 
     if trickle:
         settings = AdminConfig(bind="127.0.0.1:0")
@@ -424,7 +424,7 @@ def open_tail(port: int) -> tuple[socket.socket, bytes]:
 
 @pytest.mark.trio
 async def test_tails_are_capped_and_take_nothing_livez_needs(tmp_path: Path) -> None:
-    from tests.support_service import running
+    from tests.support.service import running
 
     async with running(make_config(tmp_path, AdminConfig(bind="127.0.0.1:0"))) as info:
         port = info.admin_port

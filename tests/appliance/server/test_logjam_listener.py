@@ -16,7 +16,6 @@ import logging
 import os
 import stat
 import subprocess
-import sys
 import threading
 import zlib
 from collections.abc import AsyncIterator, Callable
@@ -52,6 +51,7 @@ from auth.curve import generate_keypair, load_server_public_key
 from auth.database import open_database
 from auth.settings import AuthSettings
 from tests.appliance.server.support import StandInWriter
+from tests.support.cli import run_cli
 
 T = TypeVar("T")
 
@@ -774,10 +774,7 @@ def test_curve_cli_add_list_revoke_server_key(tmp_path: Path) -> None:
 
     def run(command: str, *args: str, ok: bool = True) -> subprocess.CompletedProcess[str]:
         # --config before the arguments, so a key can follow "--" (Z85 may begin with "-").
-        result = subprocess.run(
-            [sys.executable, "-m", "appliance", "curve", command, "--config", str(config), *args],
-            capture_output=True, text=True, timeout=120,
-        )  # fmt: skip
+        result = run_cli("curve", command, "--config", str(config), *args)
         assert (result.returncode == 0) == ok, result.stderr
         return result
 

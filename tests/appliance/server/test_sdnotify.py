@@ -17,7 +17,7 @@ import trio
 
 from appliance.config import AdminConfig, ForwardListenerConfig
 from appliance.server.sdnotify import Notifier
-from tests.support_service import running, service_config
+from tests.support.service import running, service_config
 
 
 def test_outside_systemd_nothing_is_sent() -> None:

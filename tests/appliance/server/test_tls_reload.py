@@ -19,7 +19,7 @@ from cryptography import x509
 
 from appliance.config import AdminConfig, Config, ForwardListenerConfig
 from pki.authority import CertificateAuthority, PkiPaths, crl_number
-from tests.support_service import running, service_config
+from tests.support.service import running, service_config
 
 
 def https_config(tmp_path: Path) -> Config:

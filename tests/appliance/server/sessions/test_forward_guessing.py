@@ -17,8 +17,6 @@ import os
 import re
 import socket
 import ssl
-import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -36,7 +34,9 @@ from auth.policy import SourcePolicy
 from tests.appliance.server.sessions.test_forward import read_message, served
 from tests.appliance.server.support import StandInWriter
 from tests.appliance.test_supervisor import wait_for
-from tests.conftest import ApplianceProcess, free_port, start_appliance
+from tests.support.cli import run_cli
+from tests.support.ports import free_port
+from tests.support.service import ApplianceProcess, start_appliance
 
 KEY = b"shared-key"
 PASSWORDS = {"alice": b"alice-password", "bob": b"bob-password"}
@@ -144,14 +144,6 @@ async def test_without_users_the_claimed_username_names_no_count() -> None:
 # -- a real service with two workers -------------------------------------------------
 
 
-def cli(config: Path, *args: str, stdin: str) -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "appliance", *args, "--config", str(config)],
-        input=stdin, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-
-
 def tls_login(app: ApplianceProcess, port: int, username: str, password: str) -> tuple[str, int]:
     """One handshake on a new TLS connection; the PONG's reason ("" if accepted), our port."""
     context = ssl.create_default_context(cafile=str(app.ca_file))
@@ -195,9 +187,25 @@ def test_guesses_are_throttled_whichever_worker_answers(tmp_path: Path) -> None:
     try:
         wait_for(lambda: "event=supervisor.ready" in app.log(), "supervisor.ready", app=app)
         config = tmp_path / "appliance0.toml"
-        cli(config, "key", "add", "fleet", "--secret-stdin", stdin=KEY.decode() + "\n")
+        run_cli(
+            "key",
+            "add",
+            "fleet",
+            "--secret-stdin",
+            config=config,
+            stdin=KEY.decode() + "\n",
+            check=True,
+        )
         for name, password in PASSWORDS.items():
-            cli(config, "user", "add", name, "--password-stdin", stdin=password.decode() + "\n")
+            run_cli(
+                "user",
+                "add",
+                name,
+                "--password-stdin",
+                config=config,
+                stdin=password.decode() + "\n",
+                check=True,
+            )
 
         guesses: list[tuple[str, int]] = []
         logins: list[tuple[str, int]] = []
