@@ -71,20 +71,7 @@ def send_ignoring_close(sock: socket.socket, data: bytes) -> bool:
 
 def read_until_closed(sock: socket.socket, timeout: float = 30.0) -> tuple[bytes, bool]:
     """Everything the service sends until it closes; (bytes, closed within ``timeout``)."""
-    received = bytearray()
-    deadline = time.monotonic() + timeout
-    sock.settimeout(0.5)
-    while time.monotonic() < deadline:
-        try:
-            data = sock.recv(65536)
-        except TimeoutError:
-            continue
-        except (OSError, ssl.SSLError):
-            return bytes(received), True
-        if not data:
-            return bytes(received), True
-        received += data
-    return bytes(received), False
+    return read_until(sock, lambda _received: False, timeout)
 
 
 def read_until(

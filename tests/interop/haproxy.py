@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import functools
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -40,6 +39,7 @@ from typing import Final, Literal
 import pytest
 
 from tests.support.ports import free_port
+from tests.support.service import stop_process
 
 REPO: Final = Path(__file__).resolve().parents[2]
 DEPS_SCRIPT: Final = REPO / "scripts" / "haproxy-deps.sh"
@@ -173,14 +173,7 @@ class HAProxy:
 
     def stop(self) -> int:
         """Stop haproxy (SIGTERM: close everything now); its exit status."""
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=STOP_TIMEOUT_SECONDS)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        return self.process.returncode
+        return stop_process(self.process, STOP_TIMEOUT_SECONDS)
 
     def __enter__(self) -> HAProxy:
         return self

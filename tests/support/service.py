@@ -66,14 +66,19 @@ class ApplianceProcess:
 
     def stop(self) -> int:
         """SIGTERM, wait for the exit (SIGKILL after :data:`STOP_TIMEOUT_SECONDS`); the code."""
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=STOP_TIMEOUT_SECONDS)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        return self.process.returncode
+        return stop_process(self.process)
+
+
+def stop_process(process: subprocess.Popen[Any], timeout: float = STOP_TIMEOUT_SECONDS) -> int:
+    """SIGTERM ``process``, wait for it (SIGKILL after ``timeout`` seconds); its exit code."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+    return process.returncode
 
 
 #: The ``service.ready`` log line: ``listeners=name:port,name:port`` and ``admin=port``.
