@@ -118,6 +118,16 @@ def _worker_environment() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k not in _SYSTEMD_VARIABLES}
 
 
+def ready_status(config: Config, workers: int) -> str:
+    """systemd's ``STATUS=`` once every worker is ready: what listens, as one process says it.
+
+    ``systemctl status`` shows it; the same ``listening: <names>`` a single
+    process reports (appliance/service.py), and how many workers share them.
+    """
+    names = ", ".join(listener.name for listener in config.listeners)
+    return f"STATUS=listening: {names}; workers: {workers}"
+
+
 async def supervise(config: Config) -> None:
     """Run ``config.workers`` workers until SIGTERM or SIGINT, then stop them all.
 
@@ -216,7 +226,7 @@ async def _supervise(config: Config, state_lock: StateLock, signals: AsyncIterat
         )
         if ca_file:
             print(f"CA certificate for clients: {ca_file}", flush=True)
-        notifier.notify("READY=1", f"STATUS=workers: {len(workers)}")
+        notifier.notify("READY=1", ready_status(config, len(workers)))
         nursery.start_soon(notifier.keep_alive)
         if config.tls.client_ca_file is None:
             nursery.start_soon(_refresh_crl, tls, reloads, config, workers)

@@ -20,8 +20,9 @@ from pathlib import Path
 
 from deltalake import DeltaTable
 
-from appliance.config import resolve_workers
+from appliance.config import load_config, resolve_workers
 from appliance.reload_status import read_status
+from appliance.supervisor import ready_status
 from tests.appliance.test_one_writer import send_chunk
 from tests.support.cli import run_cli
 from tests.support.ports import free_port
@@ -66,6 +67,18 @@ def acked(app: ApplianceProcess, port: int, chunk: str) -> str:
     answer = send_chunk(app, port, chunk, events=EVENTS)
     assert isinstance(answer, dict), answer
     return str(answer["ack"])
+
+
+def test_systemd_hears_what_listens_and_how_many_workers_share_it(tmp_path: Path) -> None:
+    """``systemctl status`` under workers reads like one process's, plus the count."""
+    path = tmp_path / "appliance.toml"
+    path.write_text(
+        f'state_dir = "{tmp_path}"\nworkers = 2\n'
+        '[[listeners]]\nname = "forward"\nbind = "127.0.0.1:24224"\n'
+        '[[listeners]]\nname = "beats"\nprotocol = "lumberjack"\nbind = "127.0.0.1:5044"\n'
+    )
+    status = ready_status(load_config(path), 2)
+    assert status == "STATUS=listening: forward, beats; workers: 2"
 
 
 def test_two_workers_share_the_port_and_the_table_and_survive_a_kill(tmp_path: Path) -> None:
