@@ -9,6 +9,7 @@ sets the variable in ``env=``.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -88,7 +89,13 @@ def start_cli(
     env: Mapping[str, str] | None = None,
     cwd: Path | str | None = None,
 ) -> CliProcess:
-    """Start ``appliance ARGS`` (``status --watch``, ``tail``) and read its stdout as it comes."""
+    """Start ``appliance ARGS`` (``status --watch``, ``tail``) and read its stdout as it comes.
+
+    The command gets SIGINT as a terminal gives it (Ctrl-C ends it), whatever
+    the suite inherited: a shell without job control starts its background
+    jobs with SIGINT ignored, a child keeps that, and a test's Ctrl-C would
+    then be lost (:func:`_default_sigint`).
+    """
     process = subprocess.Popen(
         cli_argv(args, config),
         stdin=subprocess.DEVNULL,
@@ -97,8 +104,14 @@ def start_cli(
         text=True,
         cwd=cwd,
         env=cli_env(env),
+        preexec_fn=_default_sigint,
     )
     return CliProcess(process)
+
+
+def _default_sigint() -> None:
+    """In the child, before exec: SIGINT back to its default, so Python maps it to Ctrl-C."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 class CliProcess:
