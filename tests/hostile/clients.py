@@ -96,20 +96,7 @@ def read_until(
 
 def read_available(sock: socket.socket, seconds: float) -> tuple[bytes, bool]:
     """What the service sends within ``seconds``; (bytes, closed)."""
-    received = bytearray()
-    deadline = time.monotonic() + seconds
-    while (left := deadline - time.monotonic()) > 0:
-        sock.settimeout(left)
-        try:
-            data = sock.recv(65536)
-        except TimeoutError:
-            break
-        except (OSError, ssl.SSLError):
-            return bytes(received), True
-        if not data:
-            return bytes(received), True
-        received += data
-    return bytes(received), False
+    return read_until(sock, lambda _received: False, seconds)
 
 
 # -- well-behaved clients ------------------------------------------------------------

@@ -34,6 +34,7 @@ from appliance.commands.status import (
     summarize,
 )
 from appliance.metrics import Instance, MetricNames, Metrics, WalSample
+from tests.appliance.commands.support import redirecting_server
 from tests.appliance.test_one_writer import send_chunk
 from tests.support.cli import run_cli, start_cli
 from tests.support.ports import free_port
@@ -213,39 +214,10 @@ def test_the_token_goes_only_over_https_or_to_loopback() -> None:
 
 def test_a_redirect_is_not_followed_with_the_token() -> None:
     """The admin URL answers 302 to another server: that server never sees the token."""
-    import http.server
-    import threading
-
     from appliance.commands.status import _Client
 
-    seen: list[str | None] = []
-
-    class Other(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            seen.append(self.headers.get("Authorization"))
-            self.send_response(200)
-            self.end_headers()
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    other = http.server.HTTPServer(("127.0.0.1", 0), Other)
-
-    class Redirect(Other):
-        def do_GET(self) -> None:
-            self.send_response(302)
-            self.send_header("Location", f"http://127.0.0.1:{other.server_port}/metrics")
-            self.end_headers()
-
-    first = http.server.HTTPServer(("127.0.0.1", 0), Redirect)
-    threads = [threading.Thread(target=s.serve_forever, daemon=True) for s in (first, other)]
-    for thread in threads:
-        thread.start()
-    try:
-        status, _ = _Client(f"http://127.0.0.1:{first.server_port}", "s3cret", None).get("/metrics")
-    finally:
-        first.shutdown()
-        other.shutdown()
+    with redirecting_server("/metrics") as (url, seen):
+        status, _ = _Client(url, "s3cret", None).get("/metrics")
     assert status == 302
     assert seen == []
 

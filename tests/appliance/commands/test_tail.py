@@ -10,12 +10,10 @@ redirect.
 
 from __future__ import annotations
 
-import http.server
 import json
 import socket
 import ssl
 import subprocess
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,6 +24,7 @@ import pytest
 from appliance.cli import main
 from appliance.commands.tail import stream_admin_tail, tail_url
 from appliance.config import AdminConfig, Config, ForwardListenerConfig, WebSocketListenerConfig
+from tests.appliance.commands.support import redirecting_server
 from tests.support.cli import run_cli, start_cli
 from tests.support.ports import free_port
 from tests.support.service import ApplianceProcess, start_appliance
@@ -161,38 +160,9 @@ def test_the_admin_token_is_not_sent_in_clear_off_loopback(
 
 def test_a_redirect_is_not_followed_with_the_token() -> None:
     """The tail URL answers 302 to another server: that server never sees the token."""
-    seen: list[str | None] = []
-
-    class Other(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            seen.append(self.headers.get("Authorization"))
-            self.send_response(200)
-            self.end_headers()
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    other = http.server.HTTPServer(("127.0.0.1", 0), Other)
-
-    class Redirect(Other):
-        def do_GET(self) -> None:
-            self.send_response(302)
-            self.send_header("Location", f"http://127.0.0.1:{other.server_port}/tail")
-            self.end_headers()
-
-    first = http.server.HTTPServer(("127.0.0.1", 0), Redirect)
-    servers = [threading.Thread(target=s.serve_forever, daemon=True) for s in (first, other)]
-    for thread in servers:
-        thread.start()
     errors: list[str] = []
-    try:
-        code = stream_admin_tail(
-            f"http://127.0.0.1:{first.server_port}/tail", TOKEN, None,
-            out=lambda _: None, err=errors.append,
-        )  # fmt: skip
-    finally:
-        first.shutdown()
-        other.shutdown()
+    with redirecting_server("/tail") as (url, seen):
+        code = stream_admin_tail(f"{url}/tail", TOKEN, None, out=lambda _: None, err=errors.append)
     assert code == 1
     assert seen == []
     assert "redirect (302), which is not followed" in errors[0]
