@@ -68,14 +68,14 @@ Result = TypeVar("Result")
 # -- the tree ------------------------------------------------------------------
 
 
-def tree_env() -> dict[str, str]:
-    """This environment with the tree first on ``PYTHONPATH``.
+def tree_env(root: Path = ROOT) -> dict[str, str]:
+    """This environment with the tree ``root`` (this one by default) first on ``PYTHONPATH``.
 
-    A subprocess started with it runs this tree's ``appliance`` and ``bench``,
+    A subprocess started with it runs that tree's ``appliance`` and ``bench``,
     whatever the venv's editable install points at.
     """
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH")]))
     return env
 
 
@@ -152,11 +152,11 @@ def package_versions(names: Sequence[str]) -> str:
     return ", ".join(versions)
 
 
-def git_commit() -> str:
-    """``git describe`` of the tree the benchmarks sit in, or ``unknown``."""
+def git_commit(root: Path = ROOT) -> str:
+    """``git describe`` of the tree ``root`` (the benchmarks' own by default), or ``unknown``."""
     try:
         commit = subprocess.run(
-            ["git", "-C", str(ROOT), "describe", "--always", "--dirty"],
+            ["git", "-C", str(root), "describe", "--always", "--dirty"],
             capture_output=True,
             text=True,
             check=False,
@@ -218,6 +218,13 @@ def add_arguments(parser: argparse.ArgumentParser, default_cases: str, cases_hel
     parser.add_argument("--no-pin", action="store_true", help="do not pin server and generator")
     parser.add_argument("--keep", action="store_true", help="keep the state directories")
     parser.add_argument("--json", type=Path, help="also write the results as JSON here")
+    parser.add_argument(
+        "--server-tree",
+        type=Path,
+        default=ROOT,
+        help="run the server of this source tree (a checkout of another commit) with this"
+        " tree's clients: a same-run A/B of two commits (default: this tree)",
+    )
 
 
 # -- in-process ceilings -------------------------------------------------------
@@ -469,11 +476,15 @@ def start_server(
         if allowed is not None:
             os.sched_setaffinity(0, allowed)
 
+    server_tree: Path = getattr(args, "server_tree", ROOT)
+    if server_tree != ROOT:
+        print(f"server tree: {server_tree} ({git_commit(server_tree)})", flush=True)
     log_path = state_dir / "server.log"
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
             [*command, "--config", str(config)],
-            stdout=subprocess.PIPE, stderr=log, preexec_fn=pin, cwd=state_dir, env=tree_env(),
+            stdout=subprocess.PIPE, stderr=log, preexec_fn=pin, cwd=state_dir,
+            env=tree_env(server_tree),
         )  # fmt: skip
     server = Server(proc, state_dir, port, Path(), log_path)
     assert proc.stdout is not None
