@@ -30,6 +30,7 @@ __all__ = [
     "TABLE_CONFIGURATION",
     "WRITER_VERSION",
     "events_schema",
+    "unindexed_columns",
 ]
 
 _UTC_MICROS: Final = DataType.timestamp("us", tz="UTC")
@@ -76,6 +77,11 @@ PARTITION_COLUMNS: Final = ["event_date"]
 READER_VERSION: Final = 1
 WRITER_VERSION: Final = 2
 
+#: The columns with Delta statistics (``delta.dataSkippingStatsColumns``).
+_INDEXED_COLUMNS: Final = (
+    "event_date", "event_time", "event_time_ns", "received_at", "protocol", "tag", "source", "host",
+)  # fmt: skip
+
 #: Table properties set at creation. Stats are kept for the columns queries
 #: filter on, not for ``record``: delta-rs stores full-length string min/max.
 #: ``delta.appendOnly`` is true until the first expire or erase with rows to
@@ -83,8 +89,11 @@ WRITER_VERSION: Final = 2
 #: a property change only, the protocol stays reader 1 / writer 2.
 TABLE_CONFIGURATION: Final[dict[str, str | None]] = {
     "delta.appendOnly": "true",
-    "delta.dataSkippingStatsColumns": (
-        "event_date,event_time,event_time_ns,received_at,protocol,tag,source,host"
-    ),
+    "delta.dataSkippingStatsColumns": ",".join(_INDEXED_COLUMNS),
     "delta.checkpointInterval": "50",
 }
+
+
+def unindexed_columns() -> list[str]:
+    """The columns ``delta.dataSkippingStatsColumns`` leaves out: they get no statistics."""
+    return [name for name in EVENTS_ARRO3_SCHEMA.names if name not in _INDEXED_COLUMNS]

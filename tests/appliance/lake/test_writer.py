@@ -71,6 +71,39 @@ async def test_table_is_created_readable_by_every_spark(tmp_path: Path) -> None:
 
 
 @pytest.mark.trio
+async def test_parquet_statistics_only_for_the_indexed_columns(tmp_path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    async with trio.open_nursery() as nursery:
+        writer = await start_writer(nursery, tmp_path / "events")
+        await (await writer.submit(block("chunk-1"))).wait()
+        await writer.close_input()
+    dt = DeltaTable(str(tmp_path / "events"))
+    indexed = dt.metadata().configuration["delta.dataSkippingStatsColumns"].split(",")
+    files = dt.file_uris()
+    assert len(files) == 1
+    metadata = pq.ParquetFile(files[0]).metadata
+    assert metadata.num_rows == 3
+    group = metadata.row_group(0)
+    with_stats = {
+        group.column(i).path_in_schema
+        for i in range(group.num_columns)
+        if group.column(i).is_stats_set
+    }
+    # The partition column is in the path, not the file; host is all null here
+    # (its statistics are a null count).
+    assert with_stats == {name for name in indexed if name != "event_date"}
+    assert not {"record", "peer", "batch_id"} & with_stats
+    assert group.column(0).compression == "SNAPPY"
+    # The Delta statistics of the indexed columns are still written.
+    stats = pa.table(dt.get_add_actions(flatten=True)).to_pylist()[0]
+    assert stats["max.event_time_ns"] - stats["min.event_time_ns"] == 2  # the block's 3 times
+    assert stats["min.tag"] == "t"
+    assert "min.record" not in stats
+
+
+@pytest.mark.trio
 async def test_group_commit_puts_many_blocks_in_one_commit(tmp_path: Path) -> None:
     settings = WriterSettings(commit_max_delay_seconds=0.5)
     async with trio.open_nursery() as nursery:
