@@ -93,13 +93,17 @@ from __future__ import annotations
 
 import hashlib
 import json
+import json.scanner
 import re
+import sys
 import zlib
+from collections.abc import Callable
 from typing import Any, Final, Literal
 
 from appliance import __version__
 from appliance.blocks.fields import HOST_PATHS, first_string
 from appliance.blocks.records import record_json
+from appliance.blocks.timecache import Rfc3339Cache
 from appliance.blocks.timefmt import rfc3339_ns
 from appliance.protocols.courier.events import (
     NONCE_BYTES,
@@ -111,7 +115,7 @@ from appliance.protocols.courier.events import (
     UnknownMessage,
     Unsupported,
 )
-from appliance.protocols.courier.payload import _Rows, _string_field
+from appliance.protocols.courier.payload import EVENT_OVERHEAD_BYTES, _Rows, _string_field
 from appliance.protocols.courier.state import _TRANSITIONS, CourierState, _Phase
 from appliance.protocols.courier.wire import (
     _COMPACT_HELLO,
@@ -138,8 +142,22 @@ _CONTENT_DIGEST_BYTES: Final = 8
 _INFLATE_STEP_BYTES: Final = 256 * 1024
 #: JSON text to a value; events are UTF-8 (no encoding sniffing as json.loads(bytes) does).
 _json_decode: Final = json.JSONDecoder().decode
+#: A decoder's scanner: ``_json_decode(text)`` is ``_json_scan(text, 0)[0]``
+#: for text that starts with a value and ends with it or JSON whitespace.
+#: ``JSONDecoder.decode`` is that plus a regex match for the whitespace on
+#: either side, and raises ``StopIteration`` as a ValueError
+#: (https://github.com/python/cpython/blob/v3.11.7/Lib/json/decoder.py#L332-L355);
+#: the fast loop calls the scanner for text that starts with ``{``.
+_json_scan: Final[Callable[[str, int], tuple[Any, int]]] = json.scanner.make_scanner(
+    json.JSONDecoder()  # type: ignore[arg-type]  # typeshed names the scanner class as its argument
+)
+#: What JSON calls whitespace (RFC 8259 section 2; ``json.decoder.WHITESPACE``).
+_JSON_WHITESPACE: Final = " \t\n\r"
 #: Where an event names its tag: Log Courier's ``fields: {type: ...}`` convention.
 _TYPE_PATH: Final = (("type",),)
+#: The longest ``@timestamp`` a run keeps until its end: ``rfc3339_ns`` reads no
+#: longer text (appliance/blocks/timefmt.py), so a longer one is None at once.
+_MAX_TIME_TEXT: Final = 64
 
 
 def _server_version() -> tuple[int, int, int]:
@@ -188,6 +206,10 @@ class CourierServerConnection:
         self._decompressed = 0
         self._pending = bytearray()  # decompressed bytes of an incomplete event
         self._rows = _Rows()
+        self._times = Rfc3339Cache()
+        #: Read events in one loop (:meth:`_split_events`); False reads each by
+        #: :meth:`_event`, the path the loop is held to (tests only).
+        self.fast = True
 
     @property
     def state(self) -> CourierState:
@@ -444,23 +466,130 @@ class CourierServerConnection:
         return len(chunk)
 
     def _split_events(self, out: bytes) -> None:
-        """Cut decompressed output into length-prefixed events."""
+        """Cut decompressed output into length-prefixed events, and keep each one's row.
+
+        The common event (a UTF-8 JSON object) is read here in one loop with no
+        Python call of its own: its tag and host are looked up in the
+        payload's table of strings already checked, and its ``@timestamp`` is
+        read with the run's others at the end (:class:`Rfc3339Cache`, which
+        gives ``rfc3339_ns`` of each). Any other event goes to :meth:`_event`,
+        the event-by-event path, which the fast loop is held to by a
+        differential test (tests/appliance/protocols/test_courier_fast.py).
+        """
         if not out:
             return
         buffer = self._pending
         buffer += out
         offset = 0
         end = len(buffer)
-        limit = self.limits.max_event_bytes
-        while end - offset >= 4:
-            (size,) = _U32.unpack_from(buffer, offset)
-            if size > limit:
-                raise self._fail(f"event of {size} bytes exceeds max_event_bytes={limit}")
-            if end - offset - 4 < size:
-                break
-            self._event(bytes(buffer[offset + 4 : offset + 4 + size]))
-            offset += 4 + size
+        limits = self.limits
+        limit = limits.max_event_bytes
+        if not self.fast:
+            while end - offset >= 4:
+                (size,) = _U32.unpack_from(buffer, offset)
+                if size > limit:
+                    raise self._fail(f"event of {size} bytes exceeds max_event_bytes={limit}")
+                if end - offset - 4 < size:
+                    break
+                self._event(bytes(buffer[offset + 4 : offset + 4 + size]))
+                offset += 4 + size
+            del buffer[:offset]
+            return
+        rows = self._rows
+        records = rows.records
+        types = rows.types
+        hosts = rows.hosts
+        checked_types = rows.checked_types
+        checked_hosts = rows.checked_hosts
+        max_events = limits.max_events
+        max_memory = limits.max_payload_memory_bytes
+        view = memoryview(buffer)
+        # The run's @timestamp values (a string of at most _MAX_TIME_TEXT
+        # characters, else None: rfc3339_ns reads no longer one), read at the end.
+        stamps: list[object] = []
+        try:
+            while end - offset >= 4:
+                (size,) = _U32.unpack_from(buffer, offset)
+                if size > limit:
+                    raise self._fail(f"event of {size} bytes exceeds max_event_bytes={limit}")
+                start = offset + 4
+                if end - start < size:
+                    break
+                offset = start + size
+                if len(records) >= max_events:
+                    raise self._fail(
+                        f"payload {self._nonce.hex()} carries more than "
+                        f"max_events={max_events} events"
+                    )
+                try:
+                    text = str(view[start:offset], "utf-8")
+                    if text[:1] == "{":
+                        record, stop = _json_scan(text, 0)
+                        if stop != len(text) and text[stop:].strip(_JSON_WHITESPACE):
+                            record = None  # "Extra data", as _json_decode says
+                    else:
+                        record = _json_decode(text)
+                except (UnicodeDecodeError, StopIteration, ValueError, RecursionError):
+                    # StopIteration: the scanner's "no value here".
+                    record = None
+                if type(record) is not dict:
+                    # Not a JSON object: the event-by-event path keeps it as
+                    # {"message": ...}; the times read so far go first, in order.
+                    del record
+                    self._flush_times(stamps)
+                    self._event(bytes(view[start:offset]))
+                    continue
+                text = record_json(record)
+                # Log Courier's tag: fields.type (_TYPE_PATH), as first_string reads it.
+                value = record.get("type")
+                if type(value) is str and value:
+                    kept = checked_types.get(value)
+                    if kept is None:
+                        kept = _string_field(rows, value, "type")
+                        if kept is not None:
+                            checked_types[kept] = kept
+                    types.append(kept)
+                else:
+                    types.append(None)
+                # HOST_PATHS unrolled: host.name, beat.hostname, host.
+                host = record.get("host")
+                value = host.get("name") if type(host) is dict else None
+                if not (type(value) is str and value):
+                    beat = record.get("beat")
+                    value = beat.get("hostname") if type(beat) is dict else None
+                    if not (type(value) is str and value):
+                        value = host
+                if type(value) is str and value:
+                    kept = checked_hosts.get(value)
+                    if kept is None:
+                        kept = _string_field(rows, value, "host")
+                        if kept is not None:
+                            checked_hosts[kept] = kept
+                    hosts.append(kept)
+                else:
+                    hosts.append(None)
+                stamp = record.get("@timestamp")
+                del record  # the decoded object is not kept (bounded memory)
+                stamps.append(
+                    stamp if type(stamp) is str and len(stamp) <= _MAX_TIME_TEXT else None
+                )
+                records.append(text)
+                rows.memory_bytes += sys.getsizeof(text) + EVENT_OVERHEAD_BYTES
+                if rows.memory_bytes > max_memory:
+                    raise self._fail(
+                        f"payload {self._nonce.hex()} holds more than "
+                        f"max_payload_memory_bytes={max_memory} as rows"
+                    )
+            self._flush_times(stamps)
+        finally:
+            view.release()
         del buffer[:offset]
+
+    def _flush_times(self, stamps: list[object]) -> None:
+        """Append the times of the run's ``stamps`` to the payload's rows, and empty ``stamps``."""
+        if stamps:
+            self._rows.times_ns.extend(self._times.times_ns(stamps))
+            stamps.clear()
 
     def _event(self, raw: bytes) -> None:
         """One complete event: keep its row, drop everything else (module docstring)."""

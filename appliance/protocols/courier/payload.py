@@ -25,6 +25,8 @@ class _Rows:
     """The kept rows of the payload in progress, and what they cost in memory."""
 
     __slots__ = (
+        "checked_hosts",
+        "checked_types",
         "hosts",
         "invalid_hosts",
         "invalid_types",
@@ -44,6 +46,11 @@ class _Rows:
         #: Each distinct tag/host string once: 1,000 events of ``"type":"nginx"``
         #: share one str instead of holding 1,000 copies.
         self.strings: dict[str, str] = {}
+        #: Tag and host values that passed their check in this payload (each
+        #: its shared str): the fast loop checks a value the first time only.
+        #: Their entries are counted with :attr:`strings`' (``shared``).
+        self.checked_types: dict[str, str] = {}
+        self.checked_hosts: dict[str, str] = {}
         self.not_json = 0
         self.invalid_types = 0
         self.invalid_hosts = 0
