@@ -56,6 +56,9 @@ def _serve(args: argparse.Namespace) -> int:
     from appliance import gc_policy
     from appliance.node import worker_config
     from appliance.service import serve
+    from appliance.serving_imports import keep_out
+
+    keep_out()
 
     config = load(args.config)
     configure(config.log.level, config.log.format, worker=args.worker)
