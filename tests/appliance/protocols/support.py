@@ -1,10 +1,13 @@
-"""What the codec tests share: feeding reads, and the violation that ends a codec's events."""
+"""What the codec tests share: feeding reads, the violation that ends a codec's events,
+and hypothesis strategies for JSON events of Beats-like shippers."""
 
 from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable, Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
+
+from hypothesis import strategies as st
 
 from appliance.protocols.errors import ProtocolViolation
 
@@ -34,3 +37,31 @@ def violation(events: Sequence[object], match: str | None = None) -> ProtocolVio
 def refused(events: Sequence[object]) -> bool:
     """Whether ``events`` end with a violation."""
     return bool(events) and isinstance(events[-1], ProtocolViolation)
+
+
+def json_values(names: st.SearchStrategy[str]) -> st.SearchStrategy[Any]:
+    """JSON values a fast path must read as the general path does: ints past 64 bits,
+    floats, and nested objects keyed by ``names``."""
+    scalars = st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats(allow_nan=False)
+    return st.recursive(
+        scalars | names,
+        lambda inner: st.lists(inner, max_size=2) | st.dictionaries(names, inner, max_size=2),
+        max_leaves=5,
+    )
+
+
+def json_events(
+    fields: Sequence[str], stamps: st.SearchStrategy[str], names: st.SearchStrategy[str]
+) -> st.SearchStrategy[dict[str, Any]]:
+    """Event objects of up to five of ``fields``: any JSON value, a time, or a small object
+    with ``name``/``hostname``/``type``/``beat`` (where shippers nest a host or tag)."""
+    value = json_values(names)
+    return st.dictionaries(
+        st.sampled_from(list(fields)),
+        value
+        | stamps
+        | st.fixed_dictionaries(
+            {}, optional={"beat": value, "name": value, "hostname": value, "type": value}
+        ),
+        max_size=5,
+    )

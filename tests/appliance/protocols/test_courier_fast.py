@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 from appliance.blocks.timefmt import rfc3339_ns
 from appliance.protocols.courier import CourierLimits, CourierServerConnection, PayloadReceived
 from appliance.protocols.errors import ProtocolViolation
+from tests.appliance.protocols.support import json_events
 
 _STAMPS = st.sampled_from(
     [
@@ -38,19 +39,7 @@ _STAMPS = st.sampled_from(
     ]
 )
 _NAMES = st.sampled_from(["nginx", "", "x" * 300, "é", "web-01", "\ud800"])
-_VALUE = st.recursive(
-    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | _NAMES | st.floats(allow_nan=False),
-    lambda inner: st.lists(inner, max_size=2) | st.dictionaries(_NAMES, inner, max_size=2),
-    max_leaves=5,
-)
-_FIELD = st.sampled_from(["@timestamp", "type", "host", "beat", "message", "fields"])
-_EVENT = st.dictionaries(
-    _FIELD,
-    _VALUE
-    | _STAMPS
-    | st.fixed_dictionaries({}, optional={"name": _VALUE, "hostname": _VALUE, "type": _VALUE}),
-    max_size=5,
-)
+_EVENT = json_events(["@timestamp", "type", "host", "beat", "message", "fields"], _STAMPS, _NAMES)
 #: Events' bytes: mostly JSON objects, sometimes not JSON, not UTF-8, or not an object.
 _EVENT_BYTES = st.one_of(
     _EVENT.map(lambda e: json.dumps(e, ensure_ascii=False).encode("utf-8", "surrogatepass")),

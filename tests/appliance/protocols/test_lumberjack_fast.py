@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from appliance.blocks.timefmt import rfc3339_ns
 from appliance.protocols.errors import ProtocolViolation
 from appliance.protocols.lumberjack import LumberjackLimits, LumberjackServerConnection, Window
+from tests.appliance.protocols.support import json_events
 
 _STAMPS = st.sampled_from(
     [
@@ -28,18 +29,8 @@ _STAMPS = st.sampled_from(
     ]
 )
 _NAMES = st.sampled_from(["filebeat", "", "x" * 300, "é", "web-01"])
-_VALUE = st.recursive(
-    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | _NAMES | st.floats(allow_nan=False),
-    lambda inner: st.lists(inner, max_size=2) | st.dictionaries(_NAMES, inner, max_size=2),
-    max_leaves=5,
-)
-_FIELD = st.sampled_from(["@timestamp", "@metadata", "type", "host", "beat", "message"])
-_EVENT = st.dictionaries(
-    _FIELD,
-    _VALUE
-    | _STAMPS
-    | st.fixed_dictionaries({}, optional={"beat": _VALUE, "name": _VALUE, "hostname": _VALUE}),
-    max_size=5,
+_EVENT = json_events(
+    ["@timestamp", "@metadata", "type", "host", "beat", "message"], _STAMPS, _NAMES
 )
 #: Frames' JSON: mostly objects, sometimes invalid JSON or not an object.
 _PAYLOAD = st.one_of(
