@@ -1,10 +1,13 @@
 """Binding listening sockets, with ``SO_REUSEPORT`` when several processes share a port.
 
-Worker processes on one machine (docs/performance.md, "Several processes
-on one machine") each bind the same address with ``SO_REUSEPORT``; the
-kernel then spreads new connections (and heartbeat datagrams) over them by
-a hash of the client's address and port. Without it, this is
-:func:`trio.open_tcp_listeners` (``SO_REUSEADDR``, ``IPV6_V6ONLY``).
+Processes started by hand on one machine (``reuse_port = true``) each bind
+the same address with ``SO_REUSEPORT``; the kernel then spreads new
+connections (and heartbeat datagrams) over them by a hash of the client's
+address and port. The workers of one supervisor share one socket per TCP
+port instead (appliance/server/spread.py), which the supervisor binds here
+with ``SO_REUSEPORT`` too; each still binds the forward UDP heartbeat with
+it. Without it, this is :func:`trio.open_tcp_listeners` (``SO_REUSEADDR``,
+``IPV6_V6ONLY``).
 """
 
 from __future__ import annotations
