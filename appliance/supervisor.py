@@ -13,10 +13,11 @@ itself:
 * it binds every TCP listener whose kind shares its port once and hands the
   sockets to each worker it starts, with the count file of the workers'
   open connections (appliance/server/spread.py): one accept queue per port,
-  taken by the worker with the fewest connections. A restarted worker gets
-  the same sockets, so the port never closes while this process lives; a
-  reload that removes or moves a listener closes this process's socket for
-  it (the workers bind a moved or added one themselves, with
+  taken by the worker with the fewest connections. Bound, not listening:
+  the first worker that serves a socket makes it listen. A restarted worker
+  gets the same sockets, so the port then stays open while this process
+  lives; a reload that removes or moves a listener closes this process's
+  socket for it (the workers bind a moved or added one themselves, with
   ``SO_REUSEPORT``, until the next start);
 * it starts worker ``k`` and waits until it is ready (its pid file names
   it), restarts one that exits (after 1 s, doubling to 30 s), and tells
@@ -52,7 +53,7 @@ from appliance.config import Config, ConfigError, ListenerConfig, load_config
 from appliance.logs import get_logger
 from appliance.node import drain_left_logs
 from appliance.reload_status import ReloadStatus, read_status, write_status
-from appliance.server.binding import open_tcp_listeners
+from appliance.server.binding import bind_tcp
 from appliance.server.launch import BindError
 from appliance.server.registry import kind_of, stores_needed
 from appliance.server.sdnotify import Notifier
@@ -152,8 +153,12 @@ def shared_listeners(config: Config) -> list[ListenerConfig]:
 async def _bind_shared(config: Config) -> _Shared:
     """Bind each shared listener once, and make the count file; the workers inherit both.
 
-    ``SO_REUSEPORT`` is set all the same: a worker whose reload adds or moves
-    a listener binds it itself, and may need the same port meanwhile.
+    Bound, not listening: the first worker that serves a socket makes it
+    listen, so a client is refused (and retries) while the workers start
+    rather than queued behind a table that is still opening. From then on
+    the socket listens for as long as this process lives. ``SO_REUSEPORT``
+    is set all the same: a worker whose reload adds or moves a listener
+    binds it itself, and may need the same port meanwhile.
 
     Raises:
         BindError: an address cannot be bound (the message names the listener).
@@ -163,13 +168,13 @@ async def _bind_shared(config: Config) -> _Shared:
     try:
         for listener in shared_listeners(config):
             try:
-                opened = await open_tcp_listeners(listener.port, listener.host, reuse_port=True)
+                opened = await bind_tcp(listener.port, listener.host)
             except OSError as exc:
                 raise BindError(
                     exc.errno,
                     f"listener {listener.name!r} cannot bind {listener.bind}: {exc.strerror}",
                 ) from exc
-            bound[listener.name] = (listener.bind, [each.socket.detach() for each in opened])
+            bound[listener.name] = (listener.bind, [each.detach() for each in opened])
             sockets = InheritedSockets.of(bound)
         return _Shared(sockets, ConnectionCounts.create(config.worker_count))
     except BaseException:

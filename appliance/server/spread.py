@@ -22,6 +22,7 @@ again). Each worker writes only its own slot, so nothing is lost.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import mmap
 import os
@@ -32,6 +33,8 @@ from dataclasses import dataclass
 from typing import Final
 
 import trio
+
+from appliance.server.binding import LISTEN_BACKLOG
 
 __all__ = [
     "ABSENT",
@@ -206,9 +209,14 @@ class InheritedSockets:
         if entry is None or entry.bind != bind:
             return None
         listeners: list[trio.SocketListener] = []
-        for fd in entry.fds:
-            sock = socket.socket(fileno=os.dup(fd))
-            listeners.append(trio.SocketListener(trio.socket.from_stdlib_socket(sock)))
+        with contextlib.ExitStack() as opened:  # on any failure, close the duplicates
+            for fd in entry.fds:
+                sock = opened.enter_context(socket.socket(fileno=os.dup(fd)))
+                # The supervisor bound it; the first worker to serve it makes it listen
+                # (again by the others, which only sets the same backlog).
+                sock.listen(LISTEN_BACKLOG)
+                listeners.append(trio.SocketListener(trio.socket.from_stdlib_socket(sock)))
+            opened.pop_all()
         return listeners
 
     def drop(self, keep: Mapping[str, str]) -> list[str]:

@@ -95,11 +95,12 @@ def test_a_worker_reads_its_share_from_the_supervisor_s_spec() -> None:
 @pytest.mark.trio
 async def test_inherited_sockets_are_served_as_duplicates_for_their_listener_and_address() -> None:
     original = socket.socket()
-    original.bind(("127.0.0.1", 0))
-    original.listen()
+    original.bind(("127.0.0.1", 0))  # bound, not listening, as the supervisor hands it
     port = original.getsockname()[1]
     bind = f"127.0.0.1:{port}"
     sockets = InheritedSockets.of({"fwd": (bind, [original.detach()])})
+    with pytest.raises(ConnectionRefusedError):  # nobody serves it yet
+        socket.create_connection(("127.0.0.1", port), timeout=5).close()
     assert sockets.take("fwd", "127.0.0.1:1") is None  # moved by a reload: bind its own
     assert sockets.take("other", bind) is None
     for _ in range(2):  # a listener stopped and started again gets the same queue
@@ -107,6 +108,7 @@ async def test_inherited_sockets_are_served_as_duplicates_for_their_listener_and
         assert taken is not None
         assert taken[0].socket.fileno() not in sockets.fds()
         assert taken[0].socket.getsockname()[1] == port
+        socket.create_connection(("127.0.0.1", port), timeout=5).close()  # it listens now
         for listener in taken:
             await listener.aclose()
     assert sockets.drop({"fwd": bind}) == []
