@@ -447,7 +447,8 @@ class ListenerConfig:
     #: Seconds a connection has to deliver its whole PROXY header.
     proxy_header_timeout_seconds: float = defaults.PROXY_HEADER_TIMEOUT_SECONDS
     #: Share the port with other appliance processes on this machine (SO_REUSEPORT):
-    #: the kernel spreads connections over them (docs/performance.md, one process per core).
+    #: the kernel spreads connections over them (processes started by hand; the
+    #: workers of one service share the socket their supervisor binds, docs/performance.md).
     reuse_port: bool = False
 
     def __post_init__(self) -> None:

@@ -37,6 +37,8 @@ class MetricNames:
     PROTOCOL_ERRORS: Final = "appliance_protocol_errors_total"
     BATCHES_REFUSED: Final = "appliance_batches_refused_total"
     AUTH_ATTEMPTS: Final = "appliance_auth_attempts_total"
+    # workers = N (label worker): every worker's open connections, as each sees them
+    WORKER_CONNECTIONS_OPEN: Final = "appliance_worker_connections_open"
     # the table and its writer
     LAKE_COMMITS: Final = "appliance_lake_commits_total"
     LAKE_COMMIT_DURATION: Final = "appliance_lake_commit_duration_seconds"

@@ -746,6 +746,28 @@ class _WalCollector:
         return []
 
 
+class _WorkerSpreadCollector:
+    """Every running worker's open connections at scrape time (the workers' shared counts)."""
+
+    def __init__(self, spread: Callable[[], Sequence[int]]) -> None:
+        self._spread = spread
+
+    def collect(self) -> Iterable[Metric]:
+        family = GaugeMetricFamily(
+            MetricNames.WORKER_CONNECTIONS_OPEN,
+            "Connections open in each running worker of this node (workers = N): "
+            "how the accept gate spreads them.",
+            labels=["worker"],
+        )
+        for index, count in enumerate(self._spread()):
+            if count >= 0:  # a worker that is not running has no series
+                family.add_metric([str(index)], count)
+        yield family
+
+    def describe(self) -> Iterable[Metric]:
+        return []
+
+
 class _MaintenanceFamilies:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.runs = Counter(
@@ -908,6 +930,11 @@ class Metrics:
         """Serve the write-ahead log's figures, read by ``sample`` at each scrape (None: none)."""
         if self.enabled:
             self.registry.register(_WalCollector(sample))
+
+    def watch_workers(self, spread: Callable[[], Sequence[int]]) -> None:
+        """Serve every worker's open connections, read by ``spread`` at each scrape."""
+        if self.enabled:
+            self.registry.register(_WorkerSpreadCollector(spread))
 
     def exposition(self, accept: str | None = None) -> tuple[bytes, str]:
         """The registry in the text format the ``Accept`` header asks for, and its type."""

@@ -67,8 +67,10 @@ def worker_config(config: Config, index: int) -> Config:
     client CA and CRL of this state directory's PKI, the auth database
     and its key file, the derived tables. A listener whose kind shares its
     port (:attr:`~appliance.server.registry.ListenerKind.shares_port`: the
-    TCP ones) runs in every worker with ``reuse_port``; one that cannot
-    (Logjam's ZeroMQ sockets) runs in worker 0 only. Worker ``k``'s admin
+    TCP ones) runs in every worker, on the socket the supervisor bound for
+    it (appliance/server/spread.py), with ``reuse_port`` for what a worker
+    binds itself (the UDP heartbeat, a listener a reload adds or moves);
+    one that cannot (Logjam's ZeroMQ sockets) runs in worker 0 only. Worker ``k``'s admin
     listener binds the admin port + ``k`` (port 0: any).
 
     Raises:

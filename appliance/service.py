@@ -68,6 +68,7 @@ from appliance.server.registry import handler_for, kind_of, start_listener, stor
 from appliance.server.reload import FIXED_KEYS as _FIXED_KEYS
 from appliance.server.reload import ReloadPlan, plan_reload
 from appliance.server.sdnotify import Notifier
+from appliance.server.spread import WorkerShare
 from appliance.server.tls import TlsManager
 from appliance.server.tls_audit import TlsRefusalAudit
 from appliance.server.websocket_listener import open_token_verifier
@@ -292,19 +293,21 @@ async def serve(
     *,
     stop: trio.Event | None = None,
     supervisor: int | None = None,
+    share: WorkerShare | None = None,
     task_status: trio.TaskStatus[Running] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run the appliance until ``stop`` is set, or SIGTERM/SIGINT when ``stop`` is None.
 
     ``supervisor``: the pid of the supervisor this process is a worker of
-    (``workers = N``); it stops once that process is gone.
+    (``workers = N``); it stops once that process is gone. ``share``: the
+    listening sockets and connection counts that supervisor hands it.
     """
     prepare_state(config)
     # One process per state directory (docs/table.md): before anything is written.
     # StateLock retries for up to half a second: in a worker thread, not on the loop.
     state_lock = await trio.to_thread.run_sync(StateLock, config.state_dir)
     try:
-        await _serve_locked(config, state_lock, stop, supervisor, task_status)
+        await _serve_locked(config, state_lock, stop, supervisor, share, task_status)
     finally:
         state_lock.release()
 
@@ -401,6 +404,7 @@ async def _serve_locked(
     state_lock: StateLock,
     stop: trio.Event | None,
     supervisor: int | None,
+    share: WorkerShare | None,
     task_status: trio.TaskStatus[Running],
 ) -> None:
     tls = TlsManager(config)
@@ -455,7 +459,7 @@ async def _serve_locked(
             await writer.drain_log(wal)  # ack = "commit" now: commit what ack = "wal" left
         context = ServiceContext(
             writer, lifecycle, credentials=_credentials(config), metrics=metrics,
-            decode_budget=DecodeBudget(config.decode_budget_bytes),
+            decode_budget=DecodeBudget(config.decode_budget_bytes), share=share,
         )  # fmt: skip
         parts.context = context
         # The forward handshakes' failures, counted for every worker of the node at once.
@@ -482,6 +486,10 @@ async def _serve_locked(
                         site = ListenerSite(context, config, tls, acceptors, connections, running)
                         for listener in config.listeners:
                             await start_listener(listener, site)
+                        gate = share.gate if share is not None else None
+                        if gate is not None:
+                            gate.join()  # the other workers may leave connections to it now
+                            metrics.watch_workers(gate.spread)
                         if tls_audit is not None:
                             acceptors.start_soon(tls_audit.run)
                         reloader = _Reloader(config, tls, context, running, acceptors, connections)
@@ -524,6 +532,8 @@ async def _serve_locked(
                         shutdown.deadline = trio.current_time() + config.shutdown_timeout_seconds
                         for scope in running.accepting.values():
                             scope.cancel()
+                        if gate is not None:
+                            gate.leave()
                         acceptors.cancel_scope.cancel()
                         admin_scope.cancel()
                     lifecycle.stop_reading()
@@ -655,6 +665,10 @@ class _Reloader:
         running = self._running
         for name in plan.stop:
             self._stop_accepting(name)
+        if self._context.share is not None:
+            # The supervisor's sockets of listeners gone or moved: this worker's copies
+            # close too (the supervisor closes its own), so the old port stops queueing.
+            self._context.share.sockets.drop({lc.name: lc.bind for lc in config.listeners})
         if self._context.credentials is None:
             self._context.credentials = _credentials(config)
         self._tls.use_config(config)

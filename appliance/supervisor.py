@@ -3,13 +3,22 @@
 One Python process uses one core (the GIL), so ``workers = N`` runs N
 appliance processes, ``appliance serve --worker k``, each with the
 configuration :func:`~appliance.node.worker_config` gives it: its own
-state directory (node id, write-ahead log), the listeners' ports shared
-with ``SO_REUSEPORT``, one table, one PKI, one auth database. This process
-serves nothing itself:
+state directory (node id, write-ahead log), one table, one PKI, one auth
+database, and the listening sockets this process binds. It serves nothing
+itself:
 
 * before the workers start, it makes the PKI (CA, server certificate, CRL)
   and opens the auth database once, so that they share them and no two
   create them at once;
+* it binds every TCP listener whose kind shares its port once and hands the
+  sockets to each worker it starts, with the count file of the workers'
+  open connections (appliance/server/spread.py): one accept queue per port,
+  taken by the worker with the fewest connections. Bound, not listening:
+  the first worker that serves a socket makes it listen. A restarted worker
+  gets the same sockets, so the port then stays open while this process
+  lives; a reload that removes or moves a listener closes this process's
+  socket for it (the workers bind a moved or added one themselves, with
+  ``SO_REUSEPORT``, until the next start);
 * it starts worker ``k`` and waits until it is ready (its pid file names
   it), restarts one that exits (after 1 s, doubling to 30 s), and tells
   systemd ``READY=1`` once all are up (the workers do not talk to systemd);
@@ -40,12 +49,15 @@ from typing import Final
 import trio
 from cryptography import x509
 
-from appliance.config import Config, ConfigError, load_config
+from appliance.config import Config, ConfigError, ListenerConfig, load_config
 from appliance.logs import get_logger
 from appliance.node import drain_left_logs
 from appliance.reload_status import ReloadStatus, read_status, write_status
-from appliance.server.registry import stores_needed
+from appliance.server.binding import bind_tcp
+from appliance.server.launch import BindError
+from appliance.server.registry import kind_of, stores_needed
 from appliance.server.sdnotify import Notifier
+from appliance.server.spread import ABSENT, ConnectionCounts, InheritedSockets, WorkerShare
 from appliance.server.tls import TlsManager
 from appliance.state_lock import PID_FILE, StateLock
 from pki.authority import PkiPaths, crl_number
@@ -105,10 +117,80 @@ class _Worker:
             self.process.send_signal(signum)
 
 
-def worker_command(config: Config, index: int) -> list[str]:
-    """The command line of worker ``index``: this interpreter, ``appliance serve --worker``."""
+@dataclass(eq=False)
+class _Shared:
+    """What every worker inherits: the shared listening sockets and the connection counts."""
+
+    sockets: InheritedSockets
+    counts: ConnectionCounts | None
+
+    def spec(self) -> str:
+        counts = self.counts
+        return WorkerShare.spec(
+            self.sockets.described(),
+            None if counts is None else counts.fd,
+            0 if counts is None else counts.workers,
+        )
+
+    def fds(self) -> list[int]:
+        return self.sockets.fds() + ([] if self.counts is None else [self.counts.fd])
+
+    def close(self) -> None:
+        self.sockets.close()
+        if self.counts is not None:
+            self.counts.close()
+
+
+def shared_listeners(config: Config) -> list[ListenerConfig]:
+    """The listeners whose sockets the supervisor binds for every worker (TCP, port shared)."""
+    return [
+        listener
+        for listener in config.listeners
+        if kind_of(listener).shares_port and kind_of(listener).start is None
+    ]
+
+
+async def _bind_shared(config: Config) -> _Shared:
+    """Bind each shared listener once, and make the count file; the workers inherit both.
+
+    Bound, not listening: the first worker that serves a socket makes it
+    listen, so a client is refused (and retries) while the workers start
+    rather than queued behind a table that is still opening. From then on
+    the socket listens for as long as this process lives. ``SO_REUSEPORT``
+    is set all the same: a worker whose reload adds or moves a listener
+    binds it itself, and may need the same port meanwhile.
+
+    Raises:
+        BindError: an address cannot be bound (the message names the listener).
+    """
+    bound: dict[str, tuple[str, list[int]]] = {}
+    sockets = InheritedSockets.of({})
+    try:
+        for listener in shared_listeners(config):
+            try:
+                opened = await bind_tcp(listener.port, listener.host)
+            except OSError as exc:
+                raise BindError(
+                    exc.errno,
+                    f"listener {listener.name!r} cannot bind {listener.bind}: {exc.strerror}",
+                ) from exc
+            bound[listener.name] = (listener.bind, [each.detach() for each in opened])
+            sockets = InheritedSockets.of(bound)
+        return _Shared(sockets, ConnectionCounts.create(config.worker_count))
+    except BaseException:
+        sockets.close()
+        raise
+
+
+def worker_command(config: Config, index: int, shared: str | None = None) -> list[str]:
+    """The command line of worker ``index``: this interpreter, ``appliance serve --worker``.
+
+    ``shared``: what it inherits (:meth:`WorkerShare.spec`), as ``--shared``.
+    """
     command = [sys.executable, "-m", "appliance", "serve", "--worker", str(index)]
     command += ["--supervisor", str(os.getpid())]
+    if shared is not None:
+        command += ["--shared", shared]
     if config.source is not None:
         command += ["--config", str(config.source)]
     return command
@@ -169,6 +251,38 @@ async def _prepare(config: Config) -> tuple[TlsManager, Path | None]:
 
 async def _supervise(config: Config, state_lock: StateLock, signals: AsyncIterator[int]) -> None:
     tls, ca_file = await _prepare(config)
+    shared = await _bind_shared(config)
+    try:
+        await _supervise_shared(config, state_lock, signals, tls, ca_file, shared)
+    finally:
+        shared.close()
+
+
+def _drop_moved(config: Config, shared: _Shared) -> None:
+    """Close the sockets of shared listeners that the file now removes or moves (a reload).
+
+    The workers stop accepting on them; without this the port would keep
+    queueing connections that no worker takes.
+    """
+    if config.source is None:
+        return
+    try:
+        new = load_config(config.source)
+    except ConfigError:
+        return  # each worker reports the broken file; nothing changes
+    keep = {listener.name: listener.bind for listener in shared_listeners(new)}
+    for name in shared.sockets.drop(keep):
+        log.info("supervisor.listener_closed", listener=name, reason="reload")
+
+
+async def _supervise_shared(
+    config: Config,
+    state_lock: StateLock,
+    signals: AsyncIterator[int],
+    tls: TlsManager,
+    ca_file: Path | None,
+    shared: _Shared,
+) -> None:
     workers = [_Worker(index) for index in range(config.worker_count)]
     stopping = trio.Event()
     notifier = Notifier()
@@ -181,7 +295,7 @@ async def _supervise(config: Config, state_lock: StateLock, signals: AsyncIterat
             with children:
                 async with trio.open_nursery() as inner:
                     for worker in workers:
-                        inner.start_soon(_run_worker, config, worker, stopping)
+                        inner.start_soon(_run_worker, config, worker, stopping, shared)
                     task_status.started()
 
         ready = trio.Event()
@@ -190,6 +304,7 @@ async def _supervise(config: Config, state_lock: StateLock, signals: AsyncIterat
             async for signum in signals:
                 if signum == signal.SIGHUP:
                     if ready.is_set():
+                        _drop_moved(config, shared)
                         nursery.start_soon(_reload_serialized, reloads, config, workers)
                     else:
                         # Starting workers read the files as they are now.
@@ -233,8 +348,13 @@ async def _supervise(config: Config, state_lock: StateLock, signals: AsyncIterat
     log.info("supervisor.stopped", workers=len(workers))
 
 
-async def _run_worker(config: Config, worker: _Worker, stopping: trio.Event) -> None:
+async def _run_worker(
+    config: Config, worker: _Worker, stopping: trio.Event, shared: _Shared | None = None
+) -> None:
     """Start worker ``worker.index`` and keep it running until stopping.
+
+    Each of its processes inherits ``shared`` (the same sockets every time:
+    connections queued while it restarts wait for it or another worker).
 
     Cancelled (a stop, or another worker failed its first start), it waits
     for its process: SIGTERM, then SIGKILL after the shutdown timeout plus
@@ -250,7 +370,9 @@ async def _run_worker(config: Config, worker: _Worker, stopping: trio.Event) -> 
         with trio.CancelScope(shield=True):
             # Never cancelled halfway: a process that was spawned is always awaited below.
             process = await trio.lowlevel.open_process(
-                worker_command(config, worker.index), env=_worker_environment()
+                worker_command(config, worker.index, shared.spec() if shared else None),
+                env=_worker_environment(),
+                pass_fds=shared.fds() if shared else (),
             )
         worker.process = process
         try:
@@ -273,6 +395,9 @@ async def _run_worker(config: Config, worker: _Worker, stopping: trio.Event) -> 
                 with trio.CancelScope(shield=True):
                     await _terminate(process, grace)
                 log.info("worker.stopped", worker=worker.index, code=process.returncode)
+            if shared is not None and shared.counts is not None:
+                # Its count no longer holds the others' minimum down.
+                shared.counts.set(worker.index, ABSENT)
         if stopping.is_set():
             log.info("worker.stopped", worker=worker.index, code=code)
             return

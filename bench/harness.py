@@ -852,8 +852,8 @@ class CaseRun:
     commits: str
     table_rows: int
     table_batches: int
-    #: Connections each worker accepted (``workers = N``: the kernel's SO_REUSEPORT
-    #: spread); empty for a single process.
+    #: Connections each worker accepted (``workers = N``: the accept gate's spread,
+    #: appliance/server/spread.py); empty for a single process.
     connections_by_worker: dict[int, int] = dataclasses.field(default_factory=dict)
 
     @property

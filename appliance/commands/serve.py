@@ -10,6 +10,7 @@ import argparse
 import functools
 import signal
 import sys
+from typing import TYPE_CHECKING
 
 from appliance.blocks.errors import BlockRefused
 from appliance.commands.common import Subparsers, load
@@ -18,6 +19,9 @@ from appliance.logs import configure, get_logger
 from appliance.state_lock import StateLocked
 from auth.errors import AuthError
 from pki.errors import PkiError
+
+if TYPE_CHECKING:
+    from appliance.server.spread import WorkerShare
 
 __all__ = ["add_parser"]
 
@@ -63,6 +67,7 @@ def _serve(args: argparse.Namespace) -> int:
     config = load(args.config)
     configure(config.log.level, config.log.format, worker=args.worker)
     supervisor: int | None = None
+    share: WorkerShare | None = None
     if args.worker is not None:
         # Started by the supervisor (workers = N): run as its worker ``args.worker``.
         if not 0 <= args.worker < config.worker_count:
@@ -76,6 +81,14 @@ def _serve(args: argparse.Namespace) -> int:
             return 2
         config = worker_config(config, args.worker)
         supervisor = args.supervisor
+        if args.shared is not None:
+            from appliance.server import spread
+
+            try:
+                share = spread.WorkerShare.parse(args.shared, args.worker)
+            except (ValueError, OSError) as exc:
+                print(f"appliance: {exc}", file=sys.stderr)
+                return 2
         _worker_signals()
     gc_policy.tune()
     failures: list[str] = []
@@ -85,7 +98,7 @@ def _serve(args: argparse.Namespace) -> int:
 
             trio.run(supervise, config)
         else:
-            trio.run(functools.partial(serve, config, supervisor=supervisor))
+            trio.run(functools.partial(serve, config, supervisor=supervisor, share=share))
     except* (OSError, LakeError, BlockRefused, AuthError, PkiError, StateLocked) as group:
         # Start-up failures an operator can fix: a port in use, an unreadable
         # table, an auth database behind the code's schema (the message names
@@ -108,4 +121,6 @@ def add_parser(commands: Subparsers, common: argparse.ArgumentParser) -> None:
     # Set by the supervisor for the processes it starts (workers = N); not for operators.
     serve.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
     serve.add_argument("--supervisor", type=int, default=None, help=argparse.SUPPRESS)
+    # The descriptors a worker inherits (appliance/server/spread.py, WorkerShare.spec).
+    serve.add_argument("--shared", default=None, help=argparse.SUPPRESS)
     serve.set_defaults(func=_serve)

@@ -1,10 +1,13 @@
 """Binding listening sockets, with ``SO_REUSEPORT`` when several processes share a port.
 
-Worker processes on one machine (docs/performance.md, "Several processes
-on one machine") each bind the same address with ``SO_REUSEPORT``; the
-kernel then spreads new connections (and heartbeat datagrams) over them by
-a hash of the client's address and port. Without it, this is
-:func:`trio.open_tcp_listeners` (``SO_REUSEADDR``, ``IPV6_V6ONLY``).
+Processes started by hand on one machine (``reuse_port = true``) each bind
+the same address with ``SO_REUSEPORT``; the kernel then spreads new
+connections (and heartbeat datagrams) over them by a hash of the client's
+address and port. The workers of one supervisor share one socket per TCP
+port instead (appliance/server/spread.py), which the supervisor binds here
+with ``SO_REUSEPORT`` too; each still binds the forward UDP heartbeat with
+it. Without it, this is :func:`trio.open_tcp_listeners` (``SO_REUSEADDR``,
+``IPV6_V6ONLY``).
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from typing import Final
 
 import trio
 
-__all__ = ["LISTEN_BACKLOG", "bind_udp", "open_tcp_listeners"]
+__all__ = ["LISTEN_BACKLOG", "bind_tcp", "bind_udp", "open_tcp_listeners"]
 
 #: Connections the kernel queues before accept, per socket (trio's default is the
 #: system's somaxconn, capped at 0xffff; this is what it asks for).
@@ -37,10 +40,30 @@ async def open_tcp_listeners(
     """
     if not reuse_port:
         return await trio.open_tcp_listeners(port, host=host)
+    sockets = await bind_tcp(port, host)
+    with contextlib.ExitStack() as opened:  # on any failure, close them all
+        for sock in sockets:
+            opened.enter_context(sock)
+        for sock in sockets:
+            sock.listen(LISTEN_BACKLOG)
+        opened.pop_all()  # all listening: the listeners own them now
+    return [trio.SocketListener(sock) for sock in sockets]
+
+
+async def bind_tcp(port: int, host: str) -> list[trio.socket.SocketType]:
+    """TCP sockets bound with ``SO_REUSEPORT`` to every address ``host`` resolves to, not listening.
+
+    The supervisor of ``workers`` binds them and each worker listens
+    (appliance/server/spread.py): the port takes connections once the first
+    worker serves it, not while they all start.
+
+    Raises:
+        OSError: an address cannot be bound.
+    """
     addresses = await trio.socket.getaddrinfo(
         host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
     )
-    listeners: list[trio.SocketListener] = []
+    sockets: list[trio.socket.SocketType] = []
     with contextlib.ExitStack() as opened:  # on any failure, close what was opened
         for family, kind, proto, _, address in addresses:
             sock = opened.enter_context(trio.socket.socket(family, kind, proto))
@@ -49,10 +72,9 @@ async def open_tcp_listeners(
             if family == socket.AF_INET6:
                 sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
             await sock.bind(address)
-            sock.listen(LISTEN_BACKLOG)
-            listeners.append(trio.SocketListener(sock))
-        opened.pop_all()  # all bound: the listeners own them now
-    return listeners
+            sockets.append(sock)
+        opened.pop_all()  # all bound: the caller owns them now
+    return sockets
 
 
 async def bind_udp(host: str, port: int, *, reuse_port: bool = False) -> trio.socket.SocketType:

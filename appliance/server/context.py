@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     # supervisor the registry; the lake loads in the service alone
     # (docs/performance.md#idle-memory).
     from appliance.lake.writer import LakeWriter
+    from appliance.server.spread import WorkerShare
 
 __all__ = ["AUTH_THREADS", "ServiceContext"]
 
@@ -55,3 +56,6 @@ class ServiceContext:
     #: The memory every decode in progress may claim together, one for the
     #: process (``decode_budget_bytes``; appliance/server/decode_budget.py).
     decode_budget: DecodeBudget = field(default_factory=DecodeBudget)
+    #: A worker's listening sockets and connection counts, handed by its
+    #: supervisor (appliance/server/spread.py); None in a single process.
+    share: WorkerShare | None = None

@@ -88,6 +88,20 @@ async def serve_tcp(
         BindError: the address cannot be bound (the message names the listener).
     """
     context = site.context
+    share = context.share
+    try:
+        # A worker serves the sockets its supervisor bound (one queue for every
+        # worker); one a reload added or moved it binds itself, sharing the port.
+        inherited = share.sockets.take(listener.name, listener.bind) if share else None
+        sockets = inherited or await open_tcp_listeners(
+            listener.port, listener.host, reuse_port=listener.reuse_port
+        )
+    except OSError as exc:
+        # Name the listener and its address: "address already in use" alone
+        # does not say which of several listeners failed.
+        raise BindError(
+            exc.errno, f"listener {listener.name!r} cannot bind {listener.bind}: {exc.strerror}"
+        ) from exc
     service = TcpService(
         listener.name,
         handler,
@@ -99,17 +113,10 @@ async def serve_tcp(
         proxy=ProxySettings.of(listener),
         connections=context.connections,
         certificate_check=site.tls.certificate_revocation,
+        gate=share.gate if share else None,
+        # Only a queue every worker accepts from is worth leaving to another.
+        defer=inherited is not None,
     )
-    try:
-        sockets = await open_tcp_listeners(
-            listener.port, listener.host, reuse_port=listener.reuse_port
-        )
-    except OSError as exc:
-        # Name the listener and its address: "address already in use" alone
-        # does not say which of several listeners failed.
-        raise BindError(
-            exc.errno, f"listener {listener.name!r} cannot bind {listener.bind}: {exc.strerror}"
-        ) from exc
     port = sockets[0].socket.getsockname()[1]
     running = site.running
     running.ports[listener.name] = port

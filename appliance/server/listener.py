@@ -33,6 +33,13 @@ counts it, and its log lines name it (``connection.proxied`` says which
 balancer relayed it). Connections still waiting for their header are
 bounded by ``max_connections`` and the header deadline.
 
+Several workers (docs/performance.md, "Several processes on one machine"):
+with an :class:`~appliance.server.spread.AcceptGate`, the accept loop takes
+a pending connection at once only while this worker holds the fewest open
+connections, and otherwise leaves it to a less busy worker for up to
+``ACCEPT_DEFER_SECONDS``; it accepts one connection per look at the gate,
+so a burst is spread too.
+
 Revocation: every connection is registered in the service's
 :class:`~appliance.server.revocation.OpenConnections` for as long as it is
 served (its :attr:`ConnectionInfo.guard`), with the client certificate it
@@ -44,6 +51,8 @@ protocol's handshake added.
 from __future__ import annotations
 
 import errno
+import os
+import select
 import socket
 import ssl
 from collections.abc import Awaitable, Callable
@@ -58,6 +67,7 @@ from appliance.metrics import NULL_LISTENER, ListenerMetrics
 from appliance.protocols.sniff import SNIFF_BYTES, plaintext_guess
 from appliance.server.proxied import ProxyFailure, ProxySettings, is_health_check, read_proxy_header
 from appliance.server.revocation import Credential, Guard, OpenConnections, Revoked
+from appliance.server.spread import ACCEPT_DEFER_SECONDS, ACCEPT_RECHECK_SECONDS, AcceptGate
 from appliance.server.tls_errors import handshake_failure
 from pki.tls import peer_subject
 
@@ -78,6 +88,9 @@ log = get_logger("listener")
 _RESOURCE_ERRNOS: Final = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS})
 #: Seconds to wait after such an error (trio's serve_listeners uses the same).
 ACCEPT_BACKOFF_SECONDS: Final = 0.1
+#: accept() errors of a connection that went away while queued: take the next
+#: (as trio's SocketListener.accept does).
+_IGNORED_ACCEPT_ERRNOS: Final = frozenset({errno.ECONNABORTED, errno.EPROTO, errno.EPERM})
 #: The ``source`` of a peer that nothing authenticated.
 ANONYMOUS: Final = "anonymous"
 #: Seconds a polite close (TLS close_notify) may take before the socket is dropped.
@@ -194,6 +207,50 @@ def _peer_address(sock: trio.SocketStream) -> tuple[str, int | None]:
     return str(address), None
 
 
+def _pending(sock: socket.socket) -> bool:
+    """Whether a connection is queued on the listening ``sock`` now (no wait)."""
+    poll = select.poll()
+    poll.register(sock, select.POLLIN)
+    return bool(poll.poll(0))
+
+
+async def _gated_accept(
+    listening: trio.socket.SocketType, raw: socket.socket, gate: AcceptGate
+) -> trio.SocketStream:
+    """The next connection this worker should take (module docstring, "Several workers").
+
+    Waits until one is queued; takes it at once while the gate says this
+    worker has the fewest open connections, or once it has been queued for
+    ``ACCEPT_DEFER_SECONDS`` without a less busy worker taking it. One
+    connection per call, so each is weighed against the counts as they are.
+
+    Raises:
+        OSError: accept failed (resource exhaustion: the caller backs off).
+    """
+    deferred_since: float | None = None
+    while True:
+        if _pending(raw):
+            await trio.lowlevel.checkpoint()
+        else:
+            # Nothing queued, or another worker took what was: the next one waits afresh.
+            deferred_since = None
+            await trio.lowlevel.wait_readable(listening)
+        now = trio.current_time()
+        if deferred_since is None:
+            deferred_since = now
+        if gate.may_accept() or now - deferred_since >= ACCEPT_DEFER_SECONDS:
+            try:
+                conn, _ = raw.accept()
+            except BlockingIOError:
+                continue  # another worker took it
+            except OSError as exc:
+                if exc.errno in _IGNORED_ACCEPT_ERRNOS:
+                    continue
+                raise
+            return trio.SocketStream(trio.socket.from_stdlib_socket(conn))
+        await trio.sleep(ACCEPT_RECHECK_SECONDS)
+
+
 class TcpService:
     """Accepts on some listeners and runs ``handler`` for each connection.
 
@@ -210,6 +267,10 @@ class TcpService:
             this listener's own).
         certificate_check: the CRL in force, for client certificates checked
             again after the handshake (None: they are not).
+        gate: the workers' least-connections gate, which counts this worker's
+            connections (None: a single process).
+        defer: whether the gate may leave a pending connection to a less busy
+            worker (the listener's sockets are the supervisor's, shared by all).
     """
 
     def __init__(
@@ -225,6 +286,8 @@ class TcpService:
         proxy: ProxySettings | None = None,
         connections: OpenConnections | None = None,
         certificate_check: CertificateCheck | None = None,
+        gate: AcceptGate | None = None,
+        defer: bool = False,
     ) -> None:
         self.name = name
         self._handler = handler
@@ -244,6 +307,8 @@ class TcpService:
         self._proxy = proxy
         self.connections = connections if connections is not None else OpenConnections()
         self._certificate_check = certificate_check
+        self._gate = gate
+        self._defer = defer and gate is not None
 
     def update(
         self,
@@ -282,9 +347,21 @@ class TcpService:
                     await listener.aclose()
 
     async def _accept_loop(self, listener: trio.SocketListener, nursery: trio.Nursery) -> None:
+        gate = self._gate
+        if gate is None or not self._defer:
+            await self._accept_each(listener.accept, nursery)
+            return
+        # A non-blocking accept needs the plain socket: a duplicate of the listener's.
+        with socket.socket(fileno=os.dup(listener.socket.fileno())) as raw:
+            raw.setblocking(False)
+            await self._accept_each(lambda: _gated_accept(listener.socket, raw, gate), nursery)
+
+    async def _accept_each(
+        self, accept: Callable[[], Awaitable[trio.SocketStream]], nursery: trio.Nursery
+    ) -> None:
         while True:
             try:
-                stream = await listener.accept()
+                stream = await accept()
             except OSError as exc:
                 if exc.errno not in _RESOURCE_ERRNOS:
                     raise
@@ -307,6 +384,8 @@ class TcpService:
                 await trio.aclose_forcefully(stream)
                 continue
             self.active += 1
+            if self._gate is not None:
+                self._gate.opened()
             self.metrics.connections_accepted.inc()
             self.metrics.connections_open.inc()
             nursery.start_soon(self._run_connection, stream, address, port, proxy)
@@ -325,6 +404,8 @@ class TcpService:
 
     def _release(self, address: str | None) -> None:
         self.active -= 1
+        if self._gate is not None:
+            self._gate.closed()
         self.metrics.connections_open.dec()
         if address is None:
             return  # never counted against an address (refused behind a proxy)

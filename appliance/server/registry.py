@@ -74,9 +74,10 @@ class ListenerKind:
     stores: Callable[[Any], frozenset[Store]] = _no_stores
     #: Whether a reload may start, stop or change such a listener (else: a restart).
     live_reload: bool = True
-    #: Whether several processes can share the listener's port (``reuse_port``,
-    #: ``SO_REUSEPORT``): with ``workers``, such a listener runs in every worker,
-    #: one that cannot (ZeroMQ sockets) in worker 0 only (appliance.node.worker_config).
+    #: Whether several processes can share the listener's port: with ``workers``,
+    #: such a listener runs in every worker on the socket the supervisor bound
+    #: (appliance/server/spread.py), one that cannot (ZeroMQ sockets) in worker 0
+    #: only (appliance.node.worker_config).
     shares_port: bool = True
 
 

@@ -2,11 +2,11 @@
 
 Real processes, real TLS, a real table. The supervisor makes the PKI once,
 starts ``appliance serve --worker 0`` and ``--worker 1`` (each its own state
-directory under ``<state>/workers/``, one port shared with SO_REUSEPORT, one
-table), restarts a worker that dies, forwards SIGHUP and combines the
-workers' reload answers, and stops them all on SIGTERM. Every acknowledged
-chunk is in the table once, also across a worker's SIGKILL and the
-client's resend.
+directory under ``<state>/workers/``, one socket per port that the
+supervisor binds and both inherit, one table), restarts a worker that
+dies, forwards SIGHUP and combines the workers' reload answers, and stops
+them all on SIGTERM. Every acknowledged chunk is in the table once, also
+across a worker's SIGKILL and the client's resend.
 """
 
 from __future__ import annotations
@@ -140,26 +140,52 @@ def _none() -> object:
 def test_a_worker_that_cannot_start_fails_the_start_and_leaves_nothing_running(
     tmp_path: Path,
 ) -> None:
-    port = free_port()
-    # The port is taken by a process without SO_REUSEPORT: no worker can bind it.
     import socket
 
+    # Worker 1's admin listener binds the admin port + 1, taken here: worker 1
+    # cannot start (worker 0 may fail first if the admin port itself is taken).
     with socket.socket() as blocker:
+        blocker.bind(("127.0.0.1", 0))
+        blocker.listen()
+        admin = blocker.getsockname()[1] - 1
+        try:
+            app = start_appliance(
+                tmp_path,
+                forward_on(free_port()),
+                f'workers = 2\n[admin]\nbind = "127.0.0.1:{admin}"\n',
+            )
+        except RuntimeError as exc:
+            message = str(exc)  # it failed before worker 0 said it was ready
+        else:
+            # Worker 0 said it was ready (start_appliance's sign); the supervisor still fails.
+            try:
+                ready = [worker_pid(app, 0)]
+            except FileNotFoundError:
+                ready = []  # already stopped (its pid file goes with it)
+            assert app.process.wait(timeout=120) == 1, app.log()
+            message = app.log()
+            assert not any(alive(pid) for pid in ready)  # the ready worker was stopped too
+    # The workers start together: whichever fails first is named.
+    assert re.search(r"worker \d exited with 1 before it was ready", message), message
+    assert "the admin listener cannot bind" in message
+
+
+def test_a_port_in_use_fails_the_supervisor_s_start_naming_the_listener(tmp_path: Path) -> None:
+    """The supervisor binds the shared ports itself, before any worker starts."""
+    port = free_port()
+    import socket
+
+    with socket.socket() as blocker:  # without SO_REUSEPORT: nobody else can bind it
         blocker.bind(("127.0.0.1", port))
         blocker.listen()
         try:
-            start_appliance(
-                tmp_path,
-                forward_on(port),
-                "workers = 2",
-            )
+            start_appliance(tmp_path, forward_on(port), "workers = 2")
         except RuntimeError as exc:
             message = str(exc)
         else:
             raise AssertionError("the supervisor started")
-    # The workers start together: whichever fails first is named.
-    assert re.search(r"worker \d exited with 1 before it was ready", message), message
-    assert "cannot bind" in message
+    assert f"listener 'forward' cannot bind 127.0.0.1:{port}" in message, message
+    assert "worker=" not in message  # no worker was started
 
 
 def test_worker_is_only_for_the_supervisor_s_own_workers(tmp_path: Path) -> None:

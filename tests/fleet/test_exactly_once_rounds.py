@@ -3,7 +3,7 @@
 Two topologies, each its own test:
 
 * **workers**: one ``appliance serve`` with ``workers = 2`` (two worker
-  processes on one port with ``SO_REUSEPORT``, one local table);
+  processes on the supervisor's socket, one local table);
 * **three nodes**: three ``appliance serve`` processes (each its own state
   directory and ``node_id``) on one S3 table (moto's server,
   ``conditional_put = "etag"``) and the session's PostgreSQL auth database;
@@ -211,7 +211,7 @@ class Restarts:
 
 
 class WorkerRouter(RoutingBase):
-    """The kernel balances (``SO_REUSEPORT``); a client that wants the other worker redials.
+    """The workers' accept gate balances; a client that wants the other worker redials.
 
     Which worker took a connection is read from its ``connection.open`` line
     (``worker=<k> ... peer=127.0.0.1:<the client's port>``), searched only in
