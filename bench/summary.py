@@ -98,7 +98,16 @@ class CaseReport:
 
     @property
     def failure(self) -> str:
-        return next((r.failure for r in [*self.runs, *self.baseline_runs] if r.failure), "")
+        """Why a run of this tree failed, else why a baseline run did; empty when none did."""
+        return self.own_failure or self.baseline_failure
+
+    @property
+    def own_failure(self) -> str:
+        return next((r.failure for r in self.runs if r.failure), "")
+
+    @property
+    def baseline_failure(self) -> str:
+        return next((r.failure for r in self.baseline_runs if r.failure), "")
 
     def shown(self) -> Figures:
         """This tree's run the row shows: the median events per server CPU-second."""
@@ -329,8 +338,8 @@ def cell(text: str) -> str:
 
 def row(report: CaseReport, baseline: str | None) -> str:
     case = report.case
-    if report.failure:
-        failed = cell(f"failed: {report.failure}"[:REASON_CHARS])
+    if report.own_failure:
+        failed = cell(f"failed: {report.own_failure}"[:REASON_CHARS])
         return f"| {case.protocol} | {cell(case.label)} | {failed} | | | | | |"
     shown = report.shown()
     latency = (
@@ -349,6 +358,8 @@ def row(report: CaseReport, baseline: str | None) -> str:
         to_baseline = "not run"
     elif report.baseline_skipped:
         to_baseline = cell(f"not run: {report.baseline_skipped}")
+    elif report.baseline_failure:
+        to_baseline = cell(f"failed: {report.baseline_failure}"[:REASON_CHARS])
     else:
         ratios = report.round_ratios()
         to_baseline = f"**{ratio(statistics.median(ratios))}**"

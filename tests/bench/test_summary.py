@@ -141,3 +141,14 @@ def test_write_results_replaces_only_the_current_figures() -> None:
     assert summary.replace_section(last, "## Current figures\n\nnew\n") == (
         "# Results\n\n## Current figures\n\nnew\n"
     )
+
+
+def test_a_failed_baseline_run_keeps_this_trees_figures() -> None:
+    case = CASES["websocket"]
+    data = {"machine": MACHINE, "cases": forward_json(200_000.0)["results"]}
+    report = summary.CaseReport(case, [summary.read_figures(case, data, False)])
+    report.baseline_runs = [summary.Figures(failure="exit 2, no JSON: Traceback")]
+    line = summary.row(report, "d2f1be4")
+    assert "**200,000**" in line
+    assert line.endswith("| failed: exit 2, no JSON: Traceback |")
+    assert report.failure  # the summary exits 1
