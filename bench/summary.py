@@ -139,7 +139,7 @@ def lead_cases(workers: int, logjam_messages: int) -> list[Case]:
         Case("websocket", "WebSocket", "/ingest, 1,000 events a message, 4 x 8 in flight",
              "websocket_bench", ("--cases", "1000:8", *tls, "--no-tail")),
         Case("logjam", "Logjam",
-             f"snappy, CURVE, {logjam_messages:,} async PUSH messages of ~1 KB, 2 senders;"
+             f"snappy, CURVE, {logjam_messages:,} async PUSH messages (~1 KB of JSON), 2 senders;"
              " end to end, no ack: no latency",
              "logjam_bench", ("--cases", "snappy:curve", "--messages", str(logjam_messages))),
     ]  # fmt: skip
@@ -477,8 +477,10 @@ def render(
         mine = shown_command(bench_command(report.case, duration, warmup, None))
         text = f"- {report.case.protocol}, {report.case.label}: `{mine}`"
         if baseline_tree is not None and not report.baseline_skipped:
-            text += "; the baseline: the same without `--reference`, with "
-            text += f"`--server-tree {baseline_tree}`"
+            text += "; the baseline: the same" + (
+                " without `--reference`," if report.case.reference else ""
+            )
+            text += f" with `--server-tree {baseline_tree}`"
         elif report.baseline_skipped:
             text += f"; no baseline: {report.baseline_skipped}"
         out.append(text)
@@ -514,7 +516,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--duration", type=float, default=8.0, help="measured seconds (8)")
     parser.add_argument("--warmup", type=float, default=2.0, help="unmeasured seconds (2)")
     parser.add_argument(
-        "--logjam-messages", type=int, default=60_000, help="Logjam messages, ~10 s (60000)"
+        "--logjam-messages", type=int, default=30_000, help="Logjam messages, ~10 s here (30000)"
     )
     parser.add_argument("--log-dir", type=Path, help="each run's output and JSON (a temp dir)")
     parser.add_argument(

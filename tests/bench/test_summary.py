@@ -7,7 +7,7 @@ from pathlib import Path
 
 from bench import summary
 
-CASES = {case.key: case for case in summary.lead_cases(2, 60_000)}
+CASES = {case.key: case for case in summary.lead_cases(2, 30_000)}
 MACHINE = {
     "cpus": "2 (usable: 2)",
     "cpu": "Test CPU",
