@@ -20,6 +20,11 @@ and the summary exits 1 after printing everything.
     .venv/bin/python -m bench.summary
     .venv/bin/python -m bench.summary --baseline-tree ../base --rounds 3 --write-results
     .venv/bin/python -m bench.summary --only forward,logjam --duration 4
+    .venv/bin/python -m bench.summary --from-log-dir DIR --write-results   # runs nothing
+
+Every run's output, JSON and exit code stay in ``--log-dir`` with the
+summary's options (``run.json``): ``--from-log-dir`` renders that run's
+table again without running anything.
 """
 
 from __future__ import annotations
@@ -260,13 +265,27 @@ def run_case(case: Case, command: list[str], log_dir: Path, name: str) -> Figure
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-            return Figures(failure=f"no result within {RUN_TIMEOUT_SECONDS} s (killed)")
+            code = -signal.SIGKILL
+    (log_dir / f"{name}.exit").write_text(f"{code}\n", encoding="ascii")
+    return collect(case, command, log_dir, name)
+
+
+def collect(case: Case, command: list[str], log_dir: Path, name: str) -> Figures:
+    """The figures of the run ``name`` in ``log_dir``: its JSON, exit code and output."""
+    json_path = log_dir / f"{name}.json"
+    log_path = log_dir / f"{name}.log"
+    try:
+        code: int | None = int((log_dir / f"{name}.exit").read_text(encoding="ascii"))
+    except (OSError, ValueError):
+        code = None  # a run directory from before the exit codes were recorded
+    if code == -signal.SIGKILL:
+        return Figures(failure=f"no result within {RUN_TIMEOUT_SECONDS} s (killed)")
     try:
         data = json.loads(json_path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return Figures(failure=f"exit {code}, no JSON: {last_line(log_path)}")
     figures = read_figures(case, data, "--reference" in command)
-    if code != 0 and not figures.failure:
+    if code not in (0, None) and not figures.failure:
         figures.failure = f"exit {code}: {last_line(log_path)}"
     return figures
 
@@ -372,19 +391,47 @@ def row(report: CaseReport, baseline: str | None) -> str:
     )
 
 
+#: The machine's fields, each under the names the benches give it (forward has its own).
+MACHINE_FIELDS = (
+    ("cpus", ("cpus",)),
+    ("cpu", ("cpu", "cpu_model")),
+    ("memory", ("memory",)),
+    ("kernel", ("kernel",)),
+    ("python", ("python",)),
+    ("openssl", ("openssl",)),
+)
+
+
+def bench_commits(reports: Sequence[CaseReport]) -> list[str]:
+    """The commits this tree's runs printed (``commit``, or forward's ``source ... at C``)."""
+    found: list[str] = []
+    for report in reports:
+        for run in report.runs:
+            commit = (
+                run.machine.get("commit") or run.machine.get("source", "").rpartition(" at ")[2]
+            )
+            if commit and commit not in found:
+                found.append(commit)
+    return found
+
+
 def machine_lines(reports: Sequence[CaseReport]) -> list[str]:
     """The machine as the benches printed it: one line, the libraries of all of them."""
     machines = [r.machine for rep in reports for r in rep.runs if r.machine]
     if not machines:
         return ["machine: no run printed it"]
-    first = machines[0]
     libraries: dict[str, str] = {}
     for machine in machines:
-        for item in machine.get("libraries", "").split(", "):
+        listed = machine.get("libraries") or machine.get("packages") or ""
+        for item in listed.split(", "):
             name, _, version = item.partition(" ")
             if name:
                 libraries.setdefault(name, version)
-    fields = [f"{key} {first[key]}" for key in ("cpus", "cpu", "memory", "python", "openssl")]
+    fields = []
+    for label, keys in MACHINE_FIELDS:
+        found = next((m[k] for m in machines for k in keys if m.get(k)), "")
+        if found:
+            fields.append(f"{label} {found}")
     fields.append("libraries " + ", ".join(f"{k} {v}" for k, v in libraries.items()))
     speeds = [
         float(r.speed.split()[0]) for rep in reports for r in (*rep.runs, *rep.baseline_runs)
@@ -463,7 +510,9 @@ def render(
         " run by the same client in the same minutes, reference figures in brackets); the"
         " ratio to the baseline is the median over the rounds of this tree's events per server"
         " CPU-second over the baseline server's (run with `--server-tree`, this tree's clients,"
-        " right after this tree's run).",
+        " right after this tree's run). With `workers = N` the CPU and the peak RSS are the"
+        " supervisor's and its workers' together. Logjam's rate is end to end: messages from the"
+        " first send to the commit that holds the last, with the server's CPU over that time.",
     ]
     rounds = round_lines(reports, baseline)
     if rounds:
@@ -502,48 +551,88 @@ def replace_section(text: str, section: str) -> str:
     return text[:start] + section + ("\n" + rest if rest else "")
 
 
-def main(argv: list[str] | None = None) -> int:
-    from appliance.config import resolve_workers
-
-    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument(
+def parser() -> argparse.ArgumentParser:
+    found = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    found.add_argument(
         "--only",
         help="comma-separated: forward (both forward cases), forward-1, forward-auto,"
         " lumberjack, courier, websocket, logjam (default: all)",
     )
-    parser.add_argument("--baseline-tree", type=Path, help="a checkout to A/B the servers against")
-    parser.add_argument("--rounds", type=int, default=1, help="A/B rounds with a baseline (1)")
-    parser.add_argument("--duration", type=float, default=8.0, help="measured seconds (8)")
-    parser.add_argument("--warmup", type=float, default=2.0, help="unmeasured seconds (2)")
-    parser.add_argument(
+    found.add_argument("--baseline-tree", type=Path, help="a checkout to A/B the servers against")
+    found.add_argument("--rounds", type=int, default=1, help="A/B rounds with a baseline (1)")
+    found.add_argument("--duration", type=float, default=8.0, help="measured seconds (8)")
+    found.add_argument("--warmup", type=float, default=2.0, help="unmeasured seconds (2)")
+    found.add_argument(
         "--logjam-messages", type=int, default=30_000, help="Logjam messages, ~10 s here (30000)"
     )
-    parser.add_argument("--log-dir", type=Path, help="each run's output and JSON (a temp dir)")
-    parser.add_argument(
+    found.add_argument("--log-dir", type=Path, help="each run's output and JSON (a temp dir)")
+    found.add_argument(
+        "--from-log-dir",
+        type=Path,
+        help="run nothing: render the table again from the --log-dir of an earlier run"
+        " (its options are in its run.json)",
+    )
+    found.add_argument(
         "--write-results", action="store_true", help=f"replace {SECTION_HEADING!r} of RESULTS.md"
     )
-    args = parser.parse_args(argv)
+    return found
+
+
+def selected_cases(args: argparse.Namespace, workers: int) -> list[Case]:
+    """The lead cases ``--only`` names (all by default); ValueError for an unknown name."""
+    cases = lead_cases(workers, args.logjam_messages)
+    if not args.only:
+        return cases
+    wanted = {name.strip() for name in args.only.split(",")}
+    known = {c.key for c in cases} | {"forward"}
+    if wanted - known:
+        raise ValueError(f"unknown cases {sorted(wanted - known)}; known: {sorted(known)}")
+    return [c for c in cases if c.key in wanted or c.key.split("-")[0] in wanted]
+
+
+def main(argv: list[str] | None = None) -> int:
+    from appliance.config import resolve_workers
+
+    options = sys.argv[1:] if argv is None else argv
+    args = parser().parse_args(options)
+    replay: Path | None = args.from_log_dir
+    if replay is not None:
+        # The run's own options, so the cases and their commands are the ones it ran.
+        manifest = json.loads((replay / "run.json").read_text(encoding="utf-8"))
+        write_results = args.write_results
+        options = manifest["argv"]
+        args = parser().parse_args(options)
+        args.write_results = write_results
+        log_dir, workers = replay, int(manifest["workers"])
+    else:
+        log_dir = args.log_dir or Path(tempfile.mkdtemp(prefix="bench-summary-"))
+        log_dir.mkdir(parents=True, exist_ok=True)
+        workers = resolve_workers("auto")
+        manifest = {
+            "argv": options,
+            "workers": workers,
+            "started": f"{datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M}",
+        }
+        (log_dir / "run.json").write_text(json.dumps(manifest), encoding="utf-8")
     if args.rounds < 1:
-        parser.error("--rounds must be at least 1")
-    cases = lead_cases(resolve_workers("auto"), args.logjam_messages)
-    if args.only:
-        wanted = {name.strip() for name in args.only.split(",")}
-        known = {c.key for c in cases} | {"forward"}
-        if wanted - known:
-            parser.error(f"unknown cases {sorted(wanted - known)}; known: {sorted(known)}")
-        cases = [c for c in cases if c.key in wanted or c.key.split("-")[0] in wanted]
-    log_dir = args.log_dir or Path(tempfile.mkdtemp(prefix="bench-summary-"))
-    log_dir.mkdir(parents=True, exist_ok=True)
-    started = datetime.datetime.now(datetime.UTC)
-    reports = run_all(cases, args, log_dir)
-    ended = datetime.datetime.now(datetime.UTC)
-    command = " ".join(["python -m bench.summary", *(sys.argv[1:] if argv is None else argv)])
+        parser().error("--rounds must be at least 1")
+    try:
+        cases = selected_cases(args, workers)
+    except ValueError as error:
+        parser().error(str(error))
+    reports = run_all(cases, args, log_dir, collect if replay is not None else run_case)
+    if replay is None:
+        manifest["ended"] = f"{datetime.datetime.now(datetime.UTC):%H:%M}"
+        (log_dir / "run.json").write_text(json.dumps(manifest), encoding="utf-8")
+    command = " ".join(["python -m bench.summary", *options])
+    if replay is not None:
+        command += f"`, rendered from its runs by `python -m bench.summary --from-log-dir {replay}"
     section = render(
         reports,
-        commit=harness.git_commit(),
+        commit=", ".join(bench_commits(reports)) or harness.git_commit(),
         baseline_tree=args.baseline_tree,
         baseline_commit=harness.git_commit(args.baseline_tree) if args.baseline_tree else "",
-        date=f"{started:%Y-%m-%d %H:%M}-{ended:%H:%M} UTC",
+        date=f"{manifest['started']}-{manifest.get('ended', '?')} UTC",
         command=command,
         duration=args.duration,
         warmup=args.warmup,

@@ -152,3 +152,43 @@ def test_a_failed_baseline_run_keeps_this_trees_figures() -> None:
     assert "**200,000**" in line
     assert line.endswith("| failed: exit 2, no JSON: Traceback |")
     assert report.failure  # the summary exits 1
+
+
+def test_forward_names_its_machine_fields_its_own_way(tmp_path: Path) -> None:
+    forward_machine = {"cpu_model": "Other CPU", "python": "3.11.7", "packages": "msgpack 1.2.4",
+                       "source": "/src at abc1234", "speed": MACHINE["speed"]}  # fmt: skip
+    data = forward_json(1.0)
+    data["machine"] = forward_machine
+    report = summary.CaseReport(
+        CASES["forward-1"], [summary.read_figures(CASES["forward-1"], data, True)]
+    )
+    other = summary.CaseReport(
+        CASES["lumberjack"],
+        [
+            summary.read_figures(
+                CASES["lumberjack"], {"machine": MACHINE, "cases": data["results"]}, False
+            )
+        ],
+    )
+    (line,) = summary.machine_lines([report, other])
+    assert "cpu Other CPU" in line
+    assert "msgpack 1.2.4, trio 0.35.0, deltalake 1.6.6" in line
+    assert "19.5-19.5 ms" in line
+    assert summary.bench_commits([report, other]) == ["abc1234"]
+
+
+def test_collect_reads_a_run_directory(tmp_path: Path) -> None:
+    import json
+
+    case = CASES["courier"]
+    data = {"machine": MACHINE, "cases": forward_json(5.0)["results"]}
+    (tmp_path / "courier-1.json").write_text(json.dumps(data))
+    (tmp_path / "courier-1.log").write_text("last words\n")
+    (tmp_path / "courier-1.exit").write_text("0\n")
+    assert not summary.collect(case, [], tmp_path, "courier-1").failure
+    (tmp_path / "courier-1.exit").write_text("1\n")
+    assert summary.collect(case, [], tmp_path, "courier-1").failure == "exit 1: last words"
+    (tmp_path / "courier-1.json").unlink()
+    assert summary.collect(case, [], tmp_path, "courier-1").failure == (
+        "exit 1, no JSON: last words"
+    )
