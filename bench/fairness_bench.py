@@ -441,14 +441,17 @@ def measured_phase(
     return Phase(latencies, neighbour, 100 * server / wall, 100 * other / wall)
 
 
-def add_token(server_config: Path) -> str:
-    """An ingest token for the WebSocket listener, with the real CLI."""
+def add_token(server_config: Path, tree: Path = harness.ROOT) -> str:
+    """An ingest token for the WebSocket listener, with the real CLI of the server's ``tree``.
+
+    The server's own CLI: the auth database is the server's, in its schema.
+    """
     import subprocess
 
     out = subprocess.run(
         [sys.executable, "-m", "appliance", "token", "add", "bench", "--config",
          str(server_config), "--json"],
-        capture_output=True, text=True, check=True, env=harness.tree_env(),
+        capture_output=True, text=True, check=True, env=harness.tree_env(tree),
     )  # fmt: skip
     return str(json.loads(out.stdout)["token"])
 

@@ -817,7 +817,18 @@ def main(argv: list[str] | None = None) -> int:
     if references:
         print("\nagainst the reference (same client, same load, same run):\n")
         print(comparison_table(references))
-    harness.write_json(args.json, machine=info, pinning=pinning, results=results)
+    harness.write_json(
+        args.json,
+        machine=info,
+        pinning=pinning,
+        results=results,
+        # Each reference run with the case it ran beside (bench.summary reads the ratio).
+        references=[
+            {"batch": r.batch, "pipeline": r.pipeline, "connections": r.connections,
+             **dataclasses.asdict(ref)}
+            for r, ref in references
+        ],
+    )  # fmt: skip
     failed = [r for r in results if not r.ok]
     if failed:
         for r in failed:

@@ -27,6 +27,10 @@ not hold every message sent, or the server did not stop cleanly.
 
     .venv/bin/python -m bench.logjam_bench
     .venv/bin/python -m bench.logjam_bench --cases none:plain,snappy:curve --messages 50000
+
+``--server-tree DIR`` runs the server (``--serve`` of this module) from another
+checkout with this tree's senders: a same-run A/B of two commits. Its
+``--serve`` must print the same lines (the ports first, then the rows).
 """
 
 from __future__ import annotations
@@ -35,7 +39,6 @@ import argparse
 import gzip
 import json
 import os
-import platform
 import struct
 import subprocess
 import sys
@@ -170,7 +173,8 @@ def run_case(case: str, args: argparse.Namespace, server_core: int | None) -> di
     state = Path(tempfile.mkdtemp(prefix="logjam-bench-"))
     server = subprocess.Popen(
         [*SERVER_COMMAND, "--serve", str(state)] + (["--curve"] if security == "curve" else []),
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=harness.tree_env(),
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        env=harness.tree_env(args.server_tree),
         preexec_fn=(
             (lambda: os.sched_setaffinity(0, {server_core})) if server_core is not None else None
         ),
@@ -234,6 +238,7 @@ def run_case(case: str, args: argparse.Namespace, server_core: int | None) -> di
         "messages_per_s": round(total / elapsed),
         "wire_mb_per_s": round(total * len(body) / elapsed / 1e6, 1),
         "server_cpu_s": round(cpu, 1),
+        "events_per_server_cpu_second": total / cpu if cpu > 0 else float("nan"),
         "server_peak_rss_mb": round(rss),
         "rows_in_table": rows,
         "ok": rows == total and done == total and code == 0,
@@ -279,15 +284,26 @@ def main() -> int:
     parser.add_argument("--senders", type=int, default=2)
     parser.add_argument("--body-bytes", type=int, default=1000)
     parser.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    parser.add_argument(
+        "--server-tree",
+        type=Path,
+        default=harness.ROOT,
+        help="run the server of this source tree (a checkout of another commit) with this"
+        " tree's senders: a same-run A/B of two commits (default: this tree)",
+    )
     args = parser.parse_args()
     if args.serve:
         serve(Path(args.serve), args.curve)
         return 0
+    (server_core, _), pinning, usable = harness.pin_cores(no_pin=False)
+    info = harness.machine_info(usable, ("pyzmq", "cramjam", "trio", "deltalake", "pyarrow"))
+    harness.print_header("logjam bench", info, pinning, server_core)
     print(
-        f"# logjam_bench: {platform.python_version()}, {os.cpu_count()} cores, "
-        f"{args.messages} messages of ~{args.body_bytes} B JSON, {args.senders} PUSH senders"
+        f"settings: {args.messages} messages of ~{args.body_bytes} B JSON, "
+        f"{args.senders} PUSH senders"
     )
-    (server_core, _), _, _ = harness.pin_cores(no_pin=False)
+    if args.server_tree != harness.ROOT:
+        print(f"server tree: {args.server_tree} ({harness.git_commit(args.server_tree)})")
     results = []
     for case in args.cases.split(","):
         result = run_case(case, args, server_core)
@@ -298,7 +314,9 @@ def main() -> int:
     for row in limits:
         print(json.dumps(row), flush=True)
     if args.json:
-        Path(args.json).write_text(json.dumps({"cases": results, "ceilings": limits}, indent=2))
+        Path(args.json).write_text(
+            json.dumps({"machine": info, "cases": results, "ceilings": limits}, indent=2)
+        )
     return 0 if all(r["ok"] for r in results) else 1
 
 

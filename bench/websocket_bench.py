@@ -354,7 +354,7 @@ def run_ingest_case(
         server = harness.start_server(
             state_dir, args, 'name = "websocket"\nprotocol = "websocket"\n', core
         )
-        token.append(add_token(state_dir / "bench.toml"))
+        token.append(add_token(state_dir / "bench.toml", args.server_tree))
         return server
 
     run = harness.run_tls_case(
@@ -451,7 +451,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"appliance imported from {module}, not this tree ({harness.ROOT})", file=sys.stderr)
         return 2
     INGEST_BENCH.info["appliance"] = str(module)
-    json_path, args.json = args.json, None
+    # run_bench writes the machine and the ingest cases; the tail cases are added to them.
     ok = harness.run_bench(INGEST_BENCH, args) == 0
     results = []
     if not args.no_tail:
@@ -459,8 +459,10 @@ def main(argv: list[str] | None = None) -> int:
             result = trio.run(run_case, tail, args)
             results.append(result)
             print(json.dumps(result), flush=True)
-    if json_path:
-        Path(json_path).write_text(json.dumps(results, indent=2))
+    if args.json:
+        data = json.loads(args.json.read_text(encoding="utf-8"))
+        data["tail"] = results
+        args.json.write_text(json.dumps(data, indent=2), encoding="utf-8")
     return 0 if ok and all(r["ok"] for r in results) else 1
 
 
