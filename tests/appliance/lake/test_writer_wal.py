@@ -170,7 +170,7 @@ async def test_a_half_full_cache_starts_a_commit_before_its_records_leave_it(
     Neither the interval (an hour) nor ``commit_max_bytes`` (twenty records)
     would start a commit here; the cache, room for 4.5 records, does once
     three wait (and with them more than an eighth of ``commit_max_bytes``).
-    Without the rule the cache would keep only the newest records and the
+    Without the rule the cache would fill with the oldest records and the
     one commit at the stop would read the rest back from the files.
     """
     cost, log_bytes = await record_costs(tmp_path / "probe")
