@@ -214,7 +214,7 @@ class WalConfig:
     group_max_bytes: int = defaults.WAL_GROUP_MAX_BYTES
     #: Longest a batch waits for room under max_bytes before its connection is closed, in seconds.
     full_wait_seconds: float = defaults.WAL_FULL_WAIT_SECONDS
-    #: Bytes of memory for the newest records' decoded blocks, kept for the next commit
+    #: Bytes of memory for uncommitted records' decoded blocks, kept for the next commit
     #: (no read back from disk); half full, it starts a commit once an eighth of
     #: commit_max_bytes waits (docs/wal.md, "The cache"); 0: off.
     cache_bytes: int = defaults.WAL_CACHE_BYTES

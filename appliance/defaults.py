@@ -441,7 +441,7 @@ WAL_FLUSH_BYTES: Final = 1 * _MIB
 WAL_GROUP_MAX_BYTES: Final = 16 * _MIB
 #: Longest an append waits for room under the cap before it fails, in seconds.
 WAL_FULL_WAIT_SECONDS: Final = 30.0
-#: Bytes of memory for the newest records' decoded batches, which the log keeps
+#: Bytes of memory for uncommitted records' decoded batches, which the log keeps
 #: so the writer commits them without reading and decoding them back
 #: (docs/wal.md, "The cache"). Each record counts its block's ``nbytes`` (its
 #: Python objects) and 256 bytes of entry. Half full, it starts a commit: at full

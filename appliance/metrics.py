@@ -639,7 +639,7 @@ class WalSample:
     cap_refusals: int
     #: Seconds from each group's first append to its durability, summed over the groups.
     sync_wait_seconds: float
-    #: What the cache of the newest records holds (their blocks' bytes, 256 bytes a record).
+    #: What the cache of uncommitted records holds (their blocks' bytes, 256 bytes a record).
     cache_bytes: int
     #: Commit groups served from the cache, and those read back from the files and decoded.
     groups_from_cache: int

@@ -54,7 +54,9 @@ def _per_row_text(
         return
     if len(values) != rows:
         raise BlockRefused(f"{what} has {len(values)} values for {rows} rows")
-    for value in values:
+    # Each distinct value once, in the order of first appearance (the same
+    # first refusal): a window's hosts repeat a handful of names per row.
+    for value in dict.fromkeys(values):
         if value is None:
             if not nullable:
                 raise BlockRefused(f"{what} is missing")

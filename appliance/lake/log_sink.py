@@ -328,7 +328,13 @@ class LogSink:
             frames = [frame for frame, _ in cached]
             await self._commit_frames(wal, frames[-1].end, frames, [b for _, b in cached], [])
             return
-        frames = await wal.read(wal.committed, self.settings.commit_max_bytes)
+        limit = self.settings.commit_max_bytes
+        oldest = wal.oldest_cached
+        if oldest is not None and oldest[0] > wal.committed:
+            # Records the cache did not keep, up to the first it did: read
+            # those back, and leave the cached ones to the next commit.
+            limit = min(limit, oldest[0] - wal.committed)
+        frames = await wal.read(wal.committed, limit)
         if frames:
             self.file_reads += 1
             frames = frames[: _within_id_limit(frames)]

@@ -177,12 +177,13 @@ class WriteAheadLog:
         self._key_order: deque[tuple[int, BatchDigest]] = deque()
         #: Batches of records appended but not yet durable: digest -> its append.
         self._in_flight: dict[BatchDigest, PendingAppend] = {}
-        #: The newest durable records appended by this process, with the blocks they
-        #: encode, contiguous in log order and ending at the durable end: what
-        #: :meth:`read_cached` serves without a read or a decode. At most
-        #: ``settings.cache_bytes``, counting each record's block and entry
-        #: (:func:`_cache_cost`); older ones are read from the files. The
-        #: frames are kept without their bodies.
+        #: Durable, uncommitted records appended by this process, with the blocks
+        #: they encode, in log order: what :meth:`read_cached` serves without a
+        #: read or a decode. At most ``settings.cache_bytes``, counting each
+        #: record's block and entry (:func:`_cache_cost`): a record that does not
+        #: fit is not kept (the oldest stay: the next commit's), so the cache
+        #: may have gaps, which are read from the files. The frames are kept
+        #: without their bodies.
         self._cache: deque[tuple[Frame, RowBlock]] = deque()
         self._cache_bytes = 0
         #: Appends waiting for room under the cap now (the log is at its cap while > 0).
@@ -476,26 +477,26 @@ class WriteAheadLog:
     def _cache_record(self, item: PendingAppend, lsn: int) -> None:
         """Keep a durable record and its block for :meth:`read_cached`, within ``cache_bytes``.
 
-        The cache stays one contiguous run ending at the durable end: a record
-        without a block (or one that does not follow the last cached one)
-        empties it, and the oldest records leave it first when it is full.
+        A record that does not fit (or has no block) is left out, and the
+        records already cached stay: they are the oldest uncommitted ones,
+        what the next commit reads first. Evicting the oldest instead made
+        an overflow last: once a slow commit (the first one loads pyarrow)
+        let the backlog pass the cache, every later group had left it before
+        its commit and was read back and decoded, which slowed the commits
+        and kept the backlog past the cache for as long as the load lasted
+        (docs/wal.md, "The cache"). A gap is read from the files once.
         """
-        entry = item.entry
-        contiguous = not self._cache or self._cache[-1][0].end == lsn
-        cost = 0 if item.block is None else _cache_cost(item.block)
-        if item.block is None or not contiguous or cost > self.settings.cache_bytes:
-            self._cache.clear()
-            self._cache_bytes = 0
-            if item.block is None or cost > self.settings.cache_bytes:
-                return
+        if item.block is None:
+            return
+        cost = _cache_cost(item.block)
+        if self._cache_bytes + cost > self.settings.cache_bytes:
+            return
         # Without its body: the block stands for it, and the writer never
         # reads a cached frame's body (so the cache holds blocks, not bytes twice).
+        entry = item.entry
         frame = Frame(lsn, entry.size, entry.kind, entry.rows, item.key, b"")
         self._cache.append((frame, item.block))
         self._cache_bytes += cost
-        while self._cache_bytes > self.settings.cache_bytes:
-            _, old_block = self._cache.popleft()
-            self._cache_bytes -= _cache_cost(old_block)
 
     def _forget_in_flight(self, item: PendingAppend) -> None:
         if item.key is None:
@@ -562,7 +563,8 @@ class WriteAheadLog:
         The cache holds only uncommitted records: when the LSN is
         :attr:`committed`, this is the oldest uncommitted record (the metric
         ``appliance_wal_oldest_uncommitted_age_seconds``); else older ones
-        have left the cache.
+        were not cached (appended by an earlier run, without their block, or
+        while the cache was full).
         """
         if not self._cache:
             return None
@@ -688,12 +690,13 @@ class WriteAheadLog:
     def read_cached(self, after: int, max_bytes: int) -> list[tuple[Frame, RowBlock]] | None:
         """What :meth:`read` would return, with each record's block, from memory; else None.
 
-        Served when the records from ``after`` on are still in the cache
-        (this process appended them and the writer keeps up): no read, no
-        CRC, no decode. The same records as :meth:`read`: from ``after`` to the
-        one that reaches ``max_bytes``; their frames come without their
-        bodies (``body`` is empty: the block is what the body encodes).
-        None: read them with :meth:`read` and decode them.
+        Served when the record at ``after`` is in the cache (this process
+        appended it while the cache had room): no read, no CRC, no decode.
+        The same records as :meth:`read`: from ``after`` to the one that
+        reaches ``max_bytes``, or to the last before a record the cache did
+        not keep; their frames come without their bodies (``body`` is
+        empty: the block is what the body encodes). None: read them with
+        :meth:`read` and decode them.
         """
         if not self._cache or self._cache[0][0].lsn > after or after >= self._durable_end:
             return None
@@ -704,6 +707,8 @@ class WriteAheadLog:
                 continue
             if not out and frame.lsn != after:
                 return None  # not a record boundary of the cache: let read() say why
+            if out and frame.lsn != out[-1][0].end:
+                break  # a record the cache did not keep: read() takes it next
             out.append((frame, block))
             nbytes += frame.size
             if nbytes >= max_bytes:

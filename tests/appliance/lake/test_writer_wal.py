@@ -170,7 +170,7 @@ async def test_a_half_full_cache_starts_a_commit_before_its_records_leave_it(
     Neither the interval (an hour) nor ``commit_max_bytes`` (twenty records)
     would start a commit here; the cache, room for 4.5 records, does once
     three wait (and with them more than an eighth of ``commit_max_bytes``).
-    Without the rule the cache would keep only the newest records and the
+    Without the rule the cache would fill with the oldest records and the
     one commit at the stop would read the rest back from the files.
     """
     cost, log_bytes = await record_costs(tmp_path / "probe")
@@ -194,8 +194,9 @@ async def test_a_cache_too_small_for_the_load_reads_back_instead_of_committing_p
 ) -> None:
     """Under the floor (an eighth of ``commit_max_bytes``) a half-full cache starts nothing.
 
-    The cache holds two records; twelve wait for the stop, which commits them
-    in one group read back from the files (its first record left the cache).
+    The cache holds two records; twelve wait for the stop, which commits the
+    two it kept from memory, then the ten it could not keep in one group
+    read back from the files.
     """
     cost, log_bytes = await record_costs(tmp_path / "probe")
     settings = WriterSettings(commit_interval_seconds=3600, commit_max_bytes=200 * log_bytes)
@@ -205,7 +206,7 @@ async def test_a_cache_too_small_for_the_load_reads_back_instead_of_committing_p
             await (await writer.submit(block(f"s-{i}"))).wait()
         assert writer.commits == 0
     assert batch_ids(tmp_path) == ids("s", 12)
-    assert (writer.commits, writer.cached_reads, writer.file_reads) == (1, 0, 1)
+    assert (writer.commits, writer.cached_reads, writer.file_reads) == (2, 1, 1)
 
 
 @pytest.mark.trio

@@ -402,13 +402,25 @@ async def test_the_cache_serves_what_read_returns_without_reading(tmp_path: Path
         cached = wal.read_cached(wal.committed, 1 << 20)
         assert cached is not None
         assert [b for _, b in cached] == blocks[6:]
-        # A record appended without its block empties the cache: read() serves from there.
+        # A record appended without its block is not cached: the cached run
+        # stops before it, and read() serves it.
         await wal.append(b"raw body")
+        cached = wal.read_cached(wal.committed, 1 << 20)
+        assert cached is not None
+        assert [b for _, b in cached] == blocks[6:]
+        await wal.mark_committed(cached[-1][0].end)
         assert wal.read_cached(wal.committed, 1 << 20) is None
+        assert len(await wal.read(wal.committed, 1 << 20)) == 1
 
 
 @pytest.mark.trio
-async def test_the_cache_keeps_the_newest_records_within_its_bytes(tmp_path: Path) -> None:
+async def test_the_cache_keeps_the_oldest_records_within_its_bytes(tmp_path: Path) -> None:
+    """A full cache keeps what the next commit reads first; a commit makes room again.
+
+    Records that do not fit are left out (a gap the writer reads back once),
+    not the oldest evicted: evicting them made every later group of a busy
+    log be read back once a slow commit had let the backlog pass the cache.
+    """
     blocks = [sample_block(i) for i in range(10)]
     limit = 1500
     async with open_wal(tmp_path, 0, replace(SMALL, cache_bytes=limit)) as wal:
@@ -419,14 +431,29 @@ async def test_the_cache_keeps_the_newest_records_within_its_bytes(tmp_path: Pat
         costs = [_cache_cost(b) for b in blocks]
         assert costs == [b.nbytes + 256 for b in blocks]
         assert sum(costs) > limit
-        # The oldest records left the cache: the writer reads those from the files.
-        assert wal.read_cached(0, 1 << 20) is None
         held = [i for i, f in enumerate(frames) if wal.read_cached(f.lsn, 1 << 20) is not None]
-        assert held
-        assert held[-1] == 9
-        assert held == list(range(held[0], 10))
-        assert sum(costs[i] for i in held) <= limit
-        assert sum(costs[i] for i in range(held[0] - 1, 10)) > limit  # no more than fits
+        kept = len(held)
+        assert held == list(range(kept))
+        assert 0 < kept < 10
+        assert sum(costs[:kept]) <= limit < sum(costs[: kept + 1])  # as many as fit
+        cached = wal.read_cached(0, 1 << 20)
+        assert cached is not None
+        assert [b for _, b in cached] == blocks[:kept]
+        # Committed, they make room: the next records are cached after a gap.
+        await wal.mark_committed(frames[kept - 1].end)
+        assert wal.cache_bytes == 0
+        more = [sample_block(10)]
+        for b in more:
+            await (await wal.begin_block(b)).wait()
+        assert wal.read_cached(wal.committed, 1 << 20) is None  # the gap: read() serves it
+        oldest = wal.oldest_cached
+        assert oldest is not None
+        gap = await wal.read(wal.committed, oldest[0] - wal.committed)
+        assert [f.lsn for f in gap] == [f.lsn for f in frames[kept:]]
+        await wal.mark_committed(gap[-1].end)
+        cached = wal.read_cached(wal.committed, 1 << 20)
+        assert cached is not None
+        assert [b for _, b in cached] == more
     async with open_wal(tmp_path, 0, replace(SMALL, cache_bytes=0)) as wal:
         await (await wal.begin_block(sample_block(11))).wait()
         assert wal.read_cached(wal.committed, 1 << 20) is None
