@@ -103,6 +103,7 @@ from appliance.server.transports.websocket import (
     CLOSE_POLICY,
     SHUTTING_DOWN,
     WebSocketMessages,
+    WholeRecords,
 )
 from auth.errors import AuthError
 
@@ -251,7 +252,7 @@ class WebSocketHandler:
             with trio.move_on_after(settings.tls_handshake_timeout_seconds) as deadline:
                 request = await wrap_server_stream(
                     nursery,
-                    stream,
+                    WholeRecords.wrap(stream),
                     message_queue_size=MESSAGE_QUEUE_MESSAGES,
                     max_message_size=settings.max_message_bytes,
                     receive_buffer_size=RECEIVE_BUFFER_BYTES,
