@@ -103,7 +103,6 @@ from appliance.server.transports.websocket import (
     CLOSE_POLICY,
     SHUTTING_DOWN,
     WebSocketMessages,
-    WholeRecords,
 )
 from auth.errors import AuthError
 
@@ -252,7 +251,7 @@ class WebSocketHandler:
             with trio.move_on_after(settings.tls_handshake_timeout_seconds) as deadline:
                 request = await wrap_server_stream(
                     nursery,
-                    WholeRecords.wrap(stream),
+                    stream,
                     message_queue_size=MESSAGE_QUEUE_MESSAGES,
                     max_message_size=settings.max_message_bytes,
                     receive_buffer_size=RECEIVE_BUFFER_BYTES,

@@ -32,14 +32,7 @@ from appliance.server.decode_budget import DecodeBudget
 from appliance.server.lifecycle import Lifecycle
 from appliance.server.listener import ConnectionInfo
 
-__all__ = [
-    "ByteStream",
-    "ByteStreamSession",
-    "StreamHandler",
-    "buffered_records",
-    "close_for",
-    "tls_reader",
-]
+__all__ = ["ByteStream", "ByteStreamSession", "StreamHandler", "close_for"]
 
 
 def close_for(violation: ProtocolViolation) -> Close[bytes]:
@@ -73,7 +66,7 @@ class ByteStreamSession(SessionDefaults[bytes]):
         return False
 
 
-def tls_reader(stream: trio.abc.Stream) -> Callable[[int], bytes] | None:
+def _tls_reader(stream: trio.abc.Stream) -> Callable[[int], bytes] | None:
     """The ``read`` of a TLS stream's ``ssl.SSLObject``, for the records already buffered.
 
     trio's :class:`trio.SSLStream` returns one TLS record (16 KiB at most) per
@@ -94,36 +87,11 @@ def tls_reader(stream: trio.abc.Stream) -> Callable[[int], bytes] | None:
     return ssl_object.read
 
 
-def buffered_records(
-    read: Callable[[int], bytes], first: bytes | bytearray, limit: int
-) -> bytes | bytearray:
-    """``first`` and the TLS records behind it that need no wait, up to ``limit`` bytes.
-
-    ``read`` is :func:`tls_reader`'s. Synchronous, as each of trio's own
-    calls on the TLS object is: no other task (the answerer's send) runs in
-    between. A record not yet whole, a ``close_notify`` (an empty read) or a
-    TLS error ends it; the next ``receive_some`` waits for the rest, or
-    reports the end or the error as it always did.
-    """
-    parts = [first]
-    total = len(first)
-    while total < limit:
-        try:
-            more = read(limit - total)
-        except ssl.SSLError:  # SSLWantReadError (no whole record left) and broken TLS
-            break
-        if not more:
-            break
-        parts.append(more)
-        total += len(more)
-    return first if len(parts) == 1 else b"".join(parts)
-
-
 class ByteStream:
     """A trio stream as the loop's transport: reads of up to ``read_size`` bytes, timed sends.
 
     Over TLS a read also takes the whole records already received and
-    buffered (:func:`tls_reader`), up to ``read_size`` bytes in all, without
+    buffered (:func:`_tls_reader`), up to ``read_size`` bytes in all, without
     waiting: one trip round the answering loop per socket read instead of one
     per record (docs/performance.md#the-fourth-pass-on-forward-throughput).
     """
@@ -142,7 +110,7 @@ class ByteStream:
         self._log = log
         self._read_size = read_size
         self._send_timeout = send_timeout
-        self._tls_read = tls_reader(stream)
+        self._tls_read = _tls_reader(stream)
 
     async def receive(self) -> bytes | bytearray:
         """The next bytes the peer sent (never empty).
@@ -159,9 +127,33 @@ class ByteStream:
         if not data:
             raise PeerGone("peer closed")
         if self._tls_read is not None and len(data) < self._read_size:
-            data = buffered_records(self._tls_read, data, self._read_size)
+            data = self._buffered_records(self._tls_read, data)
         self._info.metrics.received_bytes.inc(len(data))
         return data
+
+    def _buffered_records(
+        self, read: Callable[[int], bytes], first: bytes | bytearray
+    ) -> bytes | bytearray:
+        """``first`` and the TLS records behind it that need no wait, up to ``read_size`` bytes.
+
+        Synchronous, as each of trio's own calls on the TLS object is: no
+        other task (the answerer's send) runs in between. A record not yet whole, a
+        ``close_notify`` (an empty read) or a TLS error ends it; the next
+        ``receive_some`` waits for the rest, or reports the end or the error
+        as it always did.
+        """
+        parts = [first]
+        total = len(first)
+        while total < self._read_size:
+            try:
+                more = read(self._read_size - total)
+            except ssl.SSLError:  # SSLWantReadError (no whole record left) and broken TLS
+                break
+            if not more:
+                break
+            parts.append(more)
+            total += len(more)
+        return first if len(parts) == 1 else b"".join(parts)
 
     async def send(self, data: bytes) -> None:
         """Send ``data`` within the send deadline.

@@ -11,7 +11,6 @@ be sent.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Final
 
 import trio
@@ -19,7 +18,6 @@ from trio_websocket import ConnectionClosed, WebSocketConnection
 
 from appliance.server.connection import PeerGone
 from appliance.server.listener import ConnectionInfo
-from appliance.server.transports.stream import buffered_records, tls_reader
 
 __all__ = [
     "CLOSE_ABNORMAL",
@@ -29,7 +27,6 @@ __all__ = [
     "CLOSE_POLICY",
     "SHUTTING_DOWN",
     "WebSocketMessages",
-    "WholeRecords",
 ]
 
 #: WebSocket close codes (RFC 6455 §7.4.1).
@@ -40,53 +37,6 @@ CLOSE_POLICY: Final = 1008
 CLOSE_INTERNAL_ERROR: Final = 1011
 #: The close reason when the service stops.
 SHUTTING_DOWN: Final = "the appliance is shutting down"
-
-
-class WholeRecords(trio.abc.Stream):
-    """A TLS stream whose reads also take the whole records already buffered, for trio-websocket.
-
-    trio-websocket's reader task reads its stream in a loop, each time
-    through wsproto and its own handlers
-    (https://github.com/python-trio/trio-websocket/blob/0.12.2/trio_websocket/_impl.py,
-    ``_reader_task``), and :class:`trio.SSLStream` gives one TLS record (16
-    KiB at most) per read: a 300 KB message took 19 turns of that loop.
-    Here a read takes the records behind the first that need no wait, up to
-    ``max_bytes`` in all, as the byte-stream transport does
-    (:class:`appliance.server.transports.stream.ByteStream`, whose reasons
-    hold here: each call on the TLS object is synchronous, so nothing runs in
-    between). Sends and closing go to the TLS stream as they are.
-    """
-
-    def __init__(self, stream: trio.SSLStream[trio.abc.Stream], read: Callable[[int], bytes]):
-        self._stream = stream
-        self._read = read
-
-    @classmethod
-    def wrap(cls, stream: trio.abc.Stream) -> trio.abc.Stream:
-        """``stream`` wrapped when it is TLS with a readable TLS object, else ``stream`` itself."""
-        read = tls_reader(stream)
-        if read is None or not isinstance(stream, trio.SSLStream):
-            return stream
-        return cls(stream, read)
-
-    async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
-        """The TLS stream's next read, and the whole records behind it, up to ``max_bytes``."""
-        first = await self._stream.receive_some(max_bytes)
-        if not first or max_bytes is None or len(first) >= max_bytes:
-            return first
-        return buffered_records(self._read, first, max_bytes)
-
-    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
-        """As the TLS stream's."""
-        await self._stream.send_all(data)
-
-    async def wait_send_all_might_not_block(self) -> None:
-        """As the TLS stream's."""
-        await self._stream.wait_send_all_might_not_block()
-
-    async def aclose(self) -> None:
-        """As the TLS stream's."""
-        await self._stream.aclose()
 
 
 class WebSocketMessages:
