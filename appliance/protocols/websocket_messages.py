@@ -81,7 +81,7 @@ import orjson
 from appliance import defaults
 from appliance.blocks.block import RowBlock
 from appliance.blocks.errors import InvalidText
-from appliance.blocks.records import record_json, records_json
+from appliance.blocks.records import plain_records_json, record_json, records_json
 from appliance.blocks.text import MAX_BATCH_ID_BYTES, MAX_TAG_BYTES, check_text
 from appliance.blocks.timecache import Rfc3339Cache
 from appliance.blocks.timefmt import ns_in_range, rfc3339_ns
@@ -316,7 +316,8 @@ def _events_fast(
     rfc3339_ns of every string; the rest, numbers and refusals included, go
     through :func:`_time_ns` in order, so the first bad time is refused
     with its own index), and the texts are record_json's
-    (:func:`~appliance.blocks.records.records_json`).
+    (:func:`~appliance.blocks.records.plain_records_json`, else
+    :func:`~appliance.blocks.records.records_json`).
     """
     try:
         records = [event["record"] for event in events]  # type: ignore[index]
@@ -331,7 +332,16 @@ def _events_fast(
         for index, (value, ns) in enumerate(zip(values, times, strict=True)):
             if ns is None and value is not None:
                 times[index] = _time_ns(value, index, message_id)
-    return tuple(times), tuple(records_json(records))
+    # A JSON parser builds only what plain_records_json takes (text keys,
+    # no bytes, extension values or datetimes), and orjson then writes it
+    # without OPT_NON_STR_KEYS, which makes each dumps call about 1.7 times
+    # slower (docs/performance.md, "The WebSocket pass"); records_json takes
+    # the rest (a lone surrogate from a parser that yields one, nesting past
+    # orjson's limit), with the same texts either way.
+    texts = plain_records_json(records)
+    if texts is None:
+        texts = records_json(records)
+    return tuple(times), tuple(texts)
 
 
 # -- answers ------------------------------------------------------------------------

@@ -98,3 +98,37 @@ def test_a_bad_time_after_good_ones_is_refused_with_its_index() -> None:
     text = json.dumps({"id": "m", "tag": "t", "events": events})
     with pytest.raises(MessageError, match=r"events\[2\]\.time"):
         parse_ingest(text, LIMITS, Rfc3339Cache())
+
+
+def _nested(depth: int) -> str:
+    return '{"a":' * depth + "1" + "}" * depth
+
+
+@pytest.mark.parametrize("parser", ["orjson", "stdlib"])
+@pytest.mark.parametrize(
+    "record",
+    [
+        '{"a":1}',
+        '{"k\u00e9y":"v\u00e4lue","n":[1,2.5,-0.0,1e300,true,null]}',
+        '{"big":18446744073709551615}',  # uint64: orjson writes it back as is
+        '{"bigger":18446744073709551616}',  # past 64 bits
+        '{"lone":"\\ud800"}',  # stdlib's parser yields a lone surrogate
+        '{"nan":NaN,"inf":-Infinity}',  # stdlib's parser yields them; JSON has none
+        '{"a":"\\u0000\\"\\\\"}',
+        _nested(250),
+        _nested(260),  # past orjson's limit for writing, within its parser's
+    ],
+)
+def test_records_orjson_writes_without_options_keep_the_general_path_s_texts(
+    record: str, parser: str
+) -> None:
+    text = (
+        '{"id":"m","tag":"t","events":['
+        + ",".join([f'{{"record":{record}}}', '{"record":{"b":2}}'] * 5)
+        + "]}"
+    )
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        if parser == "stdlib":
+            monkeypatch.setattr(websocket_messages, "_json_loads", json.loads)
+        expected = _general(text, monkeypatch)
+        assert _outcome(text, Rfc3339Cache()) == expected
