@@ -238,7 +238,8 @@ async def _gated_accept(
         now = trio.current_time()
         if deferred_since is None:
             deferred_since = now
-        if gate.may_accept() or now - deferred_since >= ACCEPT_DEFER_SECONDS:
+        fewest = gate.may_accept()
+        if fewest or now - deferred_since >= ACCEPT_DEFER_SECONDS:
             try:
                 conn, _ = raw.accept()
             except BlockingIOError:
@@ -247,6 +248,13 @@ async def _gated_accept(
                 if exc.errno in _IGNORED_ACCEPT_ERRNOS:
                     continue
                 raise
+            if not fewest:
+                # A less busy worker did not take it within the grace: slow to
+                # wake, stuck, or stopping. Worth a line: many say a worker is.
+                log.info(
+                    "connection.accepted_after_grace",
+                    waited_ms=round((now - deferred_since) * 1000),
+                )
             return trio.SocketStream(trio.socket.from_stdlib_socket(conn))
         await trio.sleep(ACCEPT_RECHECK_SECONDS)
 

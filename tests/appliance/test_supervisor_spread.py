@@ -4,13 +4,14 @@ Real processes, real TLS. The supervisor binds the forward port once and
 hands the socket to both workers; each takes a pending connection at once
 only while it holds the fewest open connections (appliance/server/spread.py).
 Connections open one after another, each acknowledged before the next, so
-the spread does not hang on a race; the bound (at least 3 of 8 each) leaves
-room for a worker that was slow to wake (the busier one then takes the
-connection after the grace).
+the spread does not hang on a race; the bound leaves room for each time a
+worker was slow to wake and the busier one took the connection after the
+grace, which the log says.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import signal
@@ -88,7 +89,15 @@ def test_connections_opened_one_after_another_are_spread_over_both_workers(
                 stack.enter_context(held_connection(app, port, f"held-{i}"))
             by_worker = opened_by_worker(app)
             assert sum(by_worker.values()) == HELD, app.log()
-            assert min(by_worker[0], by_worker[1]) >= 3, by_worker
+            # Each connection goes to the worker holding the fewest, unless that
+            # one was slow to wake and the other took it after the grace (a line
+            # each). Taken in turn the eight end 4/4; each late one can widen the
+            # gap by one: at worst (HELD - 1 - late) / 2 for the smaller side.
+            late = app.log().count("event=connection.accepted_after_grace")
+            assert min(by_worker[0], by_worker[1]) >= math.ceil((HELD - 1 - late) / 2), (
+                by_worker,
+                late,
+            )
             # Every worker's scrape shows them all: what each holds now.
             assert spread_metric(app) == {k: float(n) for k, n in by_worker.items()}
     finally:
