@@ -309,7 +309,24 @@ async def serve(
     try:
         await _serve_locked(config, state_lock, stop, supervisor, share, task_status)
     finally:
+        # Also when serving failed: a dying worker must not look like the least
+        # busy one to the others until the supervisor sees it exit.
+        _stop_sharing(share)
         state_lock.release()
+
+
+def _stop_sharing(share: WorkerShare | None) -> None:
+    """A worker that stops accepting: its slot reads absent, its copies of the sockets close.
+
+    Idempotent. The supervisor closes its own copies as it stops, so the port
+    refuses new connections as soon as every worker has stopped accepting,
+    instead of queueing them through the drain.
+    """
+    if share is None:
+        return
+    if share.gate is not None:
+        share.gate.leave()
+    share.sockets.close()
 
 
 async def _open_writer(writer: LakeWriter) -> None:
@@ -532,8 +549,7 @@ async def _serve_locked(
                         shutdown.deadline = trio.current_time() + config.shutdown_timeout_seconds
                         for scope in running.accepting.values():
                             scope.cancel()
-                        if gate is not None:
-                            gate.leave()
+                        _stop_sharing(share)
                         acceptors.cancel_scope.cancel()
                         admin_scope.cancel()
                     lifecycle.stop_reading()

@@ -304,8 +304,7 @@ async def _supervise_shared(
             async for signum in signals:
                 if signum == signal.SIGHUP:
                     if ready.is_set():
-                        _drop_moved(config, shared)
-                        nursery.start_soon(_reload_serialized, reloads, config, workers)
+                        nursery.start_soon(_reload_serialized, reloads, config, workers, shared)
                     else:
                         # Starting workers read the files as they are now.
                         log.info("supervisor.reload_skipped", reason="workers starting")
@@ -313,6 +312,10 @@ async def _supervise_shared(
                 log.info("supervisor.stopping", signal=signal.Signals(signum).name)
                 notifier.notify("STOPPING=1")
                 stopping.set()
+                # This process's copies of the shared sockets; each worker closes
+                # its own as it stops accepting, so the port refuses at once instead
+                # of queueing connections through the drain that nobody accepts.
+                shared.sockets.close()
                 # Every worker's task then sends its process one SIGTERM (a second
                 # would end it without draining) and waits; SIGKILL after the grace.
                 children.cancel()
@@ -344,7 +347,7 @@ async def _supervise_shared(
         notifier.notify("READY=1", ready_status(config, len(workers)))
         nursery.start_soon(notifier.keep_alive)
         if config.tls.client_ca_file is None:
-            nursery.start_soon(_refresh_crl, tls, reloads, config, workers)
+            nursery.start_soon(_refresh_crl, tls, reloads, config, workers, shared)
     log.info("supervisor.stopped", workers=len(workers))
 
 
@@ -444,15 +447,23 @@ async def _terminate(process: trio.Process, grace: float) -> None:
 
 
 async def _reload_serialized(
-    lock: trio.Lock, config: Config, workers: Sequence[_Worker], *, publish: bool = True
+    lock: trio.Lock,
+    config: Config,
+    workers: Sequence[_Worker],
+    shared: _Shared,
+    *,
+    publish: bool = True,
 ) -> None:
     """One reload at a time; each published one writes the next generation of the combined status.
 
     ``publish`` false (the supervisor's own CRL re-sign): the workers reload and
     confirm all the same, but the status the CLI waits on is left alone, so that
-    no command takes this reload for the answer to its own signal.
+    no command takes this reload for the answer to its own signal. Either way
+    the workers read the config file again, so a shared listener the file now
+    removes or moves stops queueing here too (:func:`_drop_moved`).
     """
     async with lock:
+        _drop_moved(config, shared)
         previous = read_status(config.state_dir)
         status = await _reload(config, workers, (previous.generation if previous else 0) + 1)
         if publish:
@@ -569,7 +580,11 @@ async def _reload(config: Config, workers: Sequence[_Worker], generation: int) -
 
 
 async def _refresh_crl(
-    tls: TlsManager, reloads: trio.Lock, config: Config, workers: Sequence[_Worker]
+    tls: TlsManager,
+    reloads: trio.Lock,
+    config: Config,
+    workers: Sequence[_Worker],
+    shared: _Shared,
 ) -> None:
     """Re-sign the CRL before it runs out, and have every worker reload it, every hour."""
     while True:
@@ -585,4 +600,4 @@ async def _refresh_crl(
             continue
         if signed:
             log.info("supervisor.crl_refreshed", workers=len(workers))
-            await _reload_serialized(reloads, config, workers, publish=False)
+            await _reload_serialized(reloads, config, workers, shared, publish=False)

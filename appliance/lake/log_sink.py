@@ -317,29 +317,62 @@ class LogSink:
                     return
 
     async def _commit_log_once(self, wal: WriteAheadLog) -> None:
-        """Commit the next group of records from the log's committed position on."""
+        """Commit the next group of records from the log's committed position on.
+
+        A group is up to ``commit_max_bytes`` of records in log order (and at
+        most MAX_COMMIT_BATCH_IDS batch ids). Those still in the log's cache
+        (appended by this process: their blocks were checked before they were
+        logged) are taken from memory, with no read or decode; the others are
+        read back from the files and decoded. The cache is one contiguous run
+        (appliance/wal/log.py), so a group has at most three parts: records
+        read back, the cached run, records read back.
+        """
         end = wal.durable_end
-        cached = wal.read_cached(wal.committed, self.settings.commit_max_bytes)
-        if cached is not None:
-            # Appended by this process and still in memory: the blocks were
-            # checked before they were logged, so nothing is read or decoded.
-            self.cached_reads += 1
-            cached = cached[: _within_id_limit([frame for frame, _ in cached])]
-            frames = [frame for frame, _ in cached]
-            await self._commit_frames(wal, frames[-1].end, frames, [b for _, b in cached], [])
-            return
-        limit = self.settings.commit_max_bytes
-        oldest = wal.oldest_cached
-        if oldest is not None and oldest[0] > wal.committed:
-            # Records the cache did not keep, up to the first it did: read
-            # those back, and leave the cached ones to the next commit.
-            limit = min(limit, oldest[0] - wal.committed)
-        frames = await wal.read(wal.committed, limit)
-        if frames:
-            self.file_reads += 1
-            frames = frames[: _within_id_limit(frames)]
-            blocks, kept, failed = await trio.to_thread.run_sync(_decode_frames, frames)
-            await self._commit_frames(wal, frames[-1].end, kept, blocks, failed)
+        position = wal.committed
+        room = self.settings.commit_max_bytes
+        kept: list[Frame] = []
+        blocks: list[RowBlock] = []
+        failed: list[tuple[Frame, str]] = []
+        ids_full = False
+        while room > 0 and position < end and not ids_full:
+            cached = wal.read_cached(position, room)
+            if cached is not None:
+                frames = [frame for frame, _ in cached]
+                taken = _within_id_limit([*kept, *(f for f, _ in failed), *frames])
+                taken -= len(kept) + len(failed)
+                ids_full = taken < len(frames)
+                if taken <= 0:
+                    break
+                self.cached_reads += 1
+                kept += frames[:taken]
+                blocks += [block for _, block in cached[:taken]]
+                read_end = frames[taken - 1].end
+            else:
+                # Not cached here: read back up to the first cached record after
+                # this position (the cached run after a gap joins the group).
+                limit = room
+                oldest = wal.oldest_cached
+                if oldest is not None and oldest[0] > position:
+                    limit = min(limit, oldest[0] - position)
+                frames = await wal.read(position, limit)
+                taken = _within_id_limit([*kept, *(f for f, _ in failed), *frames])
+                taken -= len(kept) + len(failed)
+                ids_full = taken < len(frames)
+                if taken <= 0:
+                    break
+                self.file_reads += 1
+                frames = frames[:taken]
+                more_blocks, more_kept, more_failed = await trio.to_thread.run_sync(
+                    _decode_frames, frames
+                )
+                blocks += more_blocks
+                kept += more_kept
+                failed += more_failed
+                read_end = frames[-1].end
+            room -= read_end - position
+            position = read_end
+        if position > wal.committed:
+            await self._commit_frames(wal, position, kept, blocks, failed)
             return
         # Only unreadable bytes (logged as lost at recovery) lie before the end.
         # The table records the position first, so a restart does not find

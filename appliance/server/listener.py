@@ -214,8 +214,21 @@ def _pending(sock: socket.socket) -> bool:
     return bool(poll.poll(0))
 
 
+class _Backlog:
+    """Since when this worker has seen its queue hold a connection (None: seen empty since)."""
+
+    __slots__ = ("since",)
+
+    def __init__(self) -> None:
+        self.since: float | None = None
+
+
 async def _gated_accept(
-    listening: trio.socket.SocketType, raw: socket.socket, gate: AcceptGate
+    listening: trio.socket.SocketType,
+    raw: socket.socket,
+    gate: AcceptGate,
+    backlog: _Backlog,
+    has_room: Callable[[], bool],
 ) -> trio.SocketStream:
     """The next connection this worker should take (module docstring, "Several workers").
 
@@ -227,19 +240,23 @@ async def _gated_accept(
     Raises:
         OSError: accept failed (resource exhaustion: the caller backs off).
     """
-    deferred_since: float | None = None
     while True:
         if _pending(raw):
             await trio.lowlevel.checkpoint()
         else:
             # Nothing queued, or another worker took what was: the next one waits afresh.
-            deferred_since = None
+            backlog.since = None
             await trio.lowlevel.wait_readable(listening)
         now = trio.current_time()
-        if deferred_since is None:
-            deferred_since = now
-        fewest = gate.may_accept()
-        if fewest or now - deferred_since >= ACCEPT_DEFER_SECONDS:
+        if backlog.since is None:
+            backlog.since = now
+        # The grace runs from when the queue was last seen empty, not per
+        # connection: a queue that a stuck least busy worker leaves standing is
+        # drained after one grace, not one grace per connection.
+        # A worker at its max_connections would only refuse the client: it
+        # leaves the connection to one with room, as a busier worker does.
+        fewest = gate.may_accept() and has_room()
+        if fewest or now - backlog.since >= ACCEPT_DEFER_SECONDS:
             try:
                 conn, _ = raw.accept()
             except BlockingIOError:
@@ -253,7 +270,7 @@ async def _gated_accept(
                 # wake, stuck, or stopping. Worth a line: many say a worker is.
                 log.info(
                     "connection.accepted_after_grace",
-                    waited_ms=round((now - deferred_since) * 1000),
+                    waited_ms=round((now - backlog.since) * 1000),
                 )
             return trio.SocketStream(trio.socket.from_stdlib_socket(conn))
         await trio.sleep(ACCEPT_RECHECK_SECONDS)
@@ -362,7 +379,15 @@ class TcpService:
         # A non-blocking accept needs the plain socket: a duplicate of the listener's.
         with socket.socket(fileno=os.dup(listener.socket.fileno())) as raw:
             raw.setblocking(False)
-            await self._accept_each(lambda: _gated_accept(listener.socket, raw, gate), nursery)
+            backlog = _Backlog()  # kept across accepts (see _gated_accept)
+            await self._accept_each(
+                lambda: _gated_accept(listener.socket, raw, gate, backlog, self._has_room),
+                nursery,
+            )
+
+    def _has_room(self) -> bool:
+        """Whether a connection accepted now would be under ``max_connections``."""
+        return self.active < self._max_connections
 
     async def _accept_each(
         self, accept: Callable[[], Awaitable[trio.SocketStream]], nursery: trio.Nursery

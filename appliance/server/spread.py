@@ -136,7 +136,10 @@ class AcceptGate:
         self._present = False
 
     def may_accept(self) -> bool:
-        return may_accept(self._counts.read(), self.me)
+        counts = self._counts.read()
+        # This worker's own count, also before join() (its slot reads absent then).
+        counts[self.me] = self.open
+        return may_accept(counts, self.me)
 
     def join(self) -> None:
         """This worker accepts from now on: its slot holds its count."""

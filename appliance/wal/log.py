@@ -186,6 +186,8 @@ class WriteAheadLog:
         #: without their bodies.
         self._cache: deque[tuple[Frame, RowBlock]] = deque()
         self._cache_bytes = 0
+        #: A record was left out of a non-empty cache: keep no more until it empties.
+        self._cache_closed = False
         #: Appends waiting for room under the cap now (the log is at its cap while > 0).
         self._cap_waiters = 0
         #: Why the last group failed, until a group succeeds again (None: writing works),
@@ -477,19 +479,30 @@ class WriteAheadLog:
     def _cache_record(self, item: PendingAppend, lsn: int) -> None:
         """Keep a durable record and its block for :meth:`read_cached`, within ``cache_bytes``.
 
-        A record that does not fit (or has no block) is left out, and the
-        records already cached stay: they are the oldest uncommitted ones,
-        what the next commit reads first. Evicting the oldest instead made
-        an overflow last: once a slow commit (the first one loads pyarrow)
-        let the backlog pass the cache, every later group had left it before
-        its commit and was read back and decoded, which slowed the commits
-        and kept the backlog past the cache for as long as the load lasted
-        (docs/wal.md, "The cache"). A gap is read from the files once.
+        The cache is one contiguous run of uncommitted records. Once a record
+        is left out (it does not fit, or has no block), no later one is kept
+        until the commits have emptied the cache: the records already cached
+        stay, as they are the oldest uncommitted ones, what the next commit
+        reads first, and the cache never has a gap inside it (a gap would cut
+        every commit group there). Evicting the oldest instead made an
+        overflow last: once a slow commit (the first one loads pyarrow) let
+        the backlog pass the cache, every later group had left it before its
+        commit and was read back and decoded, which slowed the commits and
+        kept the backlog past the cache for as long as the load lasted
+        (docs/wal.md, "The cache"). What was left out is read from the files
+        once, in the same group as the cached run after it.
         """
-        if item.block is None:
+        if self._cache_closed:
             return
-        cost = _cache_cost(item.block)
-        if self._cache_bytes + cost > self.settings.cache_bytes:
+        cost = 0 if item.block is None else _cache_cost(item.block)
+        if item.block is None or self._cache_bytes + cost > self.settings.cache_bytes:
+            # Reopened once the commits have emptied the cache (mark_committed).
+            self._cache_closed = bool(self._cache)
+            return
+        if self._cache and self._cache[-1][0].end != lsn:
+            # Not contiguous (appends are cached in log order, so not expected):
+            # never a gap inside the cache.
+            self._cache_closed = True
             return
         # Without its body: the block stands for it, and the writer never
         # reads a cached frame's body (so the cache holds blocks, not bytes twice).
@@ -621,6 +634,8 @@ class WriteAheadLog:
         while self._cache and self._cache[0][0].lsn < position:
             _, old_block = self._cache.popleft()
             self._cache_bytes -= _cache_cost(old_block)
+        if not self._cache:
+            self._cache_closed = False
         while self._key_order and self._key_order[0][0] < position:
             lsn, key = self._key_order.popleft()
             if self._keys.get(key) == lsn:

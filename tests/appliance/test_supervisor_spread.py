@@ -159,3 +159,70 @@ def test_a_listener_a_reload_removes_closes_its_port_and_one_it_adds_opens(
     finally:
         code = app.stop()
     assert code == 0, app.log()
+
+
+def test_once_every_worker_has_stopped_the_port_refuses(tmp_path: Path) -> None:
+    """On SIGTERM the port refuses once the workers stop accepting, as one process's does.
+
+    The supervisor closes its copies of the shared sockets as it stops, and
+    each worker its own, so a client is not queued through the drain on a
+    socket no process accepts from again (and reset at the end).
+    """
+    port = free_port()
+    app = start_appliance(tmp_path, forward_on(port), "workers = 2")
+    wait_for(lambda: "event=supervisor.ready" in app.log(), "ready", app=app)
+    assert acked(app, port, "warm") == "warm"
+    app.process.send_signal(signal.SIGTERM)
+    # Both workers have drained (their accept loops ended long before this line).
+    while app.log().count("event=service.stopped") < 2 and app.process.poll() is None:
+        time.sleep(0.001)
+    outcome = "exited first"
+    if app.process.poll() is None:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=5).close()
+            outcome = "connected"  # queued on a socket nobody will accept from again
+        except ConnectionRefusedError:
+            outcome = "refused"
+    assert app.process.wait(timeout=60) == 0, app.log()
+    # A socket still held by the supervisor would queue it: "connected".
+    assert outcome in ("refused", "exited first"), outcome
+
+
+def test_every_reload_closes_what_the_file_moved_also_the_supervisor_s_own(
+    tmp_path: Path,
+) -> None:
+    """The hourly CRL re-sign reloads the workers too: a listener the file now moves stops
+    queueing in the supervisor then as well, not only on SIGHUP (``_reload_serialized``)."""
+    import trio
+
+    from appliance.config import load_config
+    from appliance.server.spread import InheritedSockets
+    from appliance.supervisor import _reload_serialized, _Shared
+
+    kept, moved_from, moved_to = free_port(), free_port(), free_port()
+    path = tmp_path / "appliance.toml"
+    text = (
+        f'state_dir = "{tmp_path / "var"}"\nworkers = 2\n'
+        f'[[listeners]]\nname = "kept"\nbind = "127.0.0.1:{kept}"\n'
+        f'[[listeners]]\nname = "old"\nbind = "127.0.0.1:{moved_from}"\n'
+    )
+    path.write_text(text)
+    config = load_config(path)
+    sockets = {name: socket.socket() for name in ("kept", "old")}
+    shared = _Shared(
+        InheritedSockets.of(
+            {
+                "kept": (f"127.0.0.1:{kept}", [os.dup(sockets["kept"].fileno())]),
+                "old": (f"127.0.0.1:{moved_from}", [os.dup(sockets["old"].fileno())]),
+            }
+        ),
+        None,
+    )
+    try:
+        path.write_text(text.replace(f":{moved_from}", f":{moved_to}"))
+        trio.run(lambda: _reload_serialized(trio.Lock(), config, [], shared, publish=False))
+        assert set(shared.sockets.described()) == {"kept"}
+    finally:
+        shared.close()
+        for sock in sockets.values():
+            sock.close()

@@ -16,7 +16,7 @@ import trio.testing
 from hypothesis import given
 from hypothesis import strategies as st
 
-from appliance.server.listener import ConnectionInfo, TcpService, _gated_accept
+from appliance.server.listener import ConnectionInfo, TcpService, _Backlog, _gated_accept
 from appliance.server.spread import (
     ABSENT,
     ACCEPT_DEFER_SECONDS,
@@ -156,7 +156,7 @@ async def test_the_least_busy_worker_accepts_at_once(
     try:
         port = await queue.listen()
         client = await trio.open_tcp_stream("127.0.0.1", port)
-        stream = await _gated_accept(queue.trio, queue.raw, gate)
+        stream = await _gated_accept(queue.trio, queue.raw, gate, _Backlog(), lambda: True)
         assert trio.current_time() < ACCEPT_DEFER_SECONDS
         await stream.aclose()
         await client.aclose()
@@ -176,7 +176,7 @@ async def test_a_busier_worker_takes_a_connection_nobody_took_after_the_grace(
         port = await queue.listen()
         client = await trio.open_tcp_stream("127.0.0.1", port)
         start = trio.current_time()
-        stream = await _gated_accept(queue.trio, queue.raw, gate)
+        stream = await _gated_accept(queue.trio, queue.raw, gate, _Backlog(), lambda: True)
         waited = trio.current_time() - start
         assert ACCEPT_DEFER_SECONDS <= waited < 2 * ACCEPT_DEFER_SECONDS
         await stream.aclose()
@@ -197,7 +197,7 @@ async def test_a_connection_another_worker_took_does_not_shorten_the_next_one_s_
         port = await queue.listen()
 
         async def busy_worker() -> None:
-            stream = await _gated_accept(queue.trio, queue.raw, gate)
+            stream = await _gated_accept(queue.trio, queue.raw, gate, _Backlog(), lambda: True)
             accepted.append(trio.current_time())
             await stream.aclose()
 
@@ -230,12 +230,12 @@ async def test_a_burst_is_weighed_one_connection_at_a_time(
     try:
         port = await queue.listen()
         clients = [await trio.open_tcp_stream("127.0.0.1", port) for _ in range(2)]
-        first = await _gated_accept(queue.trio, queue.raw, gate)
+        first = await _gated_accept(queue.trio, queue.raw, gate, _Backlog(), lambda: True)
         assert trio.current_time() < ACCEPT_DEFER_SECONDS
         gate.opened()  # as the accept loop counts it
         assert counts.read() == [1, 0]
         start = trio.current_time()
-        second = await _gated_accept(queue.trio, queue.raw, gate)
+        second = await _gated_accept(queue.trio, queue.raw, gate, _Backlog(), lambda: True)
         assert trio.current_time() - start >= ACCEPT_DEFER_SECONDS
         for stream in (first, second, *clients):
             await stream.aclose()
@@ -277,3 +277,56 @@ async def test_the_service_counts_each_connection_from_accept_to_close(
     finally:
         counts.close()
     assert seen == [[1, 5], [2, 5]]
+
+
+@pytest.mark.trio
+async def test_a_backlog_left_by_a_stuck_least_busy_worker_is_drained_after_one_grace(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Worker 1 holds the minimum but never accepts (stuck, SIGSTOPped, busy loop, exiting).
+
+    20 connections have waited far longer than ACCEPT_DEFER_SECONDS: the
+    busier worker takes them all after one grace, not one grace each (which
+    would be 20 connections a second a socket).
+    """
+    queue = _Queue()
+    gate, counts = _gate([5, 0], me=0)
+    clients = []
+    try:
+        port = await queue.listen()
+        for _ in range(20):
+            clients.append(await trio.open_tcp_stream("127.0.0.1", port))
+        await trio.sleep(1.0)  # they have all waited 20 graces already
+        start = trio.current_time()
+        backlog = _Backlog()  # the accept loop's state, kept across accepts
+        for _ in range(20):
+            stream = await _gated_accept(queue.trio, queue.raw, gate, backlog, lambda: True)
+            await stream.aclose()
+        took = trio.current_time() - start
+        # A grace per connection would take 20 * ACCEPT_DEFER_SECONDS (1.0 s).
+        assert took < 2 * ACCEPT_DEFER_SECONDS, f"{took:.2f}s to take 20 stale connections"
+    finally:
+        for client in clients:
+            await client.aclose()
+        queue.close()
+        counts.close()
+
+
+@pytest.mark.trio
+async def test_a_worker_at_its_max_connections_leaves_the_connection_for_the_grace(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """At the minimum but full, taking it would only refuse it: a worker with room may first."""
+    queue = _Queue()
+    gate, counts = _gate([0, 5], me=0)
+    try:
+        port = await queue.listen()
+        client = await trio.open_tcp_stream("127.0.0.1", port)
+        start = trio.current_time()
+        stream = await _gated_accept(queue.trio, queue.raw, gate, _Backlog(), lambda: False)
+        assert trio.current_time() - start >= ACCEPT_DEFER_SECONDS
+        for open_stream in (stream, client):
+            await open_stream.aclose()
+    finally:
+        queue.close()
+        counts.close()

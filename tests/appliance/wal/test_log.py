@@ -414,6 +414,37 @@ async def test_the_cache_serves_what_read_returns_without_reading(tmp_path: Path
 
 
 @pytest.mark.trio
+async def test_the_cache_stays_one_run_after_a_record_is_left_out(tmp_path: Path) -> None:
+    """After a record that does not fit, no later one is kept until the commits empty the cache.
+
+    A small record after a large one left out would fit the room left, but
+    keeping it would put a gap inside the cache, where every commit group
+    would stop (appliance/wal/log.py, ``_cache_record``).
+    """
+    small = [sample_block(i) for i in range(4)]
+    large = sample_block(9, events=200)
+    limit = 2 * _cache_cost(small[0]) + _cache_cost(small[0]) // 2
+    assert _cache_cost(large) > limit
+    async with open_wal(tmp_path, 0, replace(SMALL, cache_bytes=limit)) as wal:
+        for b in (small[0], large, small[1]):
+            await (await wal.begin_block(b)).wait()
+        frames = await wal.read(0, 1 << 20)
+        cached = wal.read_cached(0, 1 << 20)
+        assert cached is not None
+        assert [b for _, b in cached] == [small[0]]  # small[1] would fit, but after the gap
+        assert wal.read_cached(frames[2].lsn, 1 << 20) is None
+        # Committed up to the cached run's end, the cache is empty and keeps again.
+        await wal.mark_committed(frames[0].end)
+        assert wal.cache_bytes == 0
+        for b in small[2:]:
+            await (await wal.begin_block(b)).wait()
+        later = await wal.read(frames[-1].end, 1 << 20)
+        cached = wal.read_cached(later[0].lsn, 1 << 20)
+        assert cached is not None
+        assert [b for _, b in cached] == small[2:]
+
+
+@pytest.mark.trio
 async def test_the_cache_keeps_the_oldest_records_within_its_bytes(tmp_path: Path) -> None:
     """A full cache keeps what the next commit reads first; a commit makes room again.
 
