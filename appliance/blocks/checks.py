@@ -54,6 +54,13 @@ def _per_row_text(
         return
     if len(values) != rows:
         raise BlockRefused(f"{what} has {len(values)} values for {rows} rows")
+    # The common column passes in C: no None, all ASCII, none over the limit
+    # (an ASCII str's length is its UTF-8 size). Anything else is checked value
+    # by value below, which names the first refusal.
+    if rows and None not in values:
+        texts = cast("Sequence[str]", values)
+        if max(map(len, texts)) <= limit and "".join(texts).isascii():
+            return
     # Each distinct value once, in the order of first appearance (the same
     # first refusal): a window's hosts repeat a handful of names per row.
     for value in dict.fromkeys(values):

@@ -8,10 +8,13 @@ otherwise; both paths must refuse the same values.
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from appliance.blocks.block import RowBlock
-from appliance.blocks.checks import check_block
-from appliance.blocks.errors import BlockRefused
+from appliance.blocks.checks import _per_row_text, check_block
+from appliance.blocks.errors import BlockRefused, InvalidText
+from appliance.blocks.text import check_text
 from appliance.blocks.timefmt import MAX_TIME_NS, MIN_TIME_NS
 
 NOW = 1_767_225_600 * 1_000_000_000
@@ -57,3 +60,35 @@ def test_records_that_are_not_utf8_are_refused_among_ascii_ones() -> None:
         check_block(block([NOW] * 3, ['{"a":1}', '{"b":"\ud800"}', "{}"]))
     with pytest.raises(BlockRefused, match="not valid UTF-8"):
         check_block(block([NOW] * 2, ['{"b":"\udcff"}', '{"c":"\u00e9"}']))
+
+
+_COLUMN_VALUES = st.lists(
+    st.sampled_from([None, "web-01", "x" * 20, "x" * 21, "é", "é" * 11, "\ud800", ""]),
+    max_size=12,
+)
+
+
+@given(_COLUMN_VALUES, st.booleans())
+def test_a_per_row_column_is_refused_as_a_check_of_each_value_in_order_would(
+    values: list[str | None], nullable: bool
+) -> None:
+    """The C-speed pass and the distinct-values loop name the refusal the plain loop names."""
+
+    def reference() -> str | None:
+        for value in values:
+            if value is None:
+                if not nullable:
+                    return "host is missing"
+                continue
+            try:
+                check_text(value, "host", 20)
+            except InvalidText as exc:
+                return exc.reason
+        return None
+
+    try:
+        _per_row_text(values, len(values), "host", 20, nullable)
+        got = None
+    except BlockRefused as exc:
+        got = exc.reason
+    assert got == reference()
