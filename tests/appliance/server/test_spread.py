@@ -147,22 +147,29 @@ def _gate(counts: list[int], me: int) -> tuple[AcceptGate, ConnectionCounts]:
     return gate, shared
 
 
+async def _time_to_accept(counts_now: list[int], me: int, has_room: bool = True) -> float:
+    """Virtual seconds worker ``me`` takes to accept one queued connection at ``counts_now``."""
+    queue = _Queue()
+    gate, counts = _gate(counts_now, me=me)
+    try:
+        port = await queue.listen()
+        client = await trio.open_tcp_stream("127.0.0.1", port)
+        start = trio.current_time()
+        stream = await _gated_accept(queue.trio, queue.raw, gate, _Backlog(), lambda: has_room)
+        waited = trio.current_time() - start
+        await stream.aclose()
+        await client.aclose()
+        return waited
+    finally:
+        queue.close()
+        counts.close()
+
+
 @pytest.mark.trio
 async def test_the_least_busy_worker_accepts_at_once(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    queue = _Queue()
-    gate, counts = _gate([0, 2, ABSENT], me=0)
-    try:
-        port = await queue.listen()
-        client = await trio.open_tcp_stream("127.0.0.1", port)
-        stream = await _gated_accept(queue.trio, queue.raw, gate, _Backlog(), lambda: True)
-        assert trio.current_time() < ACCEPT_DEFER_SECONDS
-        await stream.aclose()
-        await client.aclose()
-    finally:
-        queue.close()
-        counts.close()
+    assert await _time_to_accept([0, 2, ABSENT], me=0) < ACCEPT_DEFER_SECONDS
 
 
 @pytest.mark.trio
@@ -170,20 +177,8 @@ async def test_a_busier_worker_takes_a_connection_nobody_took_after_the_grace(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     """A less busy worker that is stuck or gone strands nothing."""
-    queue = _Queue()
-    gate, counts = _gate([3, 0], me=0)
-    try:
-        port = await queue.listen()
-        client = await trio.open_tcp_stream("127.0.0.1", port)
-        start = trio.current_time()
-        stream = await _gated_accept(queue.trio, queue.raw, gate, _Backlog(), lambda: True)
-        waited = trio.current_time() - start
-        assert ACCEPT_DEFER_SECONDS <= waited < 2 * ACCEPT_DEFER_SECONDS
-        await stream.aclose()
-        await client.aclose()
-    finally:
-        queue.close()
-        counts.close()
+    waited = await _time_to_accept([3, 0], me=0)
+    assert ACCEPT_DEFER_SECONDS <= waited < 2 * ACCEPT_DEFER_SECONDS
 
 
 @pytest.mark.trio
@@ -317,16 +312,4 @@ async def test_a_worker_at_its_max_connections_leaves_the_connection_for_the_gra
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     """At the minimum but full, taking it would only refuse it: a worker with room may first."""
-    queue = _Queue()
-    gate, counts = _gate([0, 5], me=0)
-    try:
-        port = await queue.listen()
-        client = await trio.open_tcp_stream("127.0.0.1", port)
-        start = trio.current_time()
-        stream = await _gated_accept(queue.trio, queue.raw, gate, _Backlog(), lambda: False)
-        assert trio.current_time() - start >= ACCEPT_DEFER_SECONDS
-        for open_stream in (stream, client):
-            await open_stream.aclose()
-    finally:
-        queue.close()
-        counts.close()
+    assert await _time_to_accept([0, 5], me=0, has_room=False) >= ACCEPT_DEFER_SECONDS
