@@ -33,6 +33,7 @@ __all__ = [
     "PLAUSIBLE_PAST_NS",
     "block_to_arrow",
     "blocks_to_arrow",
+    "load_arrow",
 ]
 
 _NS_PER_DAY: Final = 86_400 * 1_000_000_000
@@ -40,6 +41,12 @@ _NS_PER_DAY: Final = 86_400 * 1_000_000_000
 PLAUSIBLE_PAST_NS: Final = 366 * _NS_PER_DAY
 #: How far ahead an event time may lie (clock skew) and still pick its own partition.
 PLAUSIBLE_FUTURE_NS: Final = 1 * _NS_PER_DAY
+
+
+def load_arrow() -> None:
+    """Import what the conversion uses (blocking: a worker thread's job, once)."""
+    import pyarrow
+    import pyarrow.compute  # noqa: F401
 
 
 def _per_block(values: list[object], typ: pa.DataType, runs: _Runs) -> pa.Array:

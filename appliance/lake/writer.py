@@ -32,6 +32,7 @@ import trio
 from appliance.blocks.block import RowBlock
 from appliance.blocks.checks import check_block
 from appliance.blocks.errors import BlockRefused
+from appliance.lake.arrow import load_arrow
 from appliance.lake.commit_sink import CommitSink, CommitTicket
 from appliance.lake.committer import ARROW_SLICE_ROWS, TableCommitter, wal_app_id
 from appliance.lake.diskguard import DiskGuard
@@ -109,6 +110,8 @@ class LakeWriter:
         self._lake.last_commit_age.set_function(
             lambda: time.monotonic() - self.committer.last_data_commit
         )
+        #: Set by the first block with rows: the Arrow library then loads (see run).
+        self._first_rows = trio.Event()
         #: Refuses new blocks while the table's disk is nearly full (None: off).
         self.disk_guard: DiskGuard | None = (
             DiskGuard.for_table(
@@ -232,7 +235,21 @@ class LakeWriter:
             raise
         if self.disk_guard is not None and block.rows:
             self.disk_guard.check()
+        if block.rows:
+            self._first_rows.set()
         return await self._sink.submit(block, nbytes)
+
+    async def _load_arrow_at_first_rows(self) -> None:
+        """Import pyarrow (in a worker thread) once the first rows arrive, not at the first commit.
+
+        pyarrow stays out of an idle process (docs/performance.md#idle-memory),
+        so the first commit used to load it: about a second on a busy two-core
+        machine, in which a full load let the write-ahead log's backlog pass its
+        cache, and the records left out were read back and decoded later. Loaded
+        as the first rows are logged, it is ready by the first commit.
+        """
+        await self._first_rows.wait()
+        await trio.to_thread.run_sync(load_arrow)
 
     async def close_input(self) -> None:
         """Accept no more blocks; :meth:`run` makes what is queued or logged durable and returns."""
@@ -242,5 +259,6 @@ class LakeWriter:
         """Run the sink until :meth:`close_input` and every accepted block is committed."""
         async with trio.open_nursery() as outer:
             outer.start_soon(self.committer.renew_loop)
+            outer.start_soon(self._load_arrow_at_first_rows)
             await self._sink.run()
             outer.cancel_scope.cancel()  # the lease ends with the last commit

@@ -391,3 +391,36 @@ def test_a_large_group_is_converted_in_slices_to_the_same_table(
     assert sliced.num_rows == sum(b.rows for b in blocks)
     assert sliced.equals(blocks_to_arrow(blocks))
     assert sliced.column("record").num_chunks > 1
+
+
+@pytest.mark.trio
+async def test_the_arrow_library_loads_with_the_first_rows_not_at_the_first_commit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """pyarrow stays out of an idle writer, and is loaded once rows arrive, before any commit.
+
+    (This test process has pyarrow loaded already: the load is observed as a
+    call, made in a worker thread.)
+    """
+    import threading
+
+    import appliance.lake.writer as writer_module
+
+    loads: list[str] = []
+    monkeypatch.setattr(
+        writer_module, "load_arrow", lambda: loads.append(threading.current_thread().name)
+    )
+    async with writing(tmp_path, SLOW) as writer:
+        await trio.sleep(1)
+        assert loads == []  # idle: nothing loaded
+        await (await writer.submit(block("empty", rows=0))).wait()
+        await trio.sleep(1)
+        assert loads == []  # no rows, nothing to convert
+        await (await writer.submit(block("first"))).wait()
+        with trio.fail_after(30):
+            while not loads:
+                await trio.sleep(0.01)
+        assert writer.commits == 0  # before the first commit (SLOW: an hour apart)
+        await (await writer.submit(block("second"))).wait()
+    assert len(loads) == 1
+    assert loads[0] != threading.main_thread().name
