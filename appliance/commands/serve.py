@@ -62,8 +62,6 @@ def _serve(args: argparse.Namespace) -> int:
     from appliance.service import serve
     from appliance.serving_imports import keep_out
 
-    keep_out()
-
     config = load(args.config)
     configure(config.log.level, config.log.format, worker=args.worker)
     supervisor: int | None = None
@@ -91,6 +89,9 @@ def _serve(args: argparse.Namespace) -> int:
                 return 2
         _worker_signals()
     gc_policy.tune()
+    # Process-wide from here on: pandas and pyspark cannot be imported (the
+    # module says why). Nothing before this line needs either.
+    keep_out()
     failures: list[str] = []
     try:
         if config.worker_count > 1:

@@ -12,7 +12,7 @@ import pytest
 import trio
 import trio.testing
 
-from appliance import defaults, gc_policy
+from appliance import defaults, gc_policy, serving_imports
 from appliance.commands import serve as serve_command
 
 
@@ -44,6 +44,9 @@ def test_serve_tunes_before_it_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPa
         raise _Tuned
 
     monkeypatch.setattr(gc_policy, "tune", tuned)
+    # keep_out() is process-wide (it would leave pandas and pyspark unimportable
+    # for the rest of this test session): not here, whatever the order in _serve.
+    monkeypatch.setattr(serving_imports, "keep_out", lambda: None)
     args = argparse.Namespace(config=str(config), worker=None, supervisor=None)
     with pytest.raises(_Tuned):
         serve_command._serve(args)
