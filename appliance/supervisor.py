@@ -165,6 +165,7 @@ async def _bind_shared(config: Config) -> _Shared:
     """
     bound: dict[str, tuple[str, list[int]]] = {}
     sockets = InheritedSockets.of({})
+    made = False
     try:
         for listener in shared_listeners(config):
             try:
@@ -176,10 +177,12 @@ async def _bind_shared(config: Config) -> _Shared:
                 ) from exc
             bound[listener.name] = (listener.bind, [each.detach() for each in opened])
             sockets = InheritedSockets.of(bound)
-        return _Shared(sockets, ConnectionCounts.create(config.worker_count))
-    except BaseException:
-        sockets.close()
-        raise
+        shared = _Shared(sockets, ConnectionCounts.create(config.worker_count))
+        made = True
+        return shared
+    finally:
+        if not made:  # whatever stopped it (also a cancellation): the sockets close
+            sockets.close()
 
 
 def worker_command(config: Config, index: int, shared: str | None = None) -> list[str]:

@@ -91,12 +91,14 @@ class ConnectionCounts:
         Its descriptor is inheritable only where passed on (``pass_fds``).
         """
         fd = os.memfd_create("appliance-connections", os.MFD_CLOEXEC)
+        made = False
         try:
             os.ftruncate(fd, workers * _SLOT.size)
             counts = cls(fd, workers)
-        except BaseException:
-            os.close(fd)
-            raise
+            made = True
+        finally:
+            if not made:  # whatever stopped it (also a cancellation): no descriptor leaks
+                os.close(fd)
         for index in range(workers):
             counts.set(index, ABSENT)
         return counts
