@@ -24,7 +24,8 @@ itself:
   systemd ``READY=1`` once all are up (the workers do not talk to systemd);
 * SIGHUP (``appliance cert ...``, ``systemctl reload``) goes to every
   worker, one that is starting or restarting included (it is signalled once
-  it is ready: it may have read the files before the change); each must
+  it is ready: it may have read the files before the change; one that comes
+  before all are first ready is run once they are); each must
   answer with a CRL number at least that of the CRL on disk when the signal
   came. The supervisor writes the combined outcome to its own
   ``reload-status.json`` once every worker has answered, or after
@@ -41,7 +42,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -303,29 +304,23 @@ async def _supervise_shared(
 
         ready = trio.Event()
 
-        async def watch_signals() -> None:
-            async for signum in signals:
-                if signum == signal.SIGHUP:
-                    if ready.is_set():
-                        nursery.start_soon(_reload_serialized, reloads, config, workers, shared)
-                    else:
-                        # Starting workers read the files as they are now.
-                        log.info("supervisor.reload_skipped", reason="workers starting")
-                    continue
-                log.info("supervisor.stopping", signal=signal.Signals(signum).name)
-                notifier.notify("STOPPING=1")
-                stopping.set()
-                # This process's copies of the shared sockets; each worker closes
-                # its own as it stops accepting, so the port refuses at once instead
-                # of queueing connections through the drain that nobody accepts.
-                shared.sockets.close()
-                # Every worker's task then sends its process one SIGTERM (a second
-                # would end it without draining) and waits; SIGKILL after the grace.
-                children.cancel()
-                nursery.cancel_scope.cancel()
-                return
+        def reload() -> None:
+            nursery.start_soon(_reload_serialized, reloads, config, workers, shared)
 
-        nursery.start_soon(watch_signals)
+        def stop(signum: int) -> None:
+            log.info("supervisor.stopping", signal=signal.Signals(signum).name)
+            notifier.notify("STOPPING=1")
+            stopping.set()
+            # This process's copies of the shared sockets; each worker closes
+            # its own as it stops accepting, so the port refuses at once instead
+            # of queueing connections through the drain that nobody accepts.
+            shared.sockets.close()
+            # Every worker's task then sends its process one SIGTERM (a second
+            # would end it without draining) and waits; SIGKILL after the grace.
+            children.cancel()
+            nursery.cancel_scope.cancel()
+
+        nursery.start_soon(_watch_signals, signals, ready, reload, stop)
         await nursery.start(run_children)
         with trio.move_on_after(WORKER_START_TIMEOUT_SECONDS + 1):
             while not all(worker.ready for worker in workers):
@@ -352,6 +347,39 @@ async def _supervise_shared(
         if config.tls.client_ca_file is None:
             nursery.start_soon(_refresh_crl, tls, reloads, config, workers, shared)
     log.info("supervisor.stopped", workers=len(workers))
+
+
+async def _watch_signals(
+    signals: AsyncIterator[int],
+    ready: trio.Event,
+    reload: Callable[[], None],
+    stop: Callable[[int], None],
+) -> None:
+    """Start a reload on SIGHUP and call ``stop`` on SIGTERM or SIGINT (then return).
+
+    A SIGHUP that comes before every worker is ready is kept, not dropped: a
+    worker may have read the files before the change the signal announces
+    (``systemctl reload`` or a CLI right after the start). It starts one reload
+    once they are all ready; further SIGHUPs meanwhile add nothing to it.
+    """
+    deferred = False
+    async with trio.open_nursery() as waiting:
+        async for signum in signals:
+            if signum != signal.SIGHUP:
+                waiting.cancel_scope.cancel()
+                stop(signum)
+                return
+            if ready.is_set():
+                reload()
+            elif not deferred:
+                deferred = True
+                log.info("supervisor.reload_deferred", reason="workers starting")
+                waiting.start_soon(_reload_when_ready, ready, reload)
+
+
+async def _reload_when_ready(ready: trio.Event, reload: Callable[[], None]) -> None:
+    await ready.wait()
+    reload()
 
 
 async def _run_worker(

@@ -18,7 +18,7 @@ from cryptography import x509
 
 from appliance.config import Config
 from appliance.reload_status import ReloadStatus, read_status, write_status
-from appliance.supervisor import RELOAD_WAIT_SECONDS, _reload, _Worker
+from appliance.supervisor import RELOAD_WAIT_SECONDS, _reload, _watch_signals, _Worker
 from pki.authority import CertificateAuthority, PkiPaths, crl_number
 
 _pids = itertools.count(5000)
@@ -147,3 +147,48 @@ async def test_an_answer_with_an_older_crl_is_not_taken_for_the_reload(
     answer = read_status(config.worker_state_dir(1))
     assert answer is not None
     assert answer.crl_number == required
+
+
+@pytest.mark.trio
+async def test_a_sighup_before_the_workers_are_ready_reloads_once_they_are(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """``systemctl reload`` right after the start: kept for when every worker is ready."""
+    send, signals = trio.open_memory_channel[int](10)
+    ready = trio.Event()
+    reloads: list[float] = []
+    stops: list[int] = []
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(
+            _watch_signals, signals, ready, lambda: reloads.append(trio.current_time()),
+            stops.append,
+        )  # fmt: skip
+        await send.send(signal.SIGHUP)
+        await send.send(signal.SIGHUP)  # a second one meanwhile adds nothing
+        await trio.sleep(5)
+        assert reloads == []  # the workers are still starting
+        ready.set()
+        await trio.sleep(1)
+        assert len(reloads) == 1
+        await send.send(signal.SIGHUP)  # once ready, each signal is a reload
+        await trio.sleep(1)
+        assert len(reloads) == 2
+        await send.send(signal.SIGTERM)
+    assert stops == [signal.SIGTERM]
+
+
+@pytest.mark.trio
+async def test_a_stop_before_the_workers_are_ready_drops_a_waiting_reload(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    send, signals = trio.open_memory_channel[int](10)
+    ready = trio.Event()
+    reloads: list[int] = []
+    stops: list[int] = []
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_watch_signals, signals, ready, lambda: reloads.append(1), stops.append)
+        await send.send(signal.SIGHUP)
+        await send.send(signal.SIGINT)
+    ready.set()
+    await trio.sleep(1)
+    assert (reloads, stops) == ([], [signal.SIGINT])
