@@ -102,34 +102,45 @@ async def serve_tcp(
         raise BindError(
             exc.errno, f"listener {listener.name!r} cannot bind {listener.bind}: {exc.strerror}"
         ) from exc
-    service = TcpService(
-        listener.name,
-        handler,
-        ssl_context=site.tls.context_for(listener) if listener.tls else None,
-        tls_handshake_timeout=listener.tls_handshake_timeout_seconds,
-        max_connections=listener.max_connections,
-        max_connections_per_address=listener.max_connections_per_address,
-        metrics=context.metrics.listener(listener.name, listener.protocol),
-        proxy=ProxySettings.of(listener),
-        connections=context.connections,
-        certificate_check=site.tls.certificate_revocation,
-        gate=share.gate if share else None,
-        # Only a queue every worker accepts from is worth leaving to another.
-        defer=inherited is not None,
-    )
-    port = sockets[0].socket.getsockname()[1]
-    running = site.running
-    running.ports[listener.name] = port
-    running.services[listener.name] = service
-    if running.tls_audit is not None and listener.client_auth != "off":
-        service.on_tls_failure = running.tls_audit.note
-    if not listener.tls:
-        log.warning("listener.plaintext", listener=listener.name, bind=listener.bind, port=port)
-    scope = trio.CancelScope()
-    running.accepting[listener.name] = scope
-    with scope:
-        async with trio.open_nursery() as nursery:
-            if beside is not None:
-                await beside(listener, port, nursery)
-            nursery.start_soon(service.serve, sockets, site.connections)
-            task_status.started()
+    # Until service.serve owns them (it closes them when it ends), the sockets
+    # are this call's: a start that fails before (a TLS context that cannot be
+    # built, a heartbeat that cannot bind) closes them, so no port stays bound
+    # with a queue that nobody accepts from.
+    handed = False
+    try:
+        service = TcpService(
+            listener.name,
+            handler,
+            ssl_context=site.tls.context_for(listener) if listener.tls else None,
+            tls_handshake_timeout=listener.tls_handshake_timeout_seconds,
+            max_connections=listener.max_connections,
+            max_connections_per_address=listener.max_connections_per_address,
+            metrics=context.metrics.listener(listener.name, listener.protocol),
+            proxy=ProxySettings.of(listener),
+            connections=context.connections,
+            certificate_check=site.tls.certificate_revocation,
+            gate=share.gate if share else None,
+            # Only a queue every worker accepts from is worth leaving to another.
+            defer=inherited is not None,
+        )
+        port = sockets[0].socket.getsockname()[1]
+        running = site.running
+        running.ports[listener.name] = port
+        running.services[listener.name] = service
+        if running.tls_audit is not None and listener.client_auth != "off":
+            service.on_tls_failure = running.tls_audit.note
+        if not listener.tls:
+            log.warning("listener.plaintext", listener=listener.name, bind=listener.bind, port=port)
+        scope = trio.CancelScope()
+        running.accepting[listener.name] = scope
+        with scope:
+            async with trio.open_nursery() as nursery:
+                if beside is not None:
+                    await beside(listener, port, nursery)
+                nursery.start_soon(service.serve, sockets, site.connections)
+                handed = True
+                task_status.started()
+    finally:
+        if not handed:
+            for opened in sockets:
+                opened.socket.close()
