@@ -491,24 +491,18 @@ async def _reload_serialized(
     confirm all the same, but the status the CLI waits on is left alone, so that
     no command takes this reload for the answer to its own signal. Either way
     the workers read the config file again, so a shared listener the file now
-    removes or moves stops queueing here too (:func:`_drop_moved`), unless a
-    worker refused the new file: it then serves the old listeners still, from
-    the sockets this process would hand it again should it restart.
+    removes or moves stops queueing here too (:func:`_drop_moved`). Also when
+    a worker's reload then fails: it fails after it stopped the old listeners
+    (a new one that cannot bind, a TLS file) or it refused the file as a whole
+    and serves on from its own copies of the sockets; a restarted worker reads
+    the new file. So this process's copy would only queue connections.
     """
     async with lock:
+        _drop_moved(config, shared)
         previous = read_status(config.state_dir)
         status = await _reload(config, workers, (previous.generation if previous else 0) + 1)
-        if not any(_refused(config, worker) for worker in workers):
-            _drop_moved(config, shared)
         if publish:
             write_status(config.state_dir, status)
-
-
-def _refused(config: Config, worker: _Worker) -> bool:
-    """Whether ``worker``'s current process answered its latest reload with a failure."""
-    pid = worker.pid
-    status = read_status(config.worker_state_dir(worker.index)) if pid is not None else None
-    return status is not None and status.pid == pid and not status.ok
 
 
 def _crl_on_disk(config: Config) -> int | None:

@@ -105,8 +105,11 @@ async def serve_tcp(
     # Until service.serve owns them (it closes them when it ends), the sockets
     # are this call's: a start that fails before (a TLS context that cannot be
     # built, a heartbeat that cannot bind) closes them, so no port stays bound
-    # with a queue that nobody accepts from.
+    # with a queue that nobody accepts from, and takes back what it recorded,
+    # so that a later reload does not take the listener for open.
+    running = site.running
     handed = False
+    scope: trio.CancelScope | None = None
     try:
         service = TcpService(
             listener.name,
@@ -124,7 +127,6 @@ async def serve_tcp(
             defer=inherited is not None,
         )
         port = sockets[0].socket.getsockname()[1]
-        running = site.running
         running.ports[listener.name] = port
         running.services[listener.name] = service
         if running.tls_audit is not None and listener.client_auth != "off":
@@ -144,3 +146,7 @@ async def serve_tcp(
         if not handed:
             for opened in sockets:
                 opened.socket.close()
+            if scope is not None and running.accepting.get(listener.name) is scope:
+                del running.accepting[listener.name]
+                running.services.pop(listener.name, None)
+                running.ports.pop(listener.name, None)

@@ -9,23 +9,18 @@ depends on the machine's speed.
 from __future__ import annotations
 
 import itertools
-import os
 import signal
-import socket
 from pathlib import Path
 
 import pytest
 import trio
 from cryptography import x509
 
-from appliance.config import Config, load_config
+from appliance.config import Config
 from appliance.reload_status import ReloadStatus, read_status, write_status
-from appliance.server.spread import InheritedSockets
 from appliance.supervisor import (
     RELOAD_WAIT_SECONDS,
     _reload,
-    _reload_serialized,
-    _Shared,
     _watch_signals,
     _Worker,
 )
@@ -202,55 +197,3 @@ async def test_a_stop_before_the_workers_are_ready_drops_a_waiting_reload(
     ready.set()
     await trio.sleep(1)
     assert (reloads, stops) == ([], [signal.SIGINT])
-
-
-class RefusingWorker(FakeWorker):
-    """A worker whose reload fails (it keeps serving what it had)."""
-
-    def answer_fresh(self) -> None:
-        self.generation += 1
-        status = ReloadStatus(self.pid, self.generation, False, error="bad file")
-        write_status(self.config.worker_state_dir(self.index), status)
-
-
-@pytest.mark.trio
-@pytest.mark.parametrize("refuses", [False, True])
-async def test_a_removed_listener_s_socket_is_kept_while_a_worker_refused_the_file(
-    tmp_path: Path, autojump_clock: trio.testing.MockClock, refuses: bool
-) -> None:
-    path = tmp_path / "appliance.toml"
-    text = (
-        f'state_dir = "{tmp_path / "state"}"\nworkers = 2\n'
-        '[[listeners]]\nname = "kept"\nbind = "127.0.0.1:24224"\n'
-        '[[listeners]]\nname = "old"\nbind = "127.0.0.1:24225"\n'
-    )
-    path.write_text(text)
-    config = load_config(path)
-    CertificateAuthority(PkiPaths(config.pki_dir)).create()  # what a worker's answer reads
-    held = [socket.socket() for _ in range(2)]
-    shared = _Shared(
-        InheritedSockets.of(
-            {
-                "kept": ("127.0.0.1:24224", [os.dup(held[0].fileno())]),
-                "old": ("127.0.0.1:24225", [os.dup(held[1].fileno())]),
-            }
-        ),
-        None,
-    )
-    workers = []
-    for index in range(2):
-        kind = RefusingWorker if refuses and index == 1 else FakeWorker
-        fake = kind(config, index, None)
-        workers.append(_Worker(index, process=fake, ready=True))  # type: ignore[arg-type]
-    try:
-        path.write_text(text.split('[[listeners]]\nname = "old"')[0])
-        await _reload_serialized(trio.Lock(), config, workers, shared)
-        status = read_status(config.state_dir)
-        assert status is not None
-        assert status.ok is not refuses
-        kept = {"kept", "old"} if refuses else {"kept"}
-        assert set(shared.sockets.described()) == kept
-    finally:
-        shared.close()
-        for sock in held:
-            sock.close()

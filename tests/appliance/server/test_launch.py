@@ -29,12 +29,16 @@ def _refused(port: int) -> bool:
 
 @pytest.mark.trio
 async def test_a_start_that_fails_after_the_bind_closes_the_sockets(tmp_path: Path) -> None:
-    """The heartbeat beside it cannot bind: the TCP port must not stay bound, queueing."""
+    """The heartbeat beside it cannot bind: the TCP port must not stay bound, queueing,
+    nor the listener recorded as running."""
     listener = ForwardListenerConfig(name="forward", bind="127.0.0.1:0", tls=False)
     running = SimpleNamespace(ports={}, services={}, accepting={}, tls_audit=None)
     tls = SimpleNamespace(certificate_revocation=None)
 
-    async def beside(_listener: Any, _port: int, _nursery: trio.Nursery) -> None:
+    port_seen: list[int] = []
+
+    async def beside(_listener: Any, port: int, _nursery: trio.Nursery) -> None:
+        port_seen.append(port)
         raise OSError(errno.EADDRINUSE, "heartbeat port in use")
 
     async def start() -> None:
@@ -52,6 +56,7 @@ async def test_a_start_that_fails_after_the_bind_closes_the_sockets(tmp_path: Pa
     with pytest.raises(BaseExceptionGroup) as raised:
         await start()
     assert raised.group_contains(OSError, match="heartbeat port in use", depth=None)
-    port = running.ports["forward"]
-    assert port != 0
-    assert _refused(port)
+    assert port_seen
+    assert _refused(port_seen[0])
+    # Nothing recorded stays: a later reload must not take the listener for open.
+    assert (running.ports, running.services, running.accepting) == ({}, {}, {})
