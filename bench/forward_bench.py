@@ -321,6 +321,13 @@ def run_reference_case(
     harness.discard_state(state_dir, args.keep)
     latencies = window.latencies(results)
     metrics = window.metrics(len(latencies) * batch, latencies)
+    if args.latencies:
+        print("  reference:\n" + harness.latency_breakdown(window, results, {}))
+    if args.latency_dump is not None:
+        harness.latency_dump(
+            args.latency_dump / f"reference-{batch}x{pipeline}x{connections}-{nonce:x}.json",
+            window, results, {},
+        )  # fmt: skip
     return ReferenceResult(
         events_per_second=metrics["events_per_second"],
         p50_ms=metrics["p50_ms"],
@@ -417,6 +424,8 @@ class CaseResult:
     ok: bool
     #: Connections per worker (``--processes``): how the kernel spread them.
     connections_by_worker: dict[int, int] = dataclasses.field(default_factory=dict)
+    #: ``--latencies``: each connection's latency distribution and the tail's timeline.
+    latency_breakdown: str = ""
 
     @property
     def label(self) -> str:
@@ -459,6 +468,14 @@ def run_case(
     )
     window = run.window
     acked_events = run.acked * batch
+    breakdown = ""
+    if args.latencies:
+        breakdown = harness.latency_breakdown(window, run.results, run.workers_by_port)
+    if args.latency_dump is not None:
+        harness.latency_dump(
+            args.latency_dump / f"appliance-{batch}x{pipeline}x{connections}-{nonce:x}.json",
+            window, run.results, run.workers_by_port,
+        )  # fmt: skip
     return CaseResult(
         batch=batch,
         pipeline=pipeline,
@@ -477,6 +494,7 @@ def run_case(
         record_bytes=workload.record_bytes,
         ceilings=ceilings,
         connections_by_worker=run.connections_by_worker,
+        latency_breakdown=breakdown,
         ok=(
             run.table_rows == acked_events
             and run.table_batches == run.acked
@@ -532,6 +550,7 @@ def print_case(r: CaseResult) -> None:
             if r.connections_by_worker
             else ""
         )
+        + (r.latency_breakdown + "\n" if r.latency_breakdown else "")
         + f"    verify: acked {r.acked_events:,} events in {r.acked_chunks:,} chunks; "
         f"table has {r.table_rows:,} rows in {r.table_chunks:,} batch ids; "
         f"server exit {r.server_exit}: {verdict}",
@@ -719,11 +738,24 @@ def main(argv: list[str] | None = None) -> int:
         help="appliance processes: workers = N (a supervisor and N workers on one port and "
         "one table, docs/performance.md), on N cores from the server's core on; 1",
     )
+    parser.add_argument(
+        "--latencies",
+        action="store_true",
+        help="print each connection's latency distribution (and its worker) and when the "
+        "window's slowest 1%% of acks came",
+    )
+    parser.add_argument(
+        "--latency-dump",
+        type=Path,
+        help="write every ack's time and latency, by connection, to a JSON file per run here",
+    )
     parser.add_argument("--spy-rate", type=int, default=100, help="py-spy samples/s (100)")
     parser.add_argument(
         "--spy-args", default="--nonblocking", help="more py-spy record flags (--nonblocking)"
     )
     args = parser.parse_args(argv)
+    if args.latency_dump is not None:
+        args.latency_dump.mkdir(parents=True, exist_ok=True)
 
     cores, pinning, usable = harness.pin_cores(args.no_pin)
     info = machine_info(usable)

@@ -619,6 +619,8 @@ class ConnectionResult:
     #: Answers that acknowledged nothing (the server's keepalives while a commit runs).
     keepalives: int = 0
     error: BaseException | None = None
+    #: The client's TCP port: which worker took the connection (the server logs the peer).
+    local_port: int = 0
 
 
 def tls_context(ca_file: Path) -> ssl.SSLContext:
@@ -676,6 +678,7 @@ def pipelined(
     """
     try:
         with tls_connect(context, port) as tls:
+            result.local_port = tls.getsockname()[1]
             client.handshake(tls)
             sent: collections.deque[tuple[Any, float]] = collections.deque()
             start.wait()
@@ -855,6 +858,8 @@ class CaseRun:
     #: Connections each worker accepted (``workers = N``: the accept gate's spread,
     #: appliance/server/spread.py); empty for a single process.
     connections_by_worker: dict[int, int] = dataclasses.field(default_factory=dict)
+    #: The worker that accepted each client port (empty for a single process).
+    workers_by_port: dict[int, int] = dataclasses.field(default_factory=dict)
 
     @property
     def acked(self) -> int:
@@ -901,6 +906,7 @@ def run_tls_case(
     window = run_window(server, senders, results, args.warmup, args.duration, sampler)
     code, stopped = stop_server(server)
     spread = connections_by_worker(server.log_path)
+    ports = workers_by_port(server.log_path)
     table_rows, table_batches = table_counts(state_dir / "var" / "lake" / "events")
     discard_state(state_dir, args.keep)
     return CaseRun(
@@ -912,6 +918,7 @@ def run_tls_case(
         table_rows,
         table_batches,
         spread,
+        ports,
     )
 
 
@@ -922,6 +929,88 @@ def connections_by_worker(log_path: Path) -> dict[int, int]:
     for worker in re.findall(r"event=connection\.open worker=(\d+)", text):
         counts[int(worker)] = counts.get(int(worker), 0) + 1
     return dict(sorted(counts.items()))
+
+
+def workers_by_port(log_path: Path) -> dict[int, int]:
+    """The worker that accepted each client port, from ``connection.open ... peer=H:P ...
+    worker=k`` ({} for one process, whose lines name no worker)."""
+    workers: dict[int, int] = {}
+    text = log_path.read_text(encoding="utf-8", errors="replace")
+    for line in text.splitlines():
+        if "event=connection.open" not in line:
+            continue
+        fields = dict(re.findall(r"(\w+)=(\S+)", line))
+        port = fields.get("peer", "").rpartition(":")[2]
+        if port.isdigit() and fields.get("worker", "").isdigit():
+            workers[int(port)] = int(fields["worker"])
+    return workers
+
+
+#: Width of a time slot in the latency breakdown's timeline of the slowest acks.
+TAIL_SLOT_SECONDS = 0.25
+
+
+def latency_breakdown(
+    window: Window, results: Sequence[ConnectionResult], workers: dict[int, int]
+) -> str:
+    """Each connection's latency distribution in the window, then when the slowest acks came.
+
+    The slowest 1% of the window's acks (at or above its p99), counted per
+    :data:`TAIL_SLOT_SECONDS` slot of the window and per connection: a tail
+    that a few slots hold is a stall of the server (a commit, a pause), one
+    spread over the window is the rate's own variance.
+    """
+    every = window.latencies(results)
+    if not every:
+        return "    no acks in the window"
+    p99 = quantile(every, 0.99)
+    lines = [f"    latency by connection (ms; window p99 {p99 * 1000:.1f}):"]
+    slots = max(1, int(window.seconds / TAIL_SLOT_SECONDS + 0.5))
+    timeline = [0] * slots
+    for index, r in enumerate(results):
+        inside = [
+            (t, lat)
+            for t, lat in zip(r.ack_times, r.latencies, strict=True)
+            if window.start <= t <= window.end
+        ]
+        lat = sorted(x for _, x in inside)
+        if not lat:
+            continue
+        worker = workers.get(r.local_port)
+        where = "" if worker is None else f" worker {worker}"
+        tail = 0
+        for t, x in inside:
+            if x >= p99:
+                tail += 1
+                timeline[min(slots - 1, int((t - window.start) / TAIL_SLOT_SECONDS))] += 1
+        lines.append(
+            f"      conn {index}{where}: {len(lat)} acks, p50 {quantile(lat, 0.5) * 1000:.1f} "
+            f"p90 {quantile(lat, 0.9) * 1000:.1f} p99 {quantile(lat, 0.99) * 1000:.1f} "
+            f"max {lat[-1] * 1000:.1f}, {tail} at or above the window's p99"
+        )
+    lines.append(
+        f"    acks at or above the p99 per {TAIL_SLOT_SECONDS:g} s of the window: "
+        + " ".join(map(str, timeline))
+    )
+    return "\n".join(lines)
+
+
+def latency_dump(
+    path: Path, window: Window, results: Sequence[ConnectionResult], workers: dict[int, int]
+) -> None:
+    """Every ack's time and latency by connection, as JSON (``time.time()`` = perf + offset)."""
+    path.write_text(
+        json.dumps({
+            "window": [window.start, window.end],
+            "wall_offset": time.time() - time.perf_counter(),
+            "connections": [
+                {"port": r.local_port, "worker": workers.get(r.local_port),
+                 "ack_times": r.ack_times, "latencies": r.latencies}
+                for r in results
+            ],
+        }),
+        encoding="utf-8",
+    )  # fmt: skip
 
 
 # -- a benchmark's cases -------------------------------------------------------
