@@ -8,16 +8,26 @@ once and adds the fraction, and sends every other value through
 ``rfc3339_ns(value)`` (tests/appliance/rows/test_timecache.py holds it to
 that with hypothesis), so the rules of docs/table.md, "Times" (ASCII
 digits, int64 nanoseconds) are the same on both paths.
+
+When every value has one length and that shape, and the process has numpy
+(:mod:`appliance.blocks.numpy_loaded`), the whole column is read as a byte
+matrix instead (``_vector_ns``: about 0.4 of the dict path's time for
+1,000 distinct seconds); any value it is not sure of sends the column back
+to the dict path, so the result is the same.
 """
 
 from __future__ import annotations
 
+import calendar
+import datetime as dt
+import functools
 import re
 from collections.abc import Sequence
 from itertools import repeat
 from operator import add, itemgetter, mul
 from typing import Any, Final, cast
 
+from appliance.blocks.numpy_loaded import loaded_numpy
 from appliance.blocks.timefmt import MAX_TIME_NS, rfc3339_ns
 
 __all__ = ["CACHED_SECONDS", "Rfc3339Cache"]
@@ -34,6 +44,13 @@ _PREFIX_OF: Final = itemgetter(slice(0, 19))
 #: Three ASCII fraction digits -> their nanoseconds (1,000 entries).
 _MILLISECONDS_NS: Final = {f"{ms:03d}": ms * 1_000_000 for ms in range(1000)}
 _PREFIX: Final = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}", re.ASCII)
+#: ``YYYY-MM-DDTHH:MM:SS``: where its digits are.
+_PREFIX_DIGITS: Final = (0, 1, 2, 3, 5, 6, 8, 9, 11, 12, 14, 15, 17, 18)
+#: Whole seconds whose every fraction is an int64 nanosecond (2262-04-11T23:47:15
+#: and 1677-09-21T00:12:44 are the last inside); other seconds take the dict path.
+_VECTOR_SECONDS: Final = (-(2**63) // 1_000_000_000 + 1, (2**63 - 1) // 1_000_000_000 - 1)
+#: Nanoseconds of each fraction digit, for 1 to 9 digits.
+_FRACTION_PLACES: Final = {n: [10 ** (8 - k) for k in range(n)] for n in range(1, 10)}
 
 
 class Rfc3339Cache:
@@ -115,6 +132,11 @@ class Rfc3339Cache:
                 return None
             if digits and not "".join(joined[20 + k :: size] for k in range(digits)).isdigit():
                 return None
+        numpy = loaded_numpy()
+        if numpy is not None:
+            vector = _vector_ns(numpy, joined, count, size, digits)
+            if vector is not None:
+                return vector
         seconds = self._seconds
         prefixes = list(map(_PREFIX_OF, texts))
         found = list(map(seconds.get, prefixes, repeat(_UNSEEN, count)))
@@ -137,3 +159,75 @@ class Rfc3339Cache:
         if max(ns_list) > MAX_TIME_NS:
             return None
         return cast("list[int | None]", ns_list)
+
+
+#: The first year of :data:`_MONTHS`; years before it, or after ``_LAST_YEAR``, take the dict path.
+_FIRST_YEAR: Final = 1677
+_LAST_YEAR: Final = 2262
+_SEPARATOR_COLUMNS: Final = [4, 7, 10, 13, 16]
+_SEPARATOR_BYTES: Final = b"--T::"
+#: Each two-digit field's lowest and highest value: month, day, hour, minute, second
+#: (the day's real bound is its month's, checked with :data:`_MONTHS`).
+_FIELD_LOW: Final = [1, 1, 0, 0, 0]
+_FIELD_HIGH: Final = [12, 31, 23, 59, 59]
+
+
+@functools.cache
+def _months(numpy: Any) -> tuple[Any, Any]:
+    """Per month of _FIRST_YEAR .. _LAST_YEAR: its first day (days since 1970-01-01), its days."""
+    first, days = [], []
+    epoch = dt.date(1970, 1, 1).toordinal()
+    for year in range(_FIRST_YEAR, _LAST_YEAR + 1):
+        for month in range(1, 13):
+            first.append(dt.date(year, month, 1).toordinal() - epoch)
+            days.append(calendar.monthrange(year, month)[1])
+    return numpy.asarray(first, numpy.int64), numpy.asarray(days, numpy.int64)
+
+
+def _vector_ns(
+    numpy: Any, joined: str, count: int, size: int, digits: int
+) -> list[int | None] | None:
+    """The instants of ``count`` values of ``size`` characters joined, in numpy, or None.
+
+    The caller has checked the shape after the clock (``.``, fraction digits,
+    ``Z``) and that ``joined`` is ASCII. None, for the dict path to decide,
+    whenever anything is not plainly valid: a separator or digit out of
+    place, a field out of its range (what ``datetime.fromisoformat`` refuses:
+    month 13, February 30, hour 24, second 60), a year outside 1677 .. 2262,
+    or a second too near an end of int64 nanoseconds. What remains is the
+    calendar's arithmetic (each month's first day from ``datetime.date``),
+    which is ``rfc3339_ns``'s result for such a value.
+    """
+    np = numpy
+    rows = np.frombuffer(joined.encode("ascii"), np.uint8).reshape(count, size)
+    if not (rows[:, _SEPARATOR_COLUMNS] == np.frombuffer(_SEPARATOR_BYTES, np.uint8)).all():
+        return None
+    figures = rows[:, _PREFIX_DIGITS].astype(np.int64) - ord("0")
+    if figures.min() < 0 or figures.max() > 9:
+        return None
+    # Two-digit fields: century, year of it, month, day, hour, minute, second.
+    pairs = figures[:, 0::2] * 10 + figures[:, 1::2]
+    year = pairs[:, 0] * 100 + pairs[:, 1]
+    fields = pairs[:, 2:]
+    if (
+        year.min() < _FIRST_YEAR
+        or year.max() > _LAST_YEAR
+        or (fields < _FIELD_LOW).any()
+        or (fields > _FIELD_HIGH).any()
+    ):
+        return None
+    first_day, month_days = _months(np)
+    month = (year - _FIRST_YEAR) * 12 + (fields[:, 0] - 1)
+    day = fields[:, 1]
+    if (day > month_days[month]).any():
+        return None
+    whole = (first_day[month] + day - 1) * 86_400 + fields[:, 2] * 3600 + fields[:, 3] * 60
+    whole += fields[:, 4]
+    low, high = _VECTOR_SECONDS
+    if whole.min() < low or whole.max() > high:
+        return None
+    ns = whole * 1_000_000_000
+    if digits > 0:
+        fraction = rows[:, 20 : 20 + digits].astype(np.int64) - ord("0")
+        ns += (fraction * _FRACTION_PLACES[digits]).sum(axis=1)
+    return cast("list[int | None]", ns.tolist())

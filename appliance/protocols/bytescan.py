@@ -7,38 +7,24 @@ slices, as wsproto does; ``str.count``), which take 5 to 10 times longer.
 Either way the result is the same (tests/appliance/protocols/test_bytescan.py
 holds numpy's to the stdlib's with hypothesis).
 
-numpy is used only once the process has it: pyarrow imports it, and the
-service loads pyarrow in a worker thread as soon as the first rows are
-submitted (docs/performance.md, "Idle memory"). Importing it here would put
-tens of MiB into every idle process and, on the event loop, up to a second of
-import in front of the first message; until pyarrow has loaded it, the stdlib
-path runs.
+numpy is used only once the process has it
+(:func:`appliance.blocks.numpy_loaded.loaded_numpy`: pyarrow loads it with
+the first rows); until then, the stdlib path runs.
 """
 
 from __future__ import annotations
 
-import sys
-from types import ModuleType
 from typing import Final
 
-__all__ = ["VECTOR_MIN_BYTES", "brackets", "loaded_numpy", "xor_mask"]
+from appliance.blocks.numpy_loaded import loaded_numpy
+
+__all__ = ["VECTOR_MIN_BYTES", "brackets", "xor_mask"]
 
 #: Below this many bytes the stdlib is as fast as numpy's per-call overhead.
 VECTOR_MIN_BYTES: Final = 256
 
 #: wsproto's table: byte -> byte ^ key for each key byte (its XorMaskerSimple's).
 _XOR_TABLE: Final = [bytes(a ^ b for a in range(256)) for b in range(256)]
-
-
-def loaded_numpy() -> ModuleType | None:
-    """numpy if this process has imported it (pyarrow does), else None; never imports it."""
-    if "numpy" not in sys.modules:
-        return None
-    # The import statement, not sys.modules, so that a numpy another thread is
-    # still importing is waited for (the import lock) rather than used half-built.
-    import numpy
-
-    return numpy
 
 
 def xor_mask(data: bytearray, key: bytes) -> None:

@@ -9,8 +9,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from appliance.blocks.numpy_loaded import loaded_numpy
 from appliance.protocols import bytescan
-from appliance.protocols.bytescan import VECTOR_MIN_BYTES, brackets, loaded_numpy, xor_mask
+from appliance.protocols.bytescan import VECTOR_MIN_BYTES, brackets, xor_mask
 
 #: Bytes around "{" (0x7B) and "[" (0x5B), and the ones that differ from them in one bit.
 _NEAR = st.sampled_from(b'{[{[\x7a\x5a\x7c\x5c\x3b\x1b\xfb\xdb\x00\xff a"')
