@@ -73,9 +73,20 @@ class Rfc3339Cache:
 
     def times_ns(self, values: Sequence[object]) -> list[int | None]:
         """``[rfc3339_ns(v) for v in values]``, the common shape without a parse each."""
+        return self.column_ns(values)[0]
+
+    def column_ns(self, values: Sequence[object]) -> tuple[list[int | None], bool]:
+        """:meth:`times_ns` of ``values``, and True when it is known to hold no None.
+
+        True when the column was read at once (every value a time); False
+        says nothing, so a caller that needs to know looks (``None in``).
+        """
         uniform = self._uniform(values)
         if uniform is not None:
-            return uniform
+            return uniform, True
+        return self._each_ns(values), False
+
+    def _each_ns(self, values: Sequence[object]) -> list[int | None]:
         seconds = self._seconds
         out: list[int | None] = []
         append = out.append

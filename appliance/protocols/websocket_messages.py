@@ -317,12 +317,12 @@ def _events_fast(
         records = [event["record"] for event in events]  # type: ignore[index]
     except (TypeError, KeyError):  # an event that is no object, or has no record
         return None
-    if any(type(record) is not dict for record in records):
+    if records and set(map(type, records)) != {dict}:  # a set of types: no Python call per record
         return None
     # Every event is a dict here: a list or str event raised TypeError above.
     values = [event.get("time") for event in events]  # type: ignore[attr-defined]
-    times = cache.times_ns(values)
-    if None in times:
+    times, complete = cache.column_ns(values)
+    if not complete and None in times:
         for index, (value, ns) in enumerate(zip(values, times, strict=True)):
             if ns is None and value is not None:
                 times[index] = _time_ns(value, index, message_id)

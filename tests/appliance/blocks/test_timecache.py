@@ -165,3 +165,16 @@ def test_a_beats_window_needs_no_prefix_parse(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setattr(Rfc3339Cache, "_prefix_ns", no_parse)
     batch = [f"2026-11-22T10:{s:02d}:{s:02d}.{s:03d}Z" for s in range(60)]
     assert Rfc3339Cache().times_ns(batch) == [rfc3339_ns(v) for v in batch]
+
+
+@settings(max_examples=500)
+@given(uniform_batches() | st.lists(values, max_size=20))
+def test_a_complete_column_holds_no_none(batch: list[object]) -> None:
+    times, complete = Rfc3339Cache().column_ns(batch)
+    assert times == [rfc3339_ns(v) for v in batch]
+    assert not complete or None not in times
+
+
+def test_a_beats_window_is_complete() -> None:
+    batch = [f"2026-11-22T10:00:{s:02d}.{s:03d}Z" for s in range(60)]
+    assert Rfc3339Cache().column_ns(batch)[1]
