@@ -51,21 +51,21 @@ both get an ack, and only the first message is stored.
 
 Work and memory per message (docs/security.md): a message is at most
 ``max_message_bytes`` (characters of a text message) and holds at most
-``max_containers_per_message`` JSON objects and arrays, counted before
-parsing as the ``{`` and ``[`` characters anywhere in it (inside strings too,
-so the count is an upper bound). Containers cost most per byte: about 80
-bytes and a garbage-collector entry for the 3 bytes of ``[],``; without the
-cap, 1 MiB of ``[[0]],`` held 37 MiB and took 100 to 200 ms of parsing on the
-event loop. Every other JSON value needs at least one byte and a separator,
-so a message of ``n`` bytes builds at most about ``n / 2`` Python objects.
-With the default limits, parsing a 1 MiB message peaks at under 30 times its
-size (measured: 26.5 for one-character strings ``"a",``, 28.5 with the cap's
-worth of empty lists; 24 in resident memory) and takes at most about 40 ms.
-All of it is freed when :func:`parse_ingest` returns, and the driver parses
-on its event loop, one message at a time. What stays is the records' JSON
-text, at most 4 times the message (``1e15`` is written back as
-``1000000000000000.0``), which the writer's byte accounting counts. The
-JSON parser caps nesting at 1024 levels.
+``max_containers_per_message`` JSON objects and arrays, counted before parsing
+as the ``{`` and ``[`` characters anywhere in it (inside strings too, so the
+count is an upper bound; :func:`appliance.protocols.bytescan.brackets`).
+Containers cost most per byte: about 80 bytes and a garbage-collector entry
+for the 3 bytes of ``[],``; without the cap, 1 MiB of ``[[0]],`` held 37 MiB
+and took 100 to 200 ms of parsing on the event loop. Every other JSON value
+needs at least one byte and a separator, so a message of ``n`` bytes builds at
+most about ``n / 2`` Python objects. With the default limits, parsing a 1 MiB
+message peaks at under 30 times its size (measured: 26.5 for one-character
+strings ``"a",``, 28.5 with the cap's worth of empty lists; 24 in resident
+memory) and takes at most about 40 ms. All of it is freed when
+:func:`parse_ingest` returns, and the driver parses on its event loop, one
+message at a time. What stays is the records' JSON text, at most 4 times the
+message (``1e15`` is written back as ``1000000000000000.0``), which the
+writer's byte accounting counts. The JSON parser caps nesting at 1024 levels.
 """
 
 from __future__ import annotations
@@ -85,6 +85,7 @@ from appliance.blocks.records import plain_records_json, record_json, records_js
 from appliance.blocks.text import MAX_BATCH_ID_BYTES, MAX_TAG_BYTES, check_text
 from appliance.blocks.timecache import Rfc3339Cache
 from appliance.blocks.timefmt import ns_in_range, rfc3339_ns
+from appliance.protocols.bytescan import brackets
 from appliance.protocols.errors import RemoteProtocolError
 from appliance.protocols.limits import require_at_least_one
 
@@ -238,13 +239,6 @@ def _time_ns(value: object, index: int, message_id: MessageId) -> int | None:
     )
 
 
-def _containers(data: str | bytes) -> int:
-    """An upper bound of the JSON objects and arrays in ``data`` (C-speed counts)."""
-    if isinstance(data, str):
-        return data.count("{") + data.count("[")
-    return data.count(b"{") + data.count(b"[")
-
-
 def parse_ingest(
     data: str | bytes, limits: MessageLimits, times: Rfc3339Cache | None = None
 ) -> IngestMessage:
@@ -259,7 +253,7 @@ def parse_ingest(
     if len(data) > limits.max_message_bytes:
         raise MessageError(f"message larger than {limits.max_message_bytes} bytes")
     # Counted before parsing, so that the objects are never built (module docstring).
-    if _containers(data) > limits.max_containers_per_message:
+    if brackets(data) > limits.max_containers_per_message:
         raise MessageError(
             f"more than {limits.max_containers_per_message} JSON objects and arrays "
             "(counted as '{' and '[' characters)"
@@ -323,12 +317,12 @@ def _events_fast(
         records = [event["record"] for event in events]  # type: ignore[index]
     except (TypeError, KeyError):  # an event that is no object, or has no record
         return None
-    if any(type(record) is not dict for record in records):
+    if records and set(map(type, records)) != {dict}:  # a set of types: no Python call per record
         return None
     # Every event is a dict here: a list or str event raised TypeError above.
     values = [event.get("time") for event in events]  # type: ignore[attr-defined]
-    times = cache.times_ns(values)
-    if None in times:
+    times, complete = cache.column_ns(values)
+    if not complete and None in times:
         for index, (value, ns) in enumerate(zip(values, times, strict=True)):
             if ns is None and value is not None:
                 times[index] = _time_ns(value, index, message_id)
