@@ -20,8 +20,10 @@ but speed depends on a run matching: the table is the same either way
 conversion).
 
 Memory: the runs' tables count against their own limit, ``[wal]
-cache_bytes`` (the budget of the blocks they mirror); past it nothing more is
-converted ahead until commits free room, and with the cache off nothing is.
+cache_bytes`` (the budget of the blocks they mirror); past it no run is
+queued until commits free room (those queued already, at most
+:data:`PRECONVERT_QUEUED_RUNS` and the one converting, still land), and with
+the cache off nothing is converted ahead.
 """
 
 from __future__ import annotations
