@@ -168,9 +168,11 @@ class LogSink:
         self.cached_reads = 0
         self.file_reads = 0
         #: The cached blocks' Arrow tables, converted as they are logged rather
-        #: than in one burst at the commit (appliance/lake/preconvert.py);
-        #: within as many bytes again as the cache, and off with it.
-        self.preconverter = Preconverter(wal.settings.cache_bytes, ARROW_SLICE_ROWS)
+        #: than in one burst at the commit (appliance/lake/preconvert.py).
+        #: Within twice the cache's bytes, counting the tables and the blocks
+        #: held as the cache counts them (those are mostly the cache's own
+        #: objects, so what it adds is about its tables); off with the cache.
+        self.preconverter = Preconverter(2 * wal.settings.cache_bytes, ARROW_SLICE_ROWS)
         metrics.watch_wal(self.wal_sample)
 
     # -- opening and replay ------------------------------------------------------
@@ -249,7 +251,10 @@ class LogSink:
                 del self._claims[key]
             claimed.set()
         # No await since begin_block returned: blocks reach it in log order.
-        self.preconverter.add(block)
+        # Only while the cache keeps records: a block it leaves out is read
+        # back at its commit as another object, which matches no run.
+        if self.wal.caching:
+            self.preconverter.add(block)
         return LoggedTicket(append)
 
     async def close_input(self) -> None:
@@ -411,7 +416,7 @@ class LogSink:
         if blocks and self._replaying:
             blocks, kept = await self._without_stored_before(blocks, kept)
         stored = await self._committer.store(
-            blocks, [frame.end for frame in kept], end, runs=self.preconverter.runs()
+            blocks, [frame.end for frame in kept], end, converted=self.preconverter.lookup(blocks)
         )
         self.preconverter.forget(group)
         committed: list[RowBlock] = []

@@ -19,18 +19,32 @@ but speed depends on a run matching: the table is the same either way
 (tests/appliance/lake/test_preconvert.py holds it to the commit's own
 conversion).
 
-Memory: the runs' tables count against their own limit, ``[wal]
-cache_bytes`` (the budget of the blocks they mirror); past it no run is
-queued until commits free room (those queued already, at most
-:data:`PRECONVERT_QUEUED_RUNS` and the one converting, still land), and with
-the cache off nothing is converted ahead.
+Memory: the limit (``max_bytes``; the writer gives twice ``[wal]
+cache_bytes``) counts the tables and every block held, each as the log's
+cache counts it plus our index entries (:func:`block_cost`). A block that
+does not fit is not held; tables of runs queued or converting then (at most
+:data:`PRECONVERT_QUEUED_RUNS` and the one converting) still land, so what
+is counted stays within ``max_bytes`` and those runs' tables. The writer adds
+a block only while the cache keeps records (``WriteAheadLog.caching``), so
+the blocks held are the cache's own objects but for the few appended before
+the cache closed and flushed after (and failed appends): those are counted,
+and go with the first commit past them. With the cache off nothing is
+converted ahead.
+
+Work: :meth:`Preconverter.add` and a run's landing index each block once
+(id -> sequence number, id -> (run, index)); a commit looks up its own
+blocks only (:meth:`Preconverter.lookup`), and :meth:`Preconverter.forget`
+drops, from the front of the log order, what the group's last held block
+covers: per block of the group and per block dropped, never per block held.
+Queued runs are cut by ``forget`` too, and a run whose blocks were all
+committed while it converted is dropped as it lands.
 """
 
 from __future__ import annotations
 
 import itertools
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
@@ -43,7 +57,15 @@ from appliance.logs import get_logger
 if TYPE_CHECKING:
     import pyarrow as pa
 
-__all__ = ["PRECONVERT_JOBS", "PRECONVERT_QUEUED_RUNS", "ConvertedRun", "Preconverter"]
+__all__ = [
+    "PRECONVERT_BLOCK_BYTES",
+    "PRECONVERT_JOBS",
+    "PRECONVERT_QUEUED_RUNS",
+    "Converted",
+    "ConvertedRun",
+    "Preconverter",
+    "block_cost",
+]
 
 log = get_logger("lake")
 
@@ -64,13 +86,28 @@ class ConvertedRun:
     #: Where each block's rows start in ``table``, and the end: ``len(blocks) + 1`` offsets.
     offsets: tuple[int, ...]
     table: pa.Table
-    #: What the run holds in memory (its table's buffers), counted against the limit.
+    #: What the table holds in memory (its buffers), counted against the limit.
     nbytes: int
 
     def rows(self, first: int, stop: int) -> pa.Table:
         """The rows of ``blocks[first:stop]`` (zero-copy)."""
         start = self.offsets[first]
         return self.table.slice(start, self.offsets[stop] - start)
+
+
+#: Where a block's rows are converted: its run, and its index in ``run.blocks``.
+Converted = Mapping[int, tuple[ConvertedRun, int]]
+
+#: What holding one block costs beyond its ``nbytes``: its entries in the
+#: id -> sequence and id -> (run, index) maps (two dict slots, the id and
+#: sequence integers, the pair), and its slot in a run's tuple
+#: (sys.getsizeof, rounded up).
+PRECONVERT_BLOCK_BYTES: Final = 256
+
+
+def block_cost(block: RowBlock) -> int:
+    """What holding ``block`` counts: its ``nbytes`` (as the log's cache counts it), our entries."""
+    return block.nbytes + PRECONVERT_BLOCK_BYTES
 
 
 def _convert(blocks: tuple[RowBlock, ...]) -> ConvertedRun:
@@ -80,95 +117,182 @@ def _convert(blocks: tuple[RowBlock, ...]) -> ConvertedRun:
     return ConvertedRun(blocks, offsets, table, table.get_total_buffer_size())
 
 
+@dataclass(slots=True, eq=False)
+class _Span:
+    """Consecutive added blocks on their way to a table, or with it (``run``)."""
+
+    #: The sequence number of ``blocks[0]`` (:meth:`Preconverter.add` numbers blocks 0, 1, ...).
+    first: int
+    blocks: tuple[RowBlock, ...]
+    #: ``blocks[:start]`` are forgotten (committed): no longer held or counted.
+    start: int = 0
+    run: ConvertedRun | None = None
+
+    @property
+    def last(self) -> int:
+        """The sequence number of the last block."""
+        return self.first + len(self.blocks) - 1
+
+
 class Preconverter:
-    """Converts logged blocks in runs of ``slice_rows`` rows, within ``max_bytes`` of tables.
+    """Converts logged blocks in runs of ``slice_rows`` rows, within ``max_bytes``.
 
     :meth:`add` each block in log order as it is logged; run :meth:`run` in
-    a nursery; pass :meth:`runs` to the commit's conversion and
-    :meth:`forget` the group once it is committed.
+    a nursery; pass :meth:`lookup` of the group to the commit's conversion
+    and :meth:`forget` the group once it is committed.
+
+    ``max_bytes`` counts the tables and every block held (:func:`block_cost`):
+    a block that does not fit is not held, and neither are the blocks
+    waiting with it for a run (the commit converts them itself).
+
+    The work is per block added and per block of a group, never per block
+    held: :meth:`add` and a run's landing index their blocks (id ->
+    sequence number, id -> (run, index)) once, :meth:`lookup` and
+    :meth:`forget` look up the group's blocks there, and :meth:`forget`
+    drops the front of the log order, each block it drops once.
     """
 
     def __init__(self, max_bytes: int, slice_rows: int) -> None:
         self.max_bytes = max_bytes
         self.slice_rows = slice_rows
-        self._runs: deque[ConvertedRun] = deque()
-        self._bytes = 0
-        #: Blocks logged since the last run was taken, and their rows.
+        #: Every block held (waiting, queued, converting, in a run): id -> sequence number.
+        self._seq: dict[int, int] = {}
+        #: The blocks held in converted runs: id -> (run, index).
+        self._where: dict[int, tuple[ConvertedRun, int]] = {}
+        self._next = 0
+        #: Blocks at or before this sequence number are committed (or never will be).
+        self._forgotten = -1
+        #: Converted runs, in log order; then the one converting; then those queued.
+        self._runs: deque[_Span] = deque()
+        self._converting: _Span | None = None
+        #: Full runs waiting for the thread, at most PRECONVERT_QUEUED_RUNS.
+        self._ready: deque[_Span] = deque()
+        #: Blocks held since the last run was taken (consecutive numbers from
+        #: ``_waiting_first``), and their rows.
         self._waiting: list[RowBlock] = []
+        self._waiting_first = 0
         self._waiting_rows = 0
-        #: Runs of ``slice_rows`` waiting for the thread, at most PRECONVERT_QUEUED_RUNS.
-        self._ready: deque[tuple[RowBlock, ...]] = deque()
+        self._table_bytes = 0
+        self._block_bytes = 0
         self._wake = trio.Event()
         self._limiter = trio.CapacityLimiter(PRECONVERT_JOBS)
         #: Counters for tests and benchmarks.
         self.converted_runs = 0
         self.skipped_runs = 0
+        #: Blocks not held as the limit was reached.
+        self.skipped_blocks = 0
+        #: Runs whose blocks were all committed before they landed (dropped at once).
+        self.stale_runs = 0
 
     @property
     def nbytes(self) -> int:
-        """The bytes of the tables kept."""
-        return self._bytes
+        """What is counted against ``max_bytes``: the tables, and the blocks held."""
+        return self._table_bytes + self._block_bytes
+
+    @property
+    def held_blocks(self) -> int:
+        """Blocks held now."""
+        return len(self._seq)
 
     def add(self, block: RowBlock) -> None:
         """A block was logged (taken by the log, in log order)."""
-        if self.max_bytes <= 0:
+        if self.max_bytes <= 0 or id(block) in self._seq:
+            # Held already (the same object logged twice): its run serves both.
             return
+        seq = self._next
+        self._next += 1
+        cost = block_cost(block)
+        if self.nbytes + cost > self.max_bytes:
+            # The waiting blocks go too: a run is consecutive blocks.
+            self.skipped_blocks += 1 + len(self._waiting)
+            self._release(self._waiting)
+            self._waiting = []
+            self._waiting_rows = 0
+            return
+        if not self._waiting:
+            self._waiting_first = seq
+        self._seq[id(block)] = seq
+        self._block_bytes += cost
         self._waiting.append(block)
         self._waiting_rows += block.rows
         if self._waiting_rows < self.slice_rows:
             return
-        run = tuple(self._waiting)
-        self._waiting.clear()
+        span = _Span(self._waiting_first, tuple(self._waiting))
+        self._waiting = []
         self._waiting_rows = 0
-        if len(self._ready) >= PRECONVERT_QUEUED_RUNS or self._bytes >= self.max_bytes:
+        if len(self._ready) >= PRECONVERT_QUEUED_RUNS:
+            # The thread is behind: the commit converts these blocks itself.
             self.skipped_runs += 1
+            self._release(span.blocks)
             return
-        self._ready.append(run)
+        self._ready.append(span)
         self._wake.set()
 
     def runs(self) -> tuple[ConvertedRun, ...]:
-        """The runs kept now, oldest first (a snapshot for the commit's thread)."""
-        return tuple(self._runs)
+        """The runs kept now, oldest first (for tests and benchmarks)."""
+        return tuple(span.run for span in self._runs if span.run is not None)
+
+    def lookup(self, group: Sequence[RowBlock]) -> dict[int, tuple[ConvertedRun, int]]:
+        """Where ``group``'s blocks were converted ahead, for the commit's ``to_arrow``.
+
+        Only the group's own blocks: the commit's thread reads this dict
+        while the runs go on landing (and being forgotten) on the event loop.
+        """
+        where = self._where
+        return {id(b): hit for b in group if (hit := where.get(id(b))) is not None}
 
     def forget(self, group: Sequence[RowBlock]) -> None:
-        """The blocks of ``group`` are committed (or will never be): drop what covers them.
+        """The blocks of ``group`` are committed: drop what is held up to its last held block.
 
-        Runs are kept in log order, so a run before the last one that holds
-        a block of ``group`` covers only blocks that came before the group's
-        end and were not in it (a failed append, a record the cache did not
-        keep): none of them will be committed from memory. The last such run
-        keeps the blocks after the group's. Blocks waiting for a run are
-        dropped the same way.
+        Blocks are held in log order, so a held block before the group's
+        last one and not in the group (a failed append, a block the group
+        read back from the files) will never be committed from memory
+        either. Runs still queued or converting are cut too; one that lands
+        with all its blocks forgotten is dropped at once (:meth:`run`).
         """
-        done = {id(block) for block in group}
-        last = -1
-        for i, run in enumerate(self._runs):
-            if any(id(block) in done for block in run.blocks):
-                last = i
-        for _ in range(last):
-            self._bytes -= self._runs.popleft().nbytes
-        if last >= 0:
-            run = self._runs.popleft()
-            keep = 0
-            for i, block in enumerate(run.blocks):
-                if id(block) in done:
-                    keep = i + 1
-            if keep < len(run.blocks):
-                # Still counted whole: the slice keeps the table's buffers.
-                self._runs.appendleft(
-                    ConvertedRun(
-                        run.blocks[keep:],
-                        tuple(o - run.offsets[keep] for o in run.offsets[keep:]),
-                        run.table.slice(run.offsets[keep]),
-                        run.nbytes,
-                    )
-                )
-            else:
-                self._bytes -= run.nbytes
-        if any(id(block) in done for block in self._waiting):
-            keep = max(i + 1 for i, block in enumerate(self._waiting) if id(block) in done)
-            del self._waiting[:keep]
+        seq = self._seq
+        mark = max((s for b in group if (s := seq.get(id(b))) is not None), default=-1)
+        if mark <= self._forgotten:
+            return
+        self._forgotten = mark
+        while self._runs:
+            span = self._runs[0]
+            self._cut(span, mark)
+            if span.start < len(span.blocks):
+                return  # the rest of the log order is after the mark
+            self._runs.popleft()
+            assert span.run is not None
+            self._table_bytes -= span.run.nbytes
+        if self._converting is not None:
+            self._cut(self._converting, mark)
+            if self._converting.start < len(self._converting.blocks):
+                return
+        while self._ready:
+            span = self._ready[0]
+            self._cut(span, mark)
+            if span.start < len(span.blocks):
+                return
+            self._ready.popleft()
+        if self._waiting and self._waiting_first <= mark:
+            cut = min(mark - self._waiting_first + 1, len(self._waiting))
+            self._release(self._waiting[:cut])
+            del self._waiting[:cut]
+            self._waiting_first += cut
             self._waiting_rows = sum(block.rows for block in self._waiting)
+
+    def _cut(self, span: _Span, mark: int) -> None:
+        """Release ``span``'s blocks at or before ``mark``."""
+        cut = min(mark - span.first + 1, len(span.blocks))
+        if cut > span.start:
+            self._release(span.blocks[span.start : cut])
+            span.start = cut
+
+    def _release(self, blocks: Sequence[RowBlock]) -> None:
+        seq, where = self._seq, self._where
+        for block in blocks:
+            del seq[id(block)]
+            where.pop(id(block), None)
+            self._block_bytes -= block_cost(block)
 
     async def run(self) -> None:
         """Convert the runs as they fill (one worker thread), until cancelled."""
@@ -179,13 +303,28 @@ class Preconverter:
             while not self._ready:
                 await self._wake.wait()
                 self._wake = trio.Event()
-            blocks = self._ready.popleft()
+            span = self._ready.popleft()
+            if span.start:
+                # Its first blocks were committed while it waited: convert the rest.
+                span = _Span(span.first + span.start, span.blocks[span.start :])
+            self._converting = span
             try:
-                run = await trio.to_thread.run_sync(_convert, blocks, limiter=self._limiter)
+                run = await trio.to_thread.run_sync(_convert, span.blocks, limiter=self._limiter)
             except data_errors() as exc:
                 # The commit converts these blocks itself and handles the error there.
                 log.warning("preconvert.failed", error=type(exc).__name__)
+                self._release(span.blocks[span.start :])
                 continue
-            self._runs.append(run)
-            self._bytes += run.nbytes
+            finally:
+                self._converting = None
+            if span.start == len(span.blocks):
+                # Committed while it was converted: released already (forget).
+                self.stale_runs += 1
+                continue
+            span.run = run
+            self._runs.append(span)
+            self._table_bytes += run.nbytes
             self.converted_runs += 1
+            where = self._where
+            for i in range(span.start, len(span.blocks)):
+                where[id(span.blocks[i])] = (run, i)
