@@ -242,7 +242,7 @@ class Preconverter:
         return {id(b): hit for b in group if (hit := where.get(id(b))) is not None}
 
     def forget(self, group: Sequence[RowBlock]) -> None:
-        """The blocks of ``group`` are committed: drop what is held up to its last held block.
+        """``group`` (in log order) is committed: drop what is held up to its last held block.
 
         Blocks are held in log order, so a held block before the group's
         last one and not in the group (a failed append, a block the group
@@ -251,7 +251,12 @@ class Preconverter:
         with all its blocks forgotten is dropped at once (:meth:`run`).
         """
         seq = self._seq
-        mark = max((s for b in group if (s := seq.get(id(b))) is not None), default=-1)
+        mark = -1
+        for block in reversed(group):  # in log order: its last held block is the latest
+            found = seq.get(id(block))
+            if found is not None:
+                mark = found
+                break
         if mark <= self._forgotten:
             return
         self._forgotten = mark
@@ -288,11 +293,15 @@ class Preconverter:
             span.start = cut
 
     def _release(self, blocks: Sequence[RowBlock]) -> None:
+        """Stop holding ``blocks`` (on the event loop: a few dict operations a block)."""
         seq, where = self._seq, self._where
+        nbytes = 0
         for block in blocks:
-            del seq[id(block)]
-            where.pop(id(block), None)
-            self._block_bytes -= block_cost(block)
+            key = id(block)
+            del seq[key]
+            where.pop(key, None)
+            nbytes += block.nbytes
+        self._block_bytes -= nbytes + PRECONVERT_BLOCK_BYTES * len(blocks)
 
     async def run(self) -> None:
         """Convert the runs as they fill (one worker thread), until cancelled."""
