@@ -39,6 +39,7 @@ from appliance.lake.commit_info import commit_metadata
 from appliance.lake.dedupe import StoredBatches
 from appliance.lake.errors import AppIdInUse, CommitConflict, CommitError, LakeError
 from appliance.lake.exactly_once import ExactlyOnce, Outcome
+from appliance.lake.preconvert import Converted
 from appliance.lake.retry import Backoff, describe
 from appliance.lake.schema import events_schema
 from appliance.lake.settings import WriterSettings
@@ -116,17 +117,40 @@ def block_digest(block: RowBlock) -> BatchDigest | None:
     return None if key is None else batch_digest(key)
 
 
-def to_arrow(blocks: Sequence[RowBlock]) -> pa.Table:
-    """:func:`blocks_to_arrow` of ``blocks``, converted a slice of blocks at a time."""
+def to_arrow(blocks: Sequence[RowBlock], converted: Converted | None = None) -> pa.Table:
+    """:func:`blocks_to_arrow` of ``blocks``, converted a slice of blocks at a time.
+
+    ``converted``: where blocks were converted ahead (``id(block) -> (run,
+    index)``, :meth:`~appliance.lake.preconvert.Preconverter.lookup`);
+    where ``blocks`` holds a run's very objects in its order, those rows
+    are taken from it instead of converted again. The table is the same
+    either way. Only the blocks of ``blocks`` are looked up: the work
+    follows the group, not what else was converted ahead.
+    """
     import pyarrow as pa
 
     parts: list[pa.Table] = []
     start = rows = 0
-    for end, block in enumerate(blocks, 1):
-        rows += block.rows
-        if rows >= ARROW_SLICE_ROWS or end == len(blocks):
-            parts.append(blocks_to_arrow(blocks[start:end]))
-            start, rows = end, 0
+    count = len(blocks)
+    i = 0
+    while i < count:
+        hit = converted.get(id(blocks[i])) if converted else None
+        if hit is not None and hit[0].blocks[hit[1]] is blocks[i]:
+            if start < i:
+                parts.append(blocks_to_arrow(blocks[start:i]))
+            run, first = hit
+            stop = first
+            while stop < len(run.blocks) and i < count and blocks[i] is run.blocks[stop]:
+                stop += 1
+                i += 1
+            parts.append(run.rows(first, stop))
+            start, rows = i, 0
+            continue
+        rows += blocks[i].rows
+        i += 1
+        if rows >= ARROW_SLICE_ROWS or i == count:
+            parts.append(blocks_to_arrow(blocks[start:i]))
+            start, rows = i, 0
     if len(parts) == 1:
         return parts[0]
     return pa.concat_tables(parts) if parts else blocks_to_arrow(blocks)
@@ -177,9 +201,11 @@ class _GroupStorage:
         blocks: Sequence[RowBlock],
         position: int | None,
         what: str,
+        converted: Converted | None = None,
     ) -> None:
         self._c = committer
         self._blocks = blocks
+        self._converted_ahead = converted
         self._position = position
         self._what = what
         self._converted: tuple[tuple[int, ...], pa.Table] | None = None
@@ -189,7 +215,9 @@ class _GroupStorage:
         if self._converted is None or self._converted[0] != wanted:
             blocks = [self._blocks[i] for i in wanted]
             data = (
-                await trio.to_thread.run_sync(to_arrow, blocks, limiter=self._c.limiter)
+                await trio.to_thread.run_sync(
+                    to_arrow, blocks, self._converted_ahead, limiter=self._c.limiter
+                )
                 if blocks
                 else _empty_table()
             )
@@ -357,11 +385,13 @@ class TableCommitter:
         *,
         digests: Sequence[BatchDigest | None] | None = None,
         what: str = "commit",
+        converted: Converted | None = None,
     ) -> Outcome:
         """Commit ``blocks`` once (less those stored elsewhere), retrying storage failures.
 
         ``position``: the write-ahead log position the commit covers; with
         one, a commit is made even when no block is left, to record it.
+        ``converted``: where some of ``blocks`` were converted ahead (:func:`to_arrow`).
 
         Raises:
             AppIdInUse: another writer committed under this app id.
@@ -369,7 +399,7 @@ class TableCommitter:
         """
         if digests is None:
             digests = [block_digest(block) for block in blocks]
-        storage = _GroupStorage(self, blocks, position, what)
+        storage = _GroupStorage(self, blocks, position, what, converted)
         # Converted before the check, not between the check and the put: the
         # shorter that gap, the fewer races are lost to other writers.
         await storage.convert(tuple(range(len(blocks))))
@@ -389,17 +419,21 @@ class TableCommitter:
         blocks: Sequence[RowBlock],
         ends: Sequence[int] | None = None,
         position: int | None = None,
+        converted: Converted | None = None,
     ) -> Stored:
         """Commit ``blocks`` in one commit, or one by one if their data fails.
 
         ``ends``: with a write-ahead log, each block's record's end;
         ``position``: the log position the group covers (recorded also when
-        blocks are refused or stored elsewhere).
+        blocks are refused or stored elsewhere); ``converted``: where blocks
+        were converted ahead (:func:`to_arrow`).
         """
         digests = [block_digest(block) for block in blocks]
         rows = sum(block.rows for block in blocks)
         try:
-            outcome = await self.commit_group(blocks, position, digests=digests)
+            outcome = await self.commit_group(
+                blocks, position, digests=digests, converted=converted
+            )
         except data_errors() as exc:
             # check_block lets nothing through that Arrow refuses; should a
             # block still fail, it fails alone and the rest commit.
@@ -411,9 +445,12 @@ class TableCommitter:
         elsewhere: set[int] = set()
         for i, block in enumerate(blocks):
             try:
+                # Only this block's own entry: each one-block commit looks up one block.
+                hit = converted.get(id(block)) if converted else None
                 one = await self.commit_group(
-                    [block], None if ends is None else ends[i], digests=[digests[i]]
-                )
+                    [block], None if ends is None else ends[i], digests=[digests[i]],
+                    converted=None if hit is None else {id(block): hit},
+                )  # fmt: skip
             except data_errors() as exc:
                 refused[i] = BlockRefused(f"cannot be stored: {type(exc).__name__}")
                 continue

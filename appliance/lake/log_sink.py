@@ -38,7 +38,8 @@ from appliance.blocks.block import RowBlock
 from appliance.blocks.errors import BlockRefused
 from appliance.blocks.identity import DedupeKey, batch_digest, dedupe_key
 from appliance.lake.commit_info import MAX_COMMIT_BATCH_IDS
-from appliance.lake.committer import TableCommitter, wal_app_id
+from appliance.lake.committer import ARROW_SLICE_ROWS, TableCommitter, wal_app_id
+from appliance.lake.preconvert import Preconverter
 from appliance.lake.settings import WriterSettings
 from appliance.lake.sink import CommitListener
 from appliance.logs import get_logger
@@ -166,6 +167,12 @@ class LogSink:
         #: Commit groups served from the log's memory cache, and those read back.
         self.cached_reads = 0
         self.file_reads = 0
+        #: The cached blocks' Arrow tables, converted as they are logged rather
+        #: than in one burst at the commit (appliance/lake/preconvert.py).
+        #: Within twice the cache's bytes, counting the tables and the blocks
+        #: held as the cache counts them (those are mostly the cache's own
+        #: objects, so what it adds is about its tables); off with the cache.
+        self.preconverter = Preconverter(2 * wal.settings.cache_bytes, ARROW_SLICE_ROWS)
         metrics.watch_wal(self.wal_sample)
 
     # -- opening and replay ------------------------------------------------------
@@ -243,6 +250,11 @@ class LogSink:
             if key is not None:
                 del self._claims[key]
             claimed.set()
+        # No await since begin_block returned: blocks reach it in log order.
+        # Only while the cache keeps records: a block it leaves out is read
+        # back at its commit as another object, which matches no run.
+        if self.wal.caching:
+            self.preconverter.add(block)
         return LoggedTicket(append)
 
     async def close_input(self) -> None:
@@ -253,9 +265,12 @@ class LogSink:
     async def run(self) -> None:
         """Run the log's flusher, and commit from it until it is closed and all committed."""
         try:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(self.wal.run)
-                nursery.start_soon(self._commit_log_loop, self.wal)
+            async with trio.open_nursery() as outer:
+                outer.start_soon(self.preconverter.run)
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self.wal.run)
+                    nursery.start_soon(self._commit_log_loop, self.wal)
+                outer.cancel_scope.cancel()
         finally:
             self.wal.close_files()
 
@@ -397,9 +412,13 @@ class LogSink:
         """
         for frame, reason in failed:
             self._lose(frame, reason, protocol=None, peer=None)
+        group = blocks
         if blocks and self._replaying:
             blocks, kept = await self._without_stored_before(blocks, kept)
-        stored = await self._committer.store(blocks, [frame.end for frame in kept], end)
+        stored = await self._committer.store(
+            blocks, [frame.end for frame in kept], end, converted=self.preconverter.lookup(blocks)
+        )
+        self.preconverter.forget(group)
         committed: list[RowBlock] = []
         for i, (block, frame) in enumerate(zip(blocks, kept, strict=True)):
             if i in stored.refused:

@@ -570,6 +570,17 @@ class WriteAheadLog:
         return self._cache_bytes
 
     @property
+    def caching(self) -> bool:
+        """Whether the cache keeps records now: it is on, not closed, and has room.
+
+        False from a record it left out (it did not fit) until the commits
+        have emptied it; a record appended now is then read back from the
+        files at its commit (the writer converts nothing ahead for it).
+        """
+        limit = self.settings.cache_bytes
+        return limit > 0 and not self._cache_closed and self._cache_bytes < limit
+
+    @property
     def oldest_cached(self) -> tuple[int, int] | None:
         """``(LSN, receive time in Unix ns)`` of the oldest record in the cache; None if empty.
 

@@ -426,8 +426,10 @@ async def test_the_cache_stays_one_run_after_a_record_is_left_out(tmp_path: Path
     limit = 2 * _cache_cost(small[0]) + _cache_cost(small[0]) // 2
     assert _cache_cost(large) > limit
     async with open_wal(tmp_path, 0, replace(SMALL, cache_bytes=limit)) as wal:
+        assert wal.caching
         for b in (small[0], large, small[1]):
             await (await wal.begin_block(b)).wait()
+        assert not wal.caching  # closed: what is appended now is read back
         frames = await wal.read(0, 1 << 20)
         cached = wal.read_cached(0, 1 << 20)
         assert cached is not None
@@ -436,6 +438,7 @@ async def test_the_cache_stays_one_run_after_a_record_is_left_out(tmp_path: Path
         # Committed up to the cached run's end, the cache is empty and keeps again.
         await wal.mark_committed(frames[0].end)
         assert wal.cache_bytes == 0
+        assert wal.caching
         for b in small[2:]:
             await (await wal.begin_block(b)).wait()
         later = await wal.read(frames[-1].end, 1 << 20)
@@ -486,6 +489,7 @@ async def test_the_cache_keeps_the_oldest_records_within_its_bytes(tmp_path: Pat
         assert cached is not None
         assert [b for _, b in cached] == more
     async with open_wal(tmp_path, 0, replace(SMALL, cache_bytes=0)) as wal:
+        assert not wal.caching
         await (await wal.begin_block(sample_block(11))).wait()
         assert wal.read_cached(wal.committed, 1 << 20) is None
 
