@@ -18,11 +18,19 @@ __all__ = ["loaded_numpy"]
 
 
 def loaded_numpy() -> ModuleType | None:
-    """numpy if this process has imported it, else None; never imports it."""
-    if "numpy" not in sys.modules:
-        return None
-    # The import statement, not sys.modules, so that a numpy another thread is
-    # still importing is waited for (the import lock) rather than used half-built.
-    import numpy
+    """numpy if this process has finished importing it, else None; never imports or waits.
 
-    return numpy
+    A numpy that another thread is still importing (pyarrow's load, in a
+    worker thread) is in ``sys.modules`` half-built: its spec is marked
+    ``_initializing`` until the import finishes (importlib's own test, in
+    ``importlib._bootstrap._find_and_load``). Waiting for it with an import
+    statement would block the event loop on the import lock for the rest of
+    that import (about 0.1 s measured), so the stdlib path runs meanwhile.
+    ``None`` in ``sys.modules`` (numpy hidden, as tests do) also means none.
+    """
+    module = sys.modules.get("numpy")
+    if module is None:
+        return None
+    if getattr(getattr(module, "__spec__", None), "_initializing", False):
+        return None
+    return module

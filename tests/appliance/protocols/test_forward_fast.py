@@ -355,7 +355,11 @@ _bulky = st.recursive(
 )
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 @given(
     records=st.lists(
         st.dictionaries(st.text(max_size=5), _bulky, max_size=4), min_size=1, max_size=12
