@@ -17,6 +17,7 @@ partitions. ``event_time`` itself always keeps what the client sent.
 from __future__ import annotations
 
 import itertools
+import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Final
 
@@ -29,12 +30,33 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
 __all__ = [
+    "DATA_ERRORS",
     "PLAUSIBLE_FUTURE_NS",
     "PLAUSIBLE_PAST_NS",
     "block_to_arrow",
     "blocks_to_arrow",
+    "data_errors",
     "load_arrow",
 ]
+
+#: Errors that a block's data, not the table's storage, causes while a group
+#: is converted to Arrow or written: the blocks are then tried one by one.
+#: With pyarrow's ``ArrowException`` (:func:`data_errors`).
+DATA_ERRORS: Final = (ValueError, TypeError, OverflowError, UnicodeError)
+
+
+def data_errors() -> tuple[type[Exception], ...]:
+    """:data:`DATA_ERRORS` and pyarrow's ``ArrowException`` once pyarrow is loaded.
+
+    Before that no Arrow error can have been raised; pyarrow loads at the
+    first conversion, not at import (docs/performance.md#idle-memory).
+    """
+    pyarrow = sys.modules.get("pyarrow")
+    if pyarrow is None:
+        return DATA_ERRORS
+    arrow_exception: type[Exception] = pyarrow.ArrowException
+    return (arrow_exception, *DATA_ERRORS)
+
 
 _NS_PER_DAY: Final = 86_400 * 1_000_000_000
 #: How far back an event time may lie and still pick its own partition.

@@ -23,7 +23,6 @@ holds the same one-token limiter, which table maintenance shares through
 from __future__ import annotations
 
 import random
-import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -34,7 +33,7 @@ import trio
 from appliance.blocks.block import RowBlock
 from appliance.blocks.errors import BlockRefused
 from appliance.blocks.identity import BatchDigest, batch_digest, dedupe_key
-from appliance.lake.arrow import blocks_to_arrow
+from appliance.lake.arrow import DATA_ERRORS, blocks_to_arrow, data_errors
 from appliance.lake.commit_info import commit_metadata
 from appliance.lake.dedupe import StoredBatches
 from appliance.lake.errors import AppIdInUse, CommitConflict, CommitError, LakeError
@@ -66,24 +65,6 @@ log = get_logger("lake")
 
 _T = TypeVar("_T")
 _Args = TypeVarTuple("_Args")
-
-#: Errors that a block's data, not the table's storage, causes while a group
-#: is converted to Arrow or written: the blocks are then tried one by one.
-#: With pyarrow's ``ArrowException`` (:func:`data_errors`).
-DATA_ERRORS: Final = (ValueError, TypeError, OverflowError, UnicodeError)
-
-
-def data_errors() -> tuple[type[Exception], ...]:
-    """:data:`DATA_ERRORS` and pyarrow's ``ArrowException`` once pyarrow is loaded.
-
-    Before that no Arrow error can have been raised; pyarrow loads at the
-    first conversion, not at import (docs/performance.md#idle-memory).
-    """
-    pyarrow = sys.modules.get("pyarrow")
-    if pyarrow is None:
-        return DATA_ERRORS
-    arrow_exception: type[Exception] = pyarrow.ArrowException
-    return (arrow_exception, *DATA_ERRORS)
 
 
 #: A writer that lost several races in a row waits a random time below

@@ -51,7 +51,7 @@ from typing import TYPE_CHECKING, Final
 import trio
 
 from appliance.blocks.block import RowBlock
-from appliance.lake.arrow import blocks_to_arrow
+from appliance.lake.arrow import blocks_to_arrow, data_errors
 from appliance.logs import get_logger
 
 if TYPE_CHECKING:
@@ -305,9 +305,6 @@ class Preconverter:
 
     async def run(self) -> None:
         """Convert the runs as they fill (one worker thread), until cancelled."""
-        # Imported here: the committer imports this module.
-        from appliance.lake.committer import data_errors
-
         while True:
             while not self._ready:
                 await self._wake.wait()
