@@ -33,7 +33,7 @@ import trio
 from appliance.blocks.block import RowBlock
 from appliance.blocks.errors import BlockRefused
 from appliance.blocks.identity import BatchDigest, batch_digest, dedupe_key
-from appliance.lake.arrow import DATA_ERRORS, blocks_to_arrow, data_errors
+from appliance.lake.arrow import blocks_to_arrow, data_errors
 from appliance.lake.commit_info import commit_metadata
 from appliance.lake.dedupe import StoredBatches
 from appliance.lake.errors import AppIdInUse, CommitConflict, CommitError, LakeError
@@ -52,11 +52,9 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ARROW_SLICE_ROWS",
-    "DATA_ERRORS",
     "Stored",
     "TableCommitter",
     "block_digest",
-    "data_errors",
     "to_arrow",
     "wal_app_id",
 ]

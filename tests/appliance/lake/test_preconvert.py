@@ -288,7 +288,8 @@ async def test_a_commit_and_its_forget_look_at_the_group_not_at_every_run() -> N
 @pytest.mark.trio
 async def test_the_one_block_fallback_hands_each_commit_its_own_block_only() -> None:
     """A group whose data fails commits block by block; each looks up its own block alone."""
-    from appliance.lake.committer import DATA_ERRORS, TableCommitter
+    from appliance.lake.arrow import DATA_ERRORS
+    from appliance.lake.committer import TableCommitter
     from appliance.lake.exactly_once import Outcome
 
     blocks = [block(f"f-{i}", rows=1) for i in range(6)]
