@@ -85,7 +85,9 @@ async def serve_tcp(
     sockets are bound and recorded in ``site.running``.
 
     Raises:
-        BindError: the address cannot be bound (the message names the listener).
+        BindError: the address, or what starts beside it (the forward
+            listener's UDP heartbeat), cannot be bound; the message names
+            the listener.
     """
     context = site.context
     share = context.share
@@ -135,13 +137,28 @@ async def serve_tcp(
             log.warning("listener.plaintext", listener=listener.name, bind=listener.bind, port=port)
         scope = trio.CancelScope()
         running.accepting[listener.name] = scope
+        beside_failed: OSError | None = None
         with scope:
             async with trio.open_nursery() as nursery:
                 if beside is not None:
-                    await beside(listener, port, nursery)
-                nursery.start_soon(service.serve, sockets, site.connections)
-                handed = True
-                task_status.started()
+                    try:
+                        await beside(listener, port, nursery)
+                    except OSError as exc:
+                        # Raised out of the nursery, it would leave wrapped in an
+                        # ExceptionGroup, which a reload's ``except OSError`` does
+                        # not catch: the service would end for a busy UDP port.
+                        beside_failed = exc
+                        nursery.cancel_scope.cancel()
+                if beside_failed is None:
+                    nursery.start_soon(service.serve, sockets, site.connections)
+                    handed = True
+                    task_status.started()
+        if beside_failed is not None:
+            raise BindError(
+                beside_failed.errno,
+                f"listener {listener.name!r} cannot start beside port {port}: "
+                f"{beside_failed.strerror or beside_failed}",
+            ) from beside_failed
     finally:
         if not handed:
             for opened in sockets:

@@ -4,7 +4,8 @@
 reads now. Listener changes apply live: a new listener starts, a removed
 one stops accepting (its open connections finish), and a changed one gets
 its new settings for every new connection (authentication, limits,
-deadlines; a new ``bind``, ``tls`` or ``client_auth`` re-opens it). The
+deadlines; a new ``bind``, ``tls``, ``client_auth``, ``reuse_port`` or
+``udp_heartbeat`` re-opens it). The
 ``[tls]`` files are re-read by the TLS reload itself. Everything else (the
 state directory, node id, table, auth database, log format, maintenance
 schedule, the ``[admin]`` listener, a Logjam listener's ZeroMQ sockets) is
@@ -50,7 +51,7 @@ class ReloadPlan:
     stop: list[str] = field(default_factory=list)
     #: Listeners whose new settings apply to new connections, same socket.
     update: list[ListenerConfig] = field(default_factory=list)
-    #: Listeners to re-open (new bind, tls or client_auth): stop, then start.
+    #: Listeners to re-open (new bind, tls, client_auth, reuse_port or udp_heartbeat).
     reopen: list[ListenerConfig] = field(default_factory=list)
     #: Config keys whose new value needs a restart, as dotted paths.
     restart_required: list[str] = field(default_factory=list)
@@ -72,8 +73,12 @@ def _changed_keys(prefix: str, old: Any, new: Any) -> list[str]:
     return [] if old == new else [prefix]
 
 
-def _socket_of(listener: ListenerConfig) -> tuple[str, bool, str]:
-    return listener.bind, listener.tls, listener.client_auth
+def _socket_of(listener: ListenerConfig) -> tuple[str, bool, str, bool, bool]:
+    """The settings fixed when a listener's sockets open: a change of one re-opens it."""
+    # The UDP heartbeat and SO_REUSEPORT are set up with the sockets, so an
+    # update in place (new connections' settings only) would not apply them.
+    heartbeat = getattr(listener, "udp_heartbeat", False)
+    return listener.bind, listener.tls, listener.client_auth, listener.reuse_port, heartbeat
 
 
 def plan_reload(running: Config, new: Config) -> ReloadPlan:
@@ -100,15 +105,7 @@ def plan_reload(running: Config, new: Config) -> ReloadPlan:
             plan.start.append(listener)
         elif before == listener:
             continue
-        elif type(before) is not type(listener) or (
-            before.bind,
-            before.tls,
-            before.client_auth,
-        ) != (
-            listener.bind,
-            listener.tls,
-            listener.client_auth,
-        ):
+        elif type(before) is not type(listener) or _socket_of(before) != _socket_of(listener):
             plan.reopen.append(listener)
         else:
             plan.update.append(listener)

@@ -126,3 +126,60 @@ async def test_a_listener_that_is_not_open_is_started_by_the_next_reload(tmp_pat
         assert "forward" in info.ports
         assert await acked(info, "repaired")
         assert (await ready(info))[0] == 200
+
+
+def _tcp_port_whose_udp_port_is_taken() -> tuple[int, socket.socket]:
+    """A TCP port that is free while another socket holds the same UDP port."""
+    for _ in range(50):
+        udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        udp.bind(("127.0.0.1", 0))
+        port = udp.getsockname()[1]
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                udp.close()
+                continue
+        return port, udp
+    raise AssertionError("no TCP port free beside a bound UDP port in 50 tries")
+
+
+@pytest.mark.trio
+async def test_a_heartbeat_port_that_is_taken_fails_the_reload_not_the_service(
+    tmp_path: Path,
+) -> None:
+    """The forward listener's UDP heartbeat binds beside its TCP port; when another
+    process holds that UDP port, the reload reports it and everything keeps serving."""
+    port, udp = _tcp_port_whose_udp_port_is_taken()
+    file = tmp_path / "appliance.toml"
+    quiet = "udp_heartbeat = false\n"
+    try:
+        file.write_text(config_text(tmp_path, f"127.0.0.1:{port}") + quiet)
+        async with running(load_config(file)) as info:
+            assert info.reload is not None
+            assert await acked(info, "before")
+
+            # 1. A new listener whose heartbeat cannot bind.
+            other, other_udp = _tcp_port_whose_udp_port_is_taken()
+            try:
+                second = f'[[listeners]]\nname = "second"\nbind = "127.0.0.1:{other}"\n'
+                file.write_text(config_text(tmp_path, f"127.0.0.1:{port}") + quiet + second)
+                status = await info.reload("SIGHUP")
+            finally:
+                other_udp.close()
+            assert not status.ok
+            assert "listener 'second' cannot start beside" in (status.error or ""), status
+            assert "second" not in info.ports
+            assert await acked(info, "after-new")
+
+            # 2. The same port re-opened with the heartbeat on: the new settings
+            # fail, the old ones are opened again.
+            file.write_text(config_text(tmp_path, f"127.0.0.1:{port}"))
+            status = await info.reload("SIGHUP")
+            assert not status.ok
+            assert "listener 'forward' cannot start beside" in (status.error or ""), status
+            assert info.ports["forward"] == port
+            assert await acked(info, "after-reopen")
+            assert (await ready(info))[0] == 200
+    finally:
+        udp.close()
