@@ -167,12 +167,14 @@ class LogSink:
         #: Commit groups served from the log's memory cache, and those read back.
         self.cached_reads = 0
         self.file_reads = 0
-        #: The cached blocks' Arrow tables, converted as they are logged rather
-        #: than in one burst at the commit (appliance/lake/preconvert.py).
+        #: The cached blocks' Arrow tables, converted as the cache keeps them
+        #: rather than in one burst at the commit (appliance/lake/preconvert.py).
         #: Within twice the cache's bytes, counting the tables and the blocks
-        #: held as the cache counts them (those are mostly the cache's own
-        #: objects, so what it adds is about its tables); off with the cache.
+        #: held as the cache counts them (the cache's own objects: a block it
+        #: does not keep is read back at its commit as another object, which
+        #: no run would match, so it is never held); off with the cache.
         self.preconverter = Preconverter(2 * wal.settings.cache_bytes, ARROW_SLICE_ROWS)
+        wal.on_cached = self.preconverter.add
         metrics.watch_wal(self.wal_sample)
 
     # -- opening and replay ------------------------------------------------------
@@ -250,11 +252,6 @@ class LogSink:
             if key is not None:
                 del self._claims[key]
             claimed.set()
-        # No await since begin_block returned: blocks reach it in log order.
-        # Only while the cache keeps records: a block it leaves out is read
-        # back at its commit as another object, which matches no run.
-        if self.wal.caching:
-            self.preconverter.add(block)
         return LoggedTicket(append)
 
     async def close_input(self) -> None:

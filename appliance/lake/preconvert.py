@@ -7,8 +7,8 @@ a tenth of a second in one burst per commit, while the event loop (TLS
 reads, acks) waits for the GIL; with ``workers = 2`` that burst was most of
 the p99 (docs/performance.md, "The p99 with two workers: the commits").
 
-:class:`Preconverter` converts the blocks as :class:`~appliance.lake.log_sink.LogSink`
-logs them: once the blocks not yet converted reach
+:class:`Preconverter` converts the blocks as the write-ahead log's cache
+keeps them (``WriteAheadLog.on_cached``, in log order): once the blocks not yet converted reach
 :data:`~appliance.lake.committer.ARROW_SLICE_ROWS` rows, one worker thread
 converts that run (:data:`PRECONVERT_JOBS` at a time) and keeps the table
 with the very block objects it covers (:class:`ConvertedRun`). At the
@@ -24,12 +24,14 @@ cache_bytes``) counts the tables and every block held, each as the log's
 cache counts it plus our index entries (:func:`block_cost`). A block that
 does not fit is not held; tables of runs queued or converting then (at most
 :data:`PRECONVERT_QUEUED_RUNS` and the one converting) still land, so what
-is counted stays within ``max_bytes`` and those runs' tables. The writer adds
-a block only while the cache keeps records (``WriteAheadLog.caching``), so
-the blocks held are the cache's own objects but for the few appended before
-the cache closed and flushed after (and failed appends): those are counted,
-and go with the first commit past them. With the cache off nothing is
-converted ahead.
+is counted stays within ``max_bytes`` and those runs' tables. Only the
+blocks the cache keeps are added, so the blocks held are the cache's own
+objects, and every one of them is committed from memory, as an object
+:meth:`Preconverter.forget` knows (a block the cache leaves out is read back
+at its commit as another object, which would never be released by
+identity). A block stays counted while anything here refers to it: a run
+whose first blocks are committed keeps them, and their bytes, until the
+whole run goes. With the cache off nothing is converted ahead.
 
 Work: :meth:`Preconverter.add` and a run's landing index each block once
 (id -> sequence number, id -> (run, index)); a commit looks up its own
@@ -110,6 +112,11 @@ def block_cost(block: RowBlock) -> int:
     return block.nbytes + PRECONVERT_BLOCK_BYTES
 
 
+def _cost(blocks: Sequence[RowBlock]) -> int:
+    """What holding ``blocks`` counts (:func:`block_cost` of each)."""
+    return sum(block.nbytes for block in blocks) + PRECONVERT_BLOCK_BYTES * len(blocks)
+
+
 def _convert(blocks: tuple[RowBlock, ...]) -> ConvertedRun:
     """Convert ``blocks`` (worker thread)."""
     table = blocks_to_arrow(blocks)
@@ -124,7 +131,10 @@ class _Span:
     #: The sequence number of ``blocks[0]`` (:meth:`Preconverter.add` numbers blocks 0, 1, ...).
     first: int
     blocks: tuple[RowBlock, ...]
-    #: ``blocks[:start]`` are forgotten (committed): no longer held or counted.
+    #: What ``blocks`` count (:func:`block_cost`): counted until the span goes,
+    #: as it (and its run) refers to every one of them until then.
+    cost: int
+    #: ``blocks[:start]`` are forgotten (committed): no longer looked up.
     start: int = 0
     run: ConvertedRun | None = None
 
@@ -217,13 +227,13 @@ class Preconverter:
         self._waiting_rows += block.rows
         if self._waiting_rows < self.slice_rows:
             return
-        span = _Span(self._waiting_first, tuple(self._waiting))
+        span = _Span(self._waiting_first, tuple(self._waiting), _cost(self._waiting))
         self._waiting = []
         self._waiting_rows = 0
         if len(self._ready) >= PRECONVERT_QUEUED_RUNS:
             # The thread is behind: the commit converts these blocks itself.
             self.skipped_runs += 1
-            self._release(span.blocks)
+            self._drop(span)
             return
         self._ready.append(span)
         self._wake.set()
@@ -265,9 +275,7 @@ class Preconverter:
             self._cut(span, mark)
             if span.start < len(span.blocks):
                 return  # the rest of the log order is after the mark
-            self._runs.popleft()
-            assert span.run is not None
-            self._table_bytes -= span.run.nbytes
+            self._drop(self._runs.popleft())
         if self._converting is not None:
             self._cut(self._converting, mark)
             if self._converting.start < len(self._converting.blocks):
@@ -277,7 +285,7 @@ class Preconverter:
             self._cut(span, mark)
             if span.start < len(span.blocks):
                 return
-            self._ready.popleft()
+            self._drop(self._ready.popleft())
         if self._waiting and self._waiting_first <= mark:
             cut = min(mark - self._waiting_first + 1, len(self._waiting))
             self._release(self._waiting[:cut])
@@ -286,22 +294,32 @@ class Preconverter:
             self._waiting_rows = sum(block.rows for block in self._waiting)
 
     def _cut(self, span: _Span, mark: int) -> None:
-        """Release ``span``'s blocks at or before ``mark``."""
+        """Stop looking up ``span``'s blocks at or before ``mark`` (counted while the span is)."""
         cut = min(mark - span.first + 1, len(span.blocks))
         if cut > span.start:
-            self._release(span.blocks[span.start : cut])
+            self._unindex(span.blocks[span.start : cut])
             span.start = cut
 
-    def _release(self, blocks: Sequence[RowBlock]) -> None:
-        """Stop holding ``blocks`` (on the event loop: a few dict operations a block)."""
+    def _drop(self, span: _Span) -> None:
+        """``span`` goes: its blocks and its table stop being held and counted."""
+        self._unindex(span.blocks[span.start :])
+        span.start = len(span.blocks)
+        self._block_bytes -= span.cost
+        if span.run is not None:
+            self._table_bytes -= span.run.nbytes
+
+    def _unindex(self, blocks: Sequence[RowBlock]) -> None:
+        """Forget ``blocks``' entries (on the event loop: a few dict operations a block)."""
         seq, where = self._seq, self._where
-        nbytes = 0
         for block in blocks:
             key = id(block)
             del seq[key]
             where.pop(key, None)
-            nbytes += block.nbytes
-        self._block_bytes -= nbytes + PRECONVERT_BLOCK_BYTES * len(blocks)
+
+    def _release(self, blocks: Sequence[RowBlock]) -> None:
+        """Stop holding and counting ``blocks``, which nothing here refers to any more."""
+        self._unindex(blocks)
+        self._block_bytes -= _cost(blocks)
 
     async def run(self) -> None:
         """Convert the runs as they fill (one worker thread), until cancelled."""
@@ -311,21 +329,27 @@ class Preconverter:
                 self._wake = trio.Event()
             span = self._ready.popleft()
             if span.start:
-                # Its first blocks were committed while it waited: convert the rest.
-                span = _Span(span.first + span.start, span.blocks[span.start :])
+                # Its first blocks were committed while it waited: convert the
+                # rest, and stop counting those, which nothing refers to now.
+                done = span.blocks[: span.start]
+                self._block_bytes -= _cost(done)
+                span = _Span(
+                    span.first + span.start, span.blocks[span.start :], span.cost - _cost(done)
+                )
             self._converting = span
             try:
                 run = await trio.to_thread.run_sync(_convert, span.blocks, limiter=self._limiter)
             except data_errors() as exc:
                 # The commit converts these blocks itself and handles the error there.
                 log.warning("preconvert.failed", error=type(exc).__name__)
-                self._release(span.blocks[span.start :])
+                self._drop(span)
                 continue
             finally:
                 self._converting = None
             if span.start == len(span.blocks):
-                # Committed while it was converted: released already (forget).
+                # Committed while it was converted: nothing to look up in it.
                 self.stale_runs += 1
+                self._drop(span)
                 continue
             span.run = run
             self._runs.append(span)

@@ -188,6 +188,9 @@ class WriteAheadLog:
         self._cache_bytes = 0
         #: A record was left out of a non-empty cache: keep no more until it empties.
         self._cache_closed = False
+        #: Called with each block the cache keeps, in log order, as it keeps it
+        #: (the writer converts those to Arrow ahead of their commit).
+        self.on_cached: Callable[[RowBlock], None] | None = None
         #: Appends waiting for room under the cap now (the log is at its cap while > 0).
         self._cap_waiters = 0
         #: Why the last group failed, until a group succeeds again (None: writing works),
@@ -510,6 +513,8 @@ class WriteAheadLog:
         frame = Frame(lsn, entry.size, entry.kind, entry.rows, item.key, b"")
         self._cache.append((frame, item.block))
         self._cache_bytes += cost
+        if self.on_cached is not None:
+            self.on_cached(item.block)
 
     def _forget_in_flight(self, item: PendingAppend) -> None:
         if item.key is None:

@@ -9,6 +9,7 @@ in part, with slices that span runs.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from unittest import mock
 
@@ -29,7 +30,7 @@ from appliance.lake.preconvert import ConvertedRun, Preconverter, _convert, bloc
 from appliance.wal.blocks import decode_block, encode_block
 
 from .test_writer import block, rows_of
-from .test_writer_wal import batch_ids, ids, writing
+from .test_writer_wal import SMALL_LOG, batch_ids, ids, writing
 
 NOW = 1_767_225_600 * 1_000_000_000
 
@@ -157,8 +158,9 @@ async def test_runs_fill_at_slice_rows_and_leave_with_their_group() -> None:
     assert rest is second
     assert pre.lookup(blocks[0:6]) == {id(blocks[4]): (second, 1), id(blocks[5]): (second, 2)}
     assert to_arrow(blocks[4:6], pre.lookup(blocks[4:6])).equals(blocks_to_arrow(blocks[4:6]))
-    # Its buffers stay until it leaves whole; blocks 4..7 are still held.
-    assert pre.nbytes == second.nbytes + sum(block_cost(b) for b in blocks[4:8])
+    # Its buffers stay until it leaves whole, and so do its blocks, committed
+    # block 3 too (the run refers to it): counted until then. 4..7 are held.
+    assert pre.nbytes == second.nbytes + sum(block_cost(b) for b in blocks[3:8])
     assert pre.held_blocks == 4
     # The next group: blocks 4..7; 6 and 7 were waiting for a run and are dropped too.
     pre.forget(blocks[4:8])
@@ -364,21 +366,25 @@ async def test_a_run_that_lands_after_its_blocks_were_committed_is_dropped() -> 
 
 @pytest.mark.trio
 async def test_nothing_is_held_while_the_logs_cache_keeps_nothing(tmp_path: Path) -> None:
-    """Blocks the cache does not keep are read back at their commit: converting them is waste."""
-    from appliance.wal.log import WriteAheadLog
+    """Blocks the cache does not keep are read back at their commit: converting them is
+    waste, and holding them would last (the commit releases what it holds by identity).
 
+    The cache is on but smaller than any block: it stays open and empty, keeping none.
+    """
     blocks = [block(f"n-{i}", rows=3) for i in range(12)]
-    closed = mock.PropertyMock(return_value=False)
-    with (
-        mock.patch.object(WriteAheadLog, "caching", new_callable=closed),
-        mock.patch("appliance.lake.log_sink.ARROW_SLICE_ROWS", 3),
-    ):
-        async with writing(tmp_path) as writer:
+    # Smaller than any block as the cache counts it (its nbytes and an entry),
+    # while twice it, the preconverter's limit, would hold each.
+    tiny = dataclasses.replace(SMALL_LOG, cache_bytes=min(b.nbytes for b in blocks))
+    assert all(block_cost(b) <= 2 * tiny.cache_bytes for b in blocks)
+    with mock.patch("appliance.lake.log_sink.ARROW_SLICE_ROWS", 3):
+        async with writing(tmp_path, wal=tiny) as writer:
             sink = writer._sink
             assert isinstance(sink, LogSink)
+            assert sink.preconverter.max_bytes > 0
             for b in blocks:
                 await (await writer.submit(b)).wait()
+                assert sink.wal.caching  # open: it would keep a block that fits
                 assert sink.preconverter.held_blocks == 0
-    assert closed.called
     assert sink.preconverter.converted_runs == 0
+    assert sink.preconverter.nbytes == 0
     assert batch_ids(tmp_path) == ids("n", 12)

@@ -448,6 +448,29 @@ async def test_the_cache_stays_one_run_after_a_record_is_left_out(tmp_path: Path
 
 
 @pytest.mark.trio
+async def test_on_cached_hears_of_exactly_the_blocks_the_cache_keeps_in_log_order(
+    tmp_path: Path,
+) -> None:
+    """The writer converts ahead only what it will commit from memory: the cache's own blocks."""
+    small = [sample_block(i) for i in range(4)]
+    large = sample_block(9, events=200)
+    limit = 2 * _cache_cost(small[0]) + _cache_cost(small[0]) // 2
+    heard: list[object] = []
+    async with open_wal(tmp_path, 0, replace(SMALL, cache_bytes=limit)) as wal:
+        wal.on_cached = heard.append
+        # Alone and too large: left out while the cache stays open and empty.
+        await (await wal.begin_block(large)).wait()
+        assert wal.caching
+        assert heard == []
+        for b in (small[0], small[1], large, small[2]):
+            await (await wal.begin_block(b)).wait()
+        cached = wal.read_cached(wal.committed, 1 << 20)
+        assert cached is None  # the first record, left out, starts the uncommitted log
+        assert heard == small[:2]  # small[2] fits, but comes after a record left out
+        assert all(a is b for a, b in zip(heard, small, strict=False))
+
+
+@pytest.mark.trio
 async def test_the_cache_keeps_the_oldest_records_within_its_bytes(tmp_path: Path) -> None:
     """A full cache keeps what the next commit reads first; a commit makes room again.
 
