@@ -17,14 +17,17 @@ and only those that fail are refused.
 One worker thread at a time touches the table (one committer per table per
 node: docs/decisions.md#one-committer-per-table-per-node): every table call
 holds the same one-token limiter, which table maintenance shares through
-:meth:`TableCommitter.run_exclusive`.
+:meth:`TableCommitter.run_exclusive`. A commit attempt holds it once for its
+check and its put together (:meth:`_GroupStorage.exclusive`), so neither
+maintenance nor a lease renewal moves the table between the two.
 """
 
 from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final, TypeVar, TypeVarTuple, Unpack
 
@@ -37,9 +40,9 @@ from appliance.lake.arrow import blocks_to_arrow, data_errors
 from appliance.lake.commit_info import commit_metadata
 from appliance.lake.dedupe import StoredBatches
 from appliance.lake.errors import AppIdInUse, CommitConflict, CommitError, LakeError
-from appliance.lake.exactly_once import ExactlyOnce, Outcome
+from appliance.lake.exactly_once import FREE_CONFLICTS, ExactlyOnce, Outcome
 from appliance.lake.preconvert import Converted
-from appliance.lake.retry import Backoff, describe
+from appliance.lake.retry import REASON_MAX_CHARS, Backoff, describe
 from appliance.lake.schema import events_schema
 from appliance.lake.settings import WriterSettings
 from appliance.lake.table import EventsTable, TableChanges
@@ -188,6 +191,24 @@ class _GroupStorage:
         self._position = position
         self._what = what
         self._converted: tuple[tuple[int, ...], pa.Table] | None = None
+        #: What this group's worker threads take: the table's limiter, or
+        #: within :meth:`exclusive` (which holds that) the attempt's own.
+        self._limiter = committer.limiter
+        #: The lost races of this group's commit when one was last logged, and
+        #: that commit's sequence (said again once it gets through).
+        self._conflicts_logged = 0
+        self._conflict_commit = 0
+
+    @asynccontextmanager
+    async def exclusive(self) -> AsyncIterator[None]:
+        """Hold the table's limiter for one attempt: its check and its put run in one turn."""
+        c = self._c
+        async with c.limiter:
+            self._limiter = c.attempt_threads
+            try:
+                yield
+            finally:
+                self._limiter = c.limiter
 
     async def convert(self, wanted: tuple[int, ...]) -> pa.Table:
         """The Arrow table of the blocks ``wanted`` (converted once per set)."""
@@ -195,7 +216,7 @@ class _GroupStorage:
             blocks = [self._blocks[i] for i in wanted]
             data = (
                 await trio.to_thread.run_sync(
-                    to_arrow, blocks, self._converted_ahead, limiter=self._c.limiter
+                    to_arrow, blocks, self._converted_ahead, limiter=self._limiter
                 )
                 if blocks
                 else _empty_table()
@@ -206,7 +227,7 @@ class _GroupStorage:
     async def changes_since(self, checked: int) -> TableChanges:
         c = self._c
         return await trio.to_thread.run_sync(
-            c.table.changes_since, checked, c.app_id, limiter=c.limiter
+            c.table.changes_since, checked, c.app_id, limiter=self._limiter
         )
 
     async def write(
@@ -219,7 +240,7 @@ class _GroupStorage:
         try:
             seconds, table_version = await trio.to_thread.run_sync(
                 _timed_commit, c.table, data, c.app_id, sequence, c.token,
-                time.time_ns() // 1_000_000, also, read_version, metadata, limiter=c.limiter,
+                time.time_ns() // 1_000_000, also, read_version, metadata, limiter=self._limiter,
             )  # fmt: skip
         except CommitConflict:
             c.metrics.lake.commit_conflicts.inc()
@@ -229,11 +250,27 @@ class _GroupStorage:
     async def failed(self, error: LakeError, attempt: int) -> None:
         await self._c.failed(error, attempt, self._what)
 
-    async def conflicted(self, conflicts: int) -> None:
+    async def conflicted(self, conflicts: int, error: CommitConflict) -> None:
         ceiling = min(CONFLICT_BACKOFF_BASE_SECONDS * 2**conflicts, CONFLICT_BACKOFF_MAX_SECONDS)
-        await trio.sleep(random.uniform(0, ceiling))  # noqa: S311 (jitter, not a secret)
+        delay = random.uniform(0, ceiling)  # noqa: S311 (jitter, not a secret)
+        # Not a failure (readiness does not see it), but a commit that keeps
+        # losing is said, each time: never a silent retry.
+        self._conflicts_logged = conflicts + FREE_CONFLICTS
+        self._conflict_commit = self._c.protocol.sequence
+        log.warning(
+            "commit.conflict", op=self._what, commit=self._conflict_commit,
+            lost_races=self._conflicts_logged, retry_in_seconds=round(delay, 3),
+            reason=" ".join(str(error).split())[:REASON_MAX_CHARS],
+        )  # fmt: skip
+        await trio.sleep(delay)
 
     def recovered(self) -> None:
+        if self._conflicts_logged:
+            log.info(
+                "commit.ok_after_conflicts", op=self._what, commit=self._conflict_commit,
+                lost_races=self._conflicts_logged,
+            )  # fmt: skip
+            self._conflicts_logged = 0
         self._c.recovered()
 
 
@@ -264,6 +301,9 @@ class TableCommitter:
         self._lake = self.metrics.lake
         # One worker thread at a time touches the table.
         self.limiter = trio.CapacityLimiter(1)
+        #: The worker thread of a commit attempt, which holds ``limiter``
+        #: for its check and its put together (_GroupStorage.exclusive).
+        self.attempt_threads = trio.CapacityLimiter(1)
         #: Batches known as stored: this node's commits, the table's at start,
         #: and those other writers' commits named since.
         self.stored = StoredBatches(settings.dedupe_window_seconds, settings.dedupe_max_keys)

@@ -17,6 +17,14 @@ writers", has the argument in full):
    written: go back to 1. A lost race is checked again, never moved blindly
    to the next version.
 
+Steps 1 to 3 of an attempt hold the table as one turn
+(:meth:`Storage.exclusive`): nothing else of the writer's (its table
+maintenance, a lease renewal) comes between the check and the put. Had it
+room there, it would move the table, and a node whose maintenance runs
+back to back (a busy machine) lost every race, for as long as that lasted.
+The waits between attempts (a storage failure's backoff, a lost race's)
+hold nothing.
+
 Why no batch is stored twice: let our commit ``C`` land at ``r + 1``. Every
 commit at ``r`` or before was read (step 1, or earlier checks and the table
 scan at start), so ``C`` holds none of their batches. Every other commit
@@ -41,6 +49,7 @@ this module holds only the protocol; appliance/lake/committer.py drives it.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Final, Protocol
 
@@ -60,6 +69,14 @@ FREE_CONFLICTS: Final = 2
 class Storage(Protocol):
     """The table operations and the retry policy the protocol runs on."""
 
+    def exclusive(self) -> AbstractAsyncContextManager[None]:
+        """Hold the table for one attempt: its ``changes_since`` and ``write`` run in it.
+
+        Nothing else of the writer's touches the table meanwhile, so
+        nothing of its own moves the table between the check and the put.
+        """
+        ...
+
     async def changes_since(self, checked: int) -> TableChanges:
         """Refresh the table and read its commits after ``checked`` (raises LakeError)."""
         ...
@@ -78,8 +95,8 @@ class Storage(Protocol):
         """A storage failure: say so and wait before the next attempt."""
         ...
 
-    async def conflicted(self, conflicts: int) -> None:
-        """The ``conflicts``-th lost race in a row past FREE_CONFLICTS: wait a little."""
+    async def conflicted(self, conflicts: int, error: CommitConflict) -> None:
+        """The ``conflicts``-th lost race in a row past FREE_CONFLICTS: say so, wait a little."""
         ...
 
     def recovered(self) -> None:
@@ -172,53 +189,56 @@ class ExactlyOnce:
         tried: frozenset[int] | None = None  # what the last attempt left out
         tried_digests: list[BatchDigest] = []  # and the batches it named
         while True:
-            try:
-                changes = await storage.changes_since(self.checked)
-            except LakeError as exc:
-                attempt += 1
-                await storage.failed(exc, attempt)
-                continue
-            self.absorb(changes)
-            if changes.done is not None and changes.done >= self.sequence:
-                if tried is None:
-                    # Never attempted here, yet recorded: another process writes
-                    # under this app id; acking on its commit would lose data.
-                    raise AppIdInUse(
-                        f"the table records commit {changes.done} under app id "
-                        f"{self.app_id!r}, which this writer never attempted"
+            error: LakeError
+            # The check and the put in one hold; the waits below, outside it.
+            async with storage.exclusive():
+                try:
+                    changes = await storage.changes_since(self.checked)
+                except LakeError as exc:
+                    error = exc
+                else:
+                    self.absorb(changes)
+                    if changes.done is not None and changes.done >= self.sequence:
+                        if tried is None:
+                            # Never attempted here, yet recorded: another process writes
+                            # under this app id; acking on its commit would lose data.
+                            raise AppIdInUse(
+                                f"the table records commit {changes.done} under app id "
+                                f"{self.app_id!r}, which this writer never attempted"
+                            )
+                        # An attempt whose outcome was unknown did land: it is this commit.
+                        self.sequence = changes.done + 1
+                        self.stored.add_all(tried_digests, self._clock())
+                        storage.recovered()
+                        return Outcome(tried or frozenset(), committed=True)
+                    now = self._clock()
+                    elsewhere = frozenset(
+                        i
+                        for i, digest in enumerate(digests)
+                        if digest is not None and self.stored.contains(digest, now)
                     )
-                # An attempt whose outcome was unknown did land: it is this commit.
-                self.sequence = changes.done + 1
-                self.stored.add_all(tried_digests, self._clock())
-                storage.recovered()
-                return Outcome(tried or frozenset(), committed=True)
-            now = self._clock()
-            elsewhere = frozenset(
-                i
-                for i, digest in enumerate(digests)
-                if digest is not None and self.stored.contains(digest, now)
-            )
-            keep = [i for i in range(len(digests)) if i not in elsewhere]
-            if not keep and not must_commit:
-                storage.recovered()
-                return Outcome(elsewhere, committed=False)
-            kept = [d for d in (digests[i] for i in keep) if d is not None]
-            tried, tried_digests = elsewhere, kept
-            try:
-                await storage.write(keep, changes.version, self.sequence, kept)
-            except CommitConflict:
+                    keep = [i for i in range(len(digests)) if i not in elsewhere]
+                    if not keep and not must_commit:
+                        storage.recovered()
+                        return Outcome(elsewhere, committed=False)
+                    kept = [d for d in (digests[i] for i in keep) if d is not None]
+                    tried, tried_digests = elsewhere, kept
+                    try:
+                        await storage.write(keep, changes.version, self.sequence, kept)
+                    except CommitError as exc:  # CommitConflict included
+                        error = exc
+                    else:
+                        self.checked = changes.version + 1
+                        self.sequence += 1
+                        now = self._clock()
+                        self.stored.add_all(kept, now)
+                        storage.recovered()
+                        return Outcome(elsewhere, committed=True)
+            if isinstance(error, CommitConflict):
                 self.lost_races += 1
                 conflicts += 1
                 if conflicts > FREE_CONFLICTS:
-                    await storage.conflicted(conflicts - FREE_CONFLICTS)
+                    await storage.conflicted(conflicts - FREE_CONFLICTS, error)
                 continue
-            except CommitError as exc:
-                attempt += 1
-                await storage.failed(exc, attempt)
-                continue
-            self.checked = changes.version + 1
-            self.sequence += 1
-            now = self._clock()
-            self.stored.add_all(kept, now)
-            storage.recovered()
-            return Outcome(elsewhere, committed=True)
+            attempt += 1
+            await storage.failed(error, attempt)

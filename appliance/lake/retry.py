@@ -53,6 +53,7 @@ from appliance.logs import get_logger
 
 __all__ = [
     "DEFAULT_BACKOFF",
+    "REASON_MAX_CHARS",
     "STORAGE_ERRORS",
     "STORE_DEFAULTS",
     "Backoff",

@@ -331,7 +331,12 @@ class EventsTable:
         then wrong by as many (shown by test_exactly_once.py,
         ``test_commits_landing_during_the_read_are_numbered_right``). So the
         labels are not used: the entries, newest first, are ``checked + n``
-        down to ``checked + 1``.
+        down to ``checked + 1``. When they go past the refresh, the handle
+        is refreshed again, to at least the last commit read: a put prepared
+        on what was read then goes after it (:meth:`commit` refuses a handle
+        that is not at the version checked), instead of losing a race that
+        was already known. On a busy table, whose reads take long, that was
+        most of a check's lost races.
 
         Raises:
             LakeError: the table cannot be read, or commits after ``checked``
@@ -348,6 +353,11 @@ class EventsTable:
         except (DeltaError, OSError) as exc:
             raise LakeError(f"cannot read the table's recent commits: {exc}") from exc
         count = len(infos)
+        if count > latest - checked:
+            try:
+                self._dt.update_incremental()
+            except (DeltaError, OSError) as exc:
+                raise LakeError(f"cannot read the table's recent commits: {exc}") from exc
         if latest > checked and count < latest - checked:
             raise LakeError(
                 f"the table's log lacks commits after version {checked}: found {count} "
@@ -432,7 +442,10 @@ class EventsTable:
             )
         except CommitFailedError as exc:
             if read_version is not None:
-                raise CommitConflict(str(exc)) from exc
+                # deltalake says only "Failed to commit transaction: <n>".
+                raise CommitConflict(
+                    f"another commit took version {read_version + 1} ({exc})"
+                ) from exc
             raise CommitError(str(exc)) from exc
         except (DeltaError, OSError) as exc:
             raise CommitError(str(exc)) from exc

@@ -7,7 +7,8 @@ read) happen exactly when the test says.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 
 import pytest
 import trio
@@ -33,6 +34,9 @@ class SimTable:
         self.read_failures = 0
         self.failures: list[str] = []
         self.writes: list[tuple[list[int], int]] = []
+        #: Whether an attempt holds the table (SimStorage.exclusive), and what happened in turn.
+        self.held = False
+        self.events: list[str] = []
 
     def other(self, app_id: str, *digests: BatchDigest) -> None:
         self.commits.append(CommitBatches(len(self.commits), digests, app_id, 1))
@@ -46,7 +50,20 @@ class SimStorage:
         self.t = table
         self.app_id = app_id
 
+    @asynccontextmanager
+    async def exclusive(self) -> AsyncIterator[None]:
+        assert not self.t.held
+        self.t.held = True
+        self.t.events.append("hold")
+        try:
+            yield
+        finally:
+            self.t.held = False
+            self.t.events.append("let go")
+
     async def changes_since(self, checked: int) -> TableChanges:
+        assert self.t.held
+        self.t.events.append("check")
         if self.t.read_failures:
             self.t.read_failures -= 1
             raise LakeError("503 SlowDown")
@@ -58,6 +75,8 @@ class SimStorage:
     async def write(
         self, keep: Sequence[int], read_version: int, sequence: int, digests: list[BatchDigest]
     ) -> None:
+        assert self.t.held
+        self.t.events.append("put")
         self.t.writes.append((list(keep), read_version))
         step = self.t.script.pop(0) if self.t.script else None
         if step == "conflict":
@@ -75,9 +94,13 @@ class SimStorage:
             raise CommitError("timeout after the put")
 
     async def failed(self, error: LakeError, attempt: int) -> None:
+        assert not self.t.held
+        self.t.events.append("wait")
         self.t.failures.append(f"{type(error).__name__}:{attempt}")
 
-    async def conflicted(self, conflicts: int) -> None:
+    async def conflicted(self, conflicts: int, error: CommitConflict) -> None:
+        assert not self.t.held
+        self.t.events.append("wait")
         self.t.failures.append(f"conflict:{conflicts}")
 
     def recovered(self) -> None:
@@ -124,6 +147,25 @@ async def test_writers_that_keep_colliding_back_off() -> None:
     await eo.commit([A], table.storage("node-a"), must_commit=False)
     # Lost races back off a little, and never count as storage failures.
     assert table.failures == ["conflict:1", "conflict:2"]
+
+
+@pytest.mark.trio
+async def test_each_attempt_checks_and_puts_in_one_hold_and_waits_outside_it() -> None:
+    """Nothing of the writer's comes between a check and its put; a backoff holds nothing."""
+    table = SimTable()
+    table.other("seed")
+    eo = protocol(table)
+    table.read_failures = 1
+    table.script = ["conflict"] * (FREE_CONFLICTS + 1) + ["lost"]
+    await eo.commit([A], table.storage("node-a"), must_commit=False)
+    attempt = ["hold", "check", "put", "let go"]
+    assert table.events == [
+        *["hold", "check", "let go", "wait"],  # the failed read
+        *attempt * FREE_CONFLICTS,  # lost races, retried at once
+        *attempt, "wait",  # one more: backs off
+        *attempt, "wait",  # nothing written: backs off
+        *attempt,  # committed
+    ]  # fmt: skip
 
 
 @pytest.mark.trio
