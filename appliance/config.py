@@ -338,7 +338,16 @@ def is_bind(value: str) -> bool:
     the port it got (``service.ready`` in the log, ``Running.ports`` of the service).
     """
     host, sep, port = value.rpartition(":")
-    return bool(sep and host and port.isdigit() and 0 <= int(port) < 65536)
+    if not (sep and host and port.isdigit() and 0 <= int(port) < 65536):
+        return False
+    try:
+        # What the resolver does to a name first (trio.socket.getaddrinfo):
+        # a host it cannot encode (an empty label, one over 63 characters)
+        # would fail the bind with a UnicodeError, which is not an OSError.
+        host.encode("idna")
+    except UnicodeError:
+        return False
+    return True
 
 
 def is_loopback_host(host: str) -> bool:

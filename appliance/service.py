@@ -60,7 +60,7 @@ from appliance.server.admin import Readiness, admin_tls_context, serve_admin
 from appliance.server.context import ServiceContext
 from appliance.server.decode_budget import DecodeBudget
 from appliance.server.exposure import unauthenticated_listeners
-from appliance.server.launch import ListenerSite
+from appliance.server.launch import START_ERRORS, ListenerSite
 from appliance.server.lifecycle import Lifecycle
 from appliance.server.listener import ConnectionInfo, TcpService
 from appliance.server.proxied import ProxySettings
@@ -73,6 +73,7 @@ from appliance.server.tls import TlsManager
 from appliance.server.tls_audit import TlsRefusalAudit
 from appliance.server.websocket_listener import open_token_verifier
 from appliance.state_lock import StateLock
+from auth.errors import AuthError
 from auth.failure_table import SharedCounts, table_path
 from auth.policy import CredentialStore
 
@@ -122,6 +123,11 @@ def _credentials(config: Config) -> CredentialStore | None:
     from auth.database import open_database  # SQLAlchemy loads only when needed
 
     return open_database(config.auth_settings).credentials
+
+
+def _changed(plan: ReloadPlan) -> list[ListenerConfig]:
+    """The listeners a reload starts, updates or re-opens, with their new settings."""
+    return [*plan.start, *plan.update, *plan.reopen]
 
 
 def _guess_counts(config: Config) -> SharedCounts:
@@ -679,14 +685,15 @@ class _Reloader:
     async def _apply(self, plan: ReloadPlan, config: Config) -> dict[str, str]:
         """Apply ``plan``; the listeners that could not change, and why (they keep the old)."""
         running = self._running
+        failed: dict[str, str] = {}
+        if self._context.credentials is None and "credentials" in stores_needed(config.listeners):
+            plan = await self._open_credentials(plan, config, failed)
         for name in plan.stop:
             self._stop_accepting(name)
         if self._context.share is not None:
             # The supervisor's sockets of listeners gone or moved: this worker's copies
             # close too (the supervisor closes its own), so the old port stops queueing.
             self._context.share.sockets.drop({lc.name: lc.bind for lc in config.listeners})
-        if self._context.credentials is None:
-            self._context.credentials = _credentials(config)
         self._tls.use_config(config)
         for listener in plan.update:
             service = running.services.get(listener.name)
@@ -706,11 +713,10 @@ class _Reloader:
             self._context, self.config, self._tls, self._acceptors, self._connections, running
         )
         before = {listener.name: listener for listener in self.config.listeners}
-        failed: dict[str, str] = {}
         for listener in plan.start:
             try:
                 await start_listener(listener, site)
-            except OSError as exc:
+            except START_ERRORS as exc:
                 failed[listener.name] = str(exc)
                 log.error("listener.start_failed", listener=listener.name, reason=str(exc))
                 continue
@@ -718,11 +724,43 @@ class _Reloader:
         for listener in plan.reopen:
             try:
                 await self._reopen(listener, before.get(listener.name), site, old_site)
-            except OSError as exc:
+            except START_ERRORS as exc:
                 failed[listener.name] = str(exc)
                 continue
             log.info("listener.started", listener=listener.name, trigger="reload")
         return failed
+
+    async def _open_credentials(
+        self, plan: ReloadPlan, config: Config, failed: dict[str, str]
+    ) -> ReloadPlan:
+        """Open the auth database a reload's listeners need first (none did before).
+
+        Opened in a worker thread (a remote database may take its connect
+        timeout). When it cannot be opened (unreachable, its schema behind),
+        the listeners that need it are left as they run, named in ``failed``;
+        the rest of the plan goes ahead.
+        """
+        try:
+            self._context.credentials = await trio.to_thread.run_sync(
+                _credentials, dataclasses.replace(config, listeners=_changed(plan))
+            )
+            return plan
+        except AuthError as exc:
+            reason = f"the auth database cannot be opened: {exc}"
+        needing = {
+            listener.name
+            for listener in _changed(plan)
+            if "credentials" in stores_needed([listener])
+        }
+        for name in sorted(needing):
+            failed[name] = f"listener {name!r}: {reason}"
+            log.error("listener.start_failed", listener=name, reason=reason)
+        return dataclasses.replace(
+            plan,
+            start=[listener for listener in plan.start if listener.name not in needing],
+            update=[listener for listener in plan.update if listener.name not in needing],
+            reopen=[listener for listener in plan.reopen if listener.name not in needing],
+        )
 
     def _stop_accepting(self, name: str) -> None:
         running = self._running
@@ -747,7 +785,8 @@ class _Reloader:
         first; should the new then fail to open, the old is opened again.
 
         Raises:
-            OSError: the new settings could not be opened (the old serve on).
+            OSError, PkiError: the new settings could not be opened (the old
+                serve on); see ``START_ERRORS``.
         """
         running = self._running
         name = listener.name
@@ -762,19 +801,19 @@ class _Reloader:
             log.info("listener.stopped", listener=name, trigger="reload")
             try:
                 await start_listener(listener, site)
-            except OSError as exc:
+            except START_ERRORS as exc:
                 log.error("listener.reopen_failed", listener=name, reason=str(exc),
                           kept="the previous settings, opened again")  # fmt: skip
                 if old is not None:
                     try:
                         await start_listener(old, old_site)
-                    except OSError as again:
+                    except START_ERRORS as again:
                         log.error("listener.not_open", listener=name, reason=str(again))
                 raise
             return
         try:
             await start_listener(listener, site)
-        except OSError as exc:
+        except START_ERRORS as exc:
             # Put the old listener's records back: it never stopped.
             scope, service, port = kept
             if scope is not None:

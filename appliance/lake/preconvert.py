@@ -252,7 +252,7 @@ class Preconverter:
         return {id(b): hit for b in group if (hit := where.get(id(b))) is not None}
 
     def forget(self, group: Sequence[RowBlock]) -> None:
-        """``group`` (in log order) is committed: drop what is held up to its last held block.
+        """``group`` (in log order) is committed: drop what is held up to its latest held block.
 
         Blocks are held in log order, so a held block before the group's
         last one and not in the group (a failed append, a block the group
@@ -261,12 +261,9 @@ class Preconverter:
         with all its blocks forgotten is dropped at once (:meth:`run`).
         """
         seq = self._seq
-        mark = -1
-        for block in reversed(group):  # in log order: its last held block is the latest
-            found = seq.get(id(block))
-            if found is not None:
-                mark = found
-                break
+        # The latest held block of the group: not always its last held one, as
+        # an object logged twice is held once, at its first place in the log.
+        mark = max((found for b in group if (found := seq.get(id(b))) is not None), default=-1)
         if mark <= self._forgotten:
             return
         self._forgotten = mark

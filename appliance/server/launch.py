@@ -25,8 +25,9 @@ from appliance.server.listener import Handler, TcpService
 from appliance.server.proxied import ProxySettings
 from appliance.server.tls import TlsManager
 from appliance.server.tls_audit import TlsRefusalAudit
+from pki.errors import PkiError
 
-__all__ = ["Beside", "BindError", "ListenerSite", "Registrar", "serve_tcp"]
+__all__ = ["START_ERRORS", "Beside", "BindError", "ListenerSite", "Registrar", "serve_tcp"]
 
 #: The service's logger: these lines were the service's before they moved here.
 log = get_logger("service")
@@ -34,6 +35,12 @@ log = get_logger("service")
 #: Started beside a TCP listener, in its nursery, with the port it bound
 #: (forward: the UDP heartbeat on the same port). Returns once started.
 Beside = Callable[[Any, int, trio.Nursery], Awaitable[None]]
+
+#: What a listener's start raises when that listener cannot start: its
+#: sockets or what starts beside them (OSError, BindError) or its TLS
+#: context (PkiError: a file missing or broken, the PKI lock held). A reload
+#: catches these for the one listener and goes on serving.
+START_ERRORS: tuple[type[Exception], ...] = (OSError, PkiError)
 
 
 class BindError(OSError):
@@ -88,6 +95,7 @@ async def serve_tcp(
         BindError: the address, or what starts beside it (the forward
             listener's UDP heartbeat), cannot be bound; the message names
             the listener.
+        PkiError: the listener's TLS context cannot be built.
     """
     context = site.context
     share = context.share
@@ -104,6 +112,11 @@ async def serve_tcp(
         raise BindError(
             exc.errno, f"listener {listener.name!r} cannot bind {listener.bind}: {exc.strerror}"
         ) from exc
+    except UnicodeError as exc:
+        # A host the resolver cannot encode (configuration checks refuse it first).
+        raise BindError(
+            None, f"listener {listener.name!r} cannot bind {listener.bind}: {exc}"
+        ) from exc
     # Until service.serve owns them (it closes them when it ends), the sockets
     # are this call's: a start that fails before (a TLS context that cannot be
     # built, a heartbeat that cannot bind) closes them, so no port stays bound
@@ -113,10 +126,14 @@ async def serve_tcp(
     handed = False
     scope: trio.CancelScope | None = None
     try:
+        try:
+            ssl_context = site.tls.context_for(listener) if listener.tls else None
+        except PkiError as exc:
+            raise PkiError(f"listener {listener.name!r}: {exc}") from exc
         service = TcpService(
             listener.name,
             handler,
-            ssl_context=site.tls.context_for(listener) if listener.tls else None,
+            ssl_context=ssl_context,
             tls_handshake_timeout=listener.tls_handshake_timeout_seconds,
             max_connections=listener.max_connections,
             max_connections_per_address=listener.max_connections_per_address,

@@ -175,6 +175,14 @@ def test_port_zero_binds_any_free_port() -> None:
         parse_config('[[listeners]]\nbind = "127.0.0.1:65536"\n')
 
 
+@pytest.mark.parametrize("host", ["127.0.0..1", "a" * 64 + ".example", ".example"])
+def test_a_host_the_resolver_cannot_encode_is_refused(host: str) -> None:
+    """Its bind would fail with a UnicodeError (not an OSError) at start or at a reload."""
+    with pytest.raises(ConfigError, match=r"listeners\[0\]\.bind: must be host:port"):
+        parse_config(f'[[listeners]]\nbind = "{host}:24224"\n')
+    assert parse_config('[[listeners]]\nbind = "[::1]:24224"\n').listeners[0].port == 24224
+
+
 def test_config_check_command_reports_the_line(tmp_path: Path) -> None:
     good = tmp_path / "good.toml"
     good.write_text('[[listeners]]\nbind = "127.0.0.1:24224"\n')

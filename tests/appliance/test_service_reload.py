@@ -20,6 +20,7 @@ from appliance.reload_status import read_status
 from appliance.service import Running
 from tests.appliance.test_metrics import http_get, in_thread
 from tests.appliance.test_service import packed, read_ack, tls_client
+from tests.support.ports import free_port
 from tests.support.service import running
 
 
@@ -183,3 +184,58 @@ async def test_a_heartbeat_port_that_is_taken_fails_the_reload_not_the_service(
             assert (await ready(info))[0] == 200
     finally:
         udp.close()
+
+
+async def acked_plain(info: Running, chunk: str) -> bool:
+    stream = await trio.open_tcp_stream("127.0.0.1", info.ports["forward"])
+    async with stream:
+        await stream.send_all(packed(chunk))
+        return await read_ack(stream) == {"ack": chunk}
+
+
+@pytest.mark.trio
+async def test_a_tls_context_that_cannot_be_built_fails_the_reload_not_the_service(
+    tmp_path: Path,
+) -> None:
+    """Plaintext at start, so no PKI was made; TLS turned on by a reload cannot find its
+    files: that listener keeps its old settings and serves, the service stays up."""
+    port = free_port()
+    file = tmp_path / "appliance.toml"
+    tls_on = config_text(tmp_path, f"127.0.0.1:{port}")
+    file.write_text(tls_on + "tls = false\n")
+    async with running(load_config(file)) as info:
+        assert info.reload is not None
+        assert await acked_plain(info, "before")
+        file.write_text(tls_on)  # the same port: the old closes first, opened again
+        status = await info.reload("SIGHUP")
+        assert not status.ok
+        assert "listener 'forward': cannot build the TLS context" in (status.error or "")
+        assert info.ports["forward"] == port
+        assert await acked_plain(info, "after")
+        assert (await ready(info))[0] == 200
+
+
+@pytest.mark.trio
+async def test_an_auth_database_that_cannot_be_opened_fails_the_reload_not_the_service(
+    tmp_path: Path,
+) -> None:
+    """No listener needed the auth database at start; a reload that turns the forward
+    handshake on cannot open it: that listener keeps its settings, the others change."""
+    file = tmp_path / "appliance.toml"
+    missing = tmp_path / "no" / "such" / "dir" / "auth.db"
+    auth = f'[auth]\ndatabase_url = "sqlite:///{missing}"\n'
+    text = config_text(tmp_path, "127.0.0.1:0")
+    file.write_text(text + auth)
+    async with running(load_config(file)) as info:
+        assert info.reload is not None
+        assert await acked(info, "before")
+        port = info.ports["forward"]
+        text = text.replace('bind = "127.0.0.1:0"', f'bind = "127.0.0.1:{port}"')
+        second = '[[listeners]]\nname = "second"\nbind = "127.0.0.1:0"\n'
+        file.write_text(text + 'security = "users"\n' + second + auth)
+        status = await info.reload("SIGHUP")
+        assert not status.ok
+        assert "listener 'forward': the auth database cannot be opened" in (status.error or "")
+        assert "second" in info.ports  # the rest of the reload went ahead
+        assert await acked(info, "after")  # still without the handshake
+        assert (await ready(info))[0] == 200

@@ -388,3 +388,16 @@ async def test_nothing_is_held_while_the_logs_cache_keeps_nothing(tmp_path: Path
     assert sink.preconverter.converted_runs == 0
     assert sink.preconverter.nbytes == 0
     assert batch_ids(tmp_path) == ids("n", 12)
+
+
+def test_a_block_logged_twice_does_not_keep_the_blocks_between_its_copies() -> None:
+    """The cache keeps A, B, A (one object logged twice, held once at its first place):
+    committing all three releases B too."""
+    pre = Preconverter(max_bytes=1 << 30, slice_rows=1000)
+    a, b = block("twice", rows=2), block("between", rows=2)
+    for logged in (a, b, a):
+        pre.add(logged)
+    assert pre.held_blocks == 2
+    pre.forget([a, b, a])
+    assert pre.held_blocks == 0
+    assert pre.nbytes == 0
