@@ -602,7 +602,12 @@ class _Reloader:
             # Whatever became of the reload: revoked credentials (and certificates
             # on the CRL just read) close their connections before it is confirmed.
             await self._context.connections.recheck(why)
-            write_status(self.config.state_dir, status)
+            try:
+                write_status(self.config.state_dir, status)
+            except OSError as exc:
+                # A full or read-only state directory: the reload still holds;
+                # only the CLI's confirmation is missing (it waits, then says so).
+                log.error("config.status_unwritten", trigger=why, reason=str(exc))
             return status
 
     async def _reload(self, why: str) -> ReloadStatus:

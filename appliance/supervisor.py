@@ -502,7 +502,12 @@ async def _reload_serialized(
         previous = read_status(config.state_dir)
         status = await _reload(config, workers, (previous.generation if previous else 0) + 1)
         if publish:
-            write_status(config.state_dir, status)
+            try:
+                write_status(config.state_dir, status)
+            except OSError as exc:
+                # A full or read-only state directory: the workers reloaded; only
+                # the CLI's confirmation is missing (it waits, then says so).
+                log.error("supervisor.status_unwritten", reason=str(exc))
 
 
 def _crl_on_disk(config: Config) -> int | None:

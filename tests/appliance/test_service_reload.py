@@ -8,6 +8,7 @@ reload status, the ports it lists) is what is really listening.
 
 from __future__ import annotations
 
+import errno
 import json
 import socket
 from pathlib import Path
@@ -239,3 +240,22 @@ async def test_an_auth_database_that_cannot_be_opened_fails_the_reload_not_the_s
         assert "second" in info.ports  # the rest of the reload went ahead
         assert await acked(info, "after")  # still without the handshake
         assert (await ready(info))[0] == 200
+
+
+@pytest.mark.trio
+async def test_a_status_that_cannot_be_written_does_not_end_the_service(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A full state directory at a reload: the reload holds, the service serves on."""
+    file = tmp_path / "appliance.toml"
+    file.write_text(config_text(tmp_path, "127.0.0.1:0"))
+    async with running(load_config(file)) as info:
+        assert info.reload is not None
+
+        def full(*_: object) -> None:
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        monkeypatch.setattr("appliance.service.write_status", full)
+        status = await info.reload("SIGHUP")
+        assert status.ok, status
+        assert await acked(info, "after")
