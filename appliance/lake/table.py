@@ -356,6 +356,12 @@ class EventsTable:
         if count > latest - checked:
             try:
                 self._dt.update_incremental()
+                # What the refreshed handle records, read from the same refresh
+                # as the handle a put goes on: a commit of ours that landed
+                # meanwhile (an earlier attempt's late put) is settled here,
+                # never taken for a version the put would go after.
+                done = self._dt.transaction_version(app_id)
+                writer = self._dt.transaction_version(writer_id)
             except (DeltaError, OSError) as exc:
                 raise LakeError(f"cannot read the table's recent commits: {exc}") from exc
         if latest > checked and count < latest - checked:
@@ -402,11 +408,14 @@ class EventsTable:
 
         Returns:
             True when this call wrote the rows, False when the table already
-            held that commit (a retry after an ambiguous failure).
+            held that commit (a retry after an ambiguous failure; without
+            ``read_version`` only).
 
         Raises:
             AppIdInUse: the last writer under ``app_id`` is not ``token``.
-            CommitConflict: another commit took ``read_version + 1``.
+            CommitConflict: another commit took ``read_version + 1``, or the
+                table already holds this commit, which the check at
+                ``read_version`` did not see (a stale check: check again).
             CommitError: nothing was committed; the caller may retry.
         """
         transactions = [Transaction(app_id, version)]
@@ -426,6 +435,15 @@ class EventsTable:
             self._check_writer(app_id, token)
             done = self._dt.transaction_version(app_id)
             if done is not None and int(done) >= version:
+                if read_version is not None:
+                    # Checked on a view that did not hold it: the check was
+                    # stale, so check again (which settles the commit as
+                    # landed) rather than take this for a commit at
+                    # read_version + 1.
+                    raise CommitConflict(
+                        f"the table already records commit {done} under {app_id!r}, "
+                        f"which the check at version {read_version} did not see"
+                    )
                 return False
             write_deltalake(
                 self._dt,

@@ -29,6 +29,7 @@ from appliance.blocks.block import RowBlock
 from appliance.blocks.identity import batch_digest, dedupe_key
 from appliance.lake.commit_info import COMMIT_INFO_KEY, commit_metadata, read_commit_info
 from appliance.lake.committer import TableCommitter
+from appliance.lake.errors import CommitError
 from appliance.lake.schema import EVENTS_SCHEMA
 from appliance.lake.settings import WriterSettings
 from appliance.lake.table import EventsTable, TableChanges
@@ -274,3 +275,86 @@ def test_commits_landing_during_the_read_are_numbered_right(tmp_path: Path) -> N
     assert [c.sequence for c in changes.commits] == [1, 2, 3]
     assert changes.version == 3
     assert changes.commits[1].digests == (batch_digest(("forward", "c", "x")),)
+
+
+class _LatePut(EventsTable):
+    """A writer whose next put fails with an unknown outcome, and lands during its next check.
+
+    The put is held back (an S3 PUT still in flight after the client gave
+    up) and lands between the next check's refresh and its history read, as
+    another writer's commit landed just before that check.
+    """
+
+    def __init__(self, uri: str) -> None:
+        super().__init__(uri)
+        self.fail_next_put = False
+        self.held: tuple[Any, ...] | None = None
+        self.other = EventsTable(uri)
+        self.returned: list[bool] = []
+
+    def commit(  # type: ignore[override]
+        self, data: pa.Table, app_id: str, version: int, token: int | None = None,
+        now_ms: int | None = None, also: Any = (), *, read_version: int | None = None,
+        metadata: Any = None,
+    ) -> bool:  # fmt: skip
+        if read_version is not None and self.fail_next_put:
+            self.fail_next_put = False
+            self.held = (data, app_id, version, token, now_ms, also, metadata)
+            raise CommitError("no answer to the put (it is still in flight)")
+        done = super().commit(
+            data, app_id, version, token, now_ms, also, read_version=read_version,
+            metadata=metadata,
+        )  # fmt: skip
+        self.returned.append(done)
+        return done
+
+    def changes_since(self, checked: int, app_id: str) -> TableChanges:
+        if self.held is None:
+            return super().changes_since(checked, app_id)
+        data, app, version, token, now_ms, also, metadata = self.held
+        self.held = None
+        real, other = self._dt, self.other
+        other.commit(EVENTS_SCHEMA.empty_table(), "node-c", 1,
+                     metadata=commit_metadata([], "node-c", 1))  # fmt: skip
+
+        class LandsAfterTheRefresh:
+            first = True
+
+            def update_incremental(self) -> None:
+                real.update_incremental()
+                if self.first:
+                    self.first = False
+                    other.commit(data, app, version, token, now_ms, also, metadata=metadata)
+
+            def __getattr__(self, name: str) -> Any:
+                return getattr(real, name)
+
+        self._table = LandsAfterTheRefresh()  # type: ignore[assignment]
+        try:
+            return super().changes_since(checked, app_id)
+        finally:
+            self._table = real
+
+
+@pytest.mark.trio
+async def test_a_put_that_lands_late_during_a_check_is_settled_not_skipped_past(
+    tmp_path: Path,
+) -> None:
+    """An earlier attempt's put lands while the retry checks: the check must say so (the
+    commit is done), not put after it; else the writer's next check starts a version too
+    late, never reads the commit there, and stores its batch again."""
+    uri = str(tmp_path / "events")
+    late = _LatePut(uri)
+    a = await opened(late, "node-a")
+    b = await opened(EventsTable(uri), "node-b")
+    await trio.to_thread.run_sync(late.other.open_or_create)
+    late.fail_next_put = True
+    await a.commit_group([the_batch()])
+    assert False not in late.returned  # never a put taken for one that was not written
+    # Another writer stores a chunk whose ack is lost; its client resends it to A.
+    resent = block(source="client-2", batch_id="chunk-y", records=[{"n": 1}])
+    await b.commit_group([resent])
+    await a.commit_group([block(source="client-2", batch_id="chunk-y", records=[{"n": 1}])])
+    ids = stored(uri, None)
+    assert ids.count("chunk-x") == 2  # its two rows, once
+    assert ids.count("chunk-y") == 1
