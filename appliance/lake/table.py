@@ -460,9 +460,11 @@ class EventsTable:
             )
         except CommitFailedError as exc:
             if read_version is not None:
-                # deltalake says only "Failed to commit transaction: <n>".
+                # deltalake says only "Failed to commit transaction: <n>", for a
+                # lost race (the usual case) and for a refusal of its own alike.
                 raise CommitConflict(
-                    f"another commit took version {read_version + 1} ({exc})"
+                    f"the put at version {read_version + 1} was refused, most likely "
+                    f"taken by another commit ({exc})"
                 ) from exc
             raise CommitError(str(exc)) from exc
         except (DeltaError, OSError) as exc:
