@@ -114,7 +114,7 @@ def block_cost(block: RowBlock) -> int:
 
 def _cost(blocks: Sequence[RowBlock]) -> int:
     """What holding ``blocks`` counts (:func:`block_cost` of each)."""
-    return sum(block.nbytes for block in blocks) + PRECONVERT_BLOCK_BYTES * len(blocks)
+    return sum(map(block_cost, blocks))
 
 
 def _convert(blocks: tuple[RowBlock, ...]) -> ConvertedRun:

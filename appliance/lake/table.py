@@ -233,12 +233,20 @@ class EventsTable:
         """The writer token and lease time last recorded under ``app_id``."""
         writer_id, lease_id = lease_app_ids(app_id)
         try:
-            self._dt.update_incremental()
-            token = self._dt.transaction_version(writer_id)
-            at_ms = self._dt.transaction_version(lease_id)
+            token, at_ms = self._refreshed_transactions(writer_id, lease_id)
         except (DeltaError, OSError) as exc:
             raise LakeError(f"cannot read the events table: {exc}") from exc
-        return Lease(None if token is None else int(token), None if at_ms is None else int(at_ms))
+        return Lease(token, at_ms)
+
+    def _refreshed_transactions(self, *app_ids: str) -> list[int | None]:
+        """Refresh the handle; the app transaction version of each of ``app_ids`` it records.
+
+        Raises:
+            DeltaError, OSError: the table cannot be read.
+        """
+        self._dt.update_incremental()
+        versions = [self._dt.transaction_version(app_id) for app_id in app_ids]
+        return [None if version is None else int(version) for version in versions]
 
     def claim(self, app_id: str, token: int, now_ms: int, lease_ms: int) -> Lease:
         """Take ``app_id`` for the writer ``token`` with a commit of no rows.
@@ -345,23 +353,19 @@ class EventsTable:
         """
         writer_id = lease_app_ids(app_id)[0]
         try:
-            self._dt.update_incremental()
+            done, writer = self._refreshed_transactions(app_id, writer_id)
             latest = int(self._dt.version())
-            done = self._dt.transaction_version(app_id)
-            writer = self._dt.transaction_version(writer_id)
             infos = self._dt.history(latest - checked) if latest > checked else []
         except (DeltaError, OSError) as exc:
             raise LakeError(f"cannot read the table's recent commits: {exc}") from exc
         count = len(infos)
         if count > latest - checked:
             try:
-                self._dt.update_incremental()
                 # What the refreshed handle records, read from the same refresh
                 # as the handle a put goes on: a commit of ours that landed
                 # meanwhile (an earlier attempt's late put) is settled here,
                 # never taken for a version the put would go after.
-                done = self._dt.transaction_version(app_id)
-                writer = self._dt.transaction_version(writer_id)
+                done, writer = self._refreshed_transactions(app_id, writer_id)
             except (DeltaError, OSError) as exc:
                 raise LakeError(f"cannot read the table's recent commits: {exc}") from exc
         if latest > checked and count < latest - checked:
@@ -371,12 +375,7 @@ class EventsTable:
             )
         commits = [read_commit_info(checked + count - i, info) for i, info in enumerate(infos)]
         commits.reverse()
-        return TableChanges(
-            max(latest, checked + count),
-            None if done is None else int(done),
-            commits,
-            None if writer is None else int(writer),
-        )
+        return TableChanges(max(latest, checked + count), done, commits, writer)
 
     def commit(
         self,
